@@ -1,0 +1,1 @@
+"""bench: benchmarks of the core and of local vs API formalizers."""

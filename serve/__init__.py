@@ -1,0 +1,1 @@
+"""serve: vLLM-served students behind the FastAPI matching service."""

@@ -1,0 +1,67 @@
+"""`verdict decide` and friends, run as a user runs them (a subprocess)."""
+
+import json
+import subprocess
+import sys
+
+from tests.support import REFERENCE_V6, REPO, need
+
+VERDICT = [sys.executable, "-c", "from verdict_core.cli import main; main()"]
+
+
+def run(*args, cwd=REPO):
+    return subprocess.run(VERDICT + list(args), capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def test_decide_reference_files_prints_the_interop_contract():
+    files = sorted(REFERENCE_V6.glob("*/*__full.json"))[:6]
+    need(bool(files), "reference corpus missing")
+    r = run("decide", *map(str, files), "--policy", "prescreen", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == len(files)
+    for line in lines:
+        obj = json.loads(line)
+        assert obj["decision"] in ("eligible", "ineligible", "undetermined")
+        for a in obj["assumptions"]:
+            assert set(a) == {"atom", "value", "class"} and a["class"] in ("forced", "alternative", "inert")
+        for p in obj["pivotal"]:
+            assert {"atom", "current", "target", "requirement"} <= set(p)
+            if obj["decision"] == "eligible" and p["action"] == "confirm":
+                assert p["current"] is None
+        assert obj["pivotal"], "every decided reference pair has a pivot"
+
+
+def test_decide_project_cases_and_markdown():
+    cases = sorted((REPO / "examples" / "cases").glob("*.json"))
+    r = run("decide", *map(str, cases), "--format", "md")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("\n## ") + r.stdout.startswith("## ") == len(cases)
+    assert "To confirm at the screening visit" in r.stdout
+
+
+def test_bad_input_gets_a_clear_error_and_other_files_still_run(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    good = REPO / "examples" / "cases" / "01_t2d_eligible.json"
+    r = run("decide", str(bad), str(tmp_path / "missing.json"), str(good))
+    assert r.returncode == 1
+    assert "error:" in r.stderr and "bad.json" in r.stderr and "missing.json" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert json.loads(r.stdout.strip())["decision"] == "eligible"
+    r = run("decide", str(good), "--policy", "nope")
+    assert r.returncode == 2 and "no policies config named 'nope'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_schema_export(tmp_path):
+    r = run("schema", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "parsed-trial.schema.json").read_text())["type"] == "object"
+    r = run("schema", "nope")
+    assert r.returncode == 2 and "unknown schema" in r.stderr
+
+
+def test_demo_prints_rationales():
+    r = run("demo")
+    assert r.returncode == 0, r.stderr
+    assert "**ELIGIBLE**" in r.stdout and "**INELIGIBLE**" in r.stdout

@@ -1,0 +1,117 @@
+"""Hand-checkable decisions: each expectation below can be verified by reading the program."""
+
+import pytest
+
+from verdict_core.counterfactual import apply_pivotal, pivotal_flip_rate
+from verdict_core.decision import Override
+from verdict_core.engine import Engine
+
+from .helpers import atom, patient, program
+
+ENGINE = Engine()
+A_OR_B = program([{"op": "or", "args": ["a", "b"]}], atoms=[atom("a"), atom("b")])
+
+
+def test_eligible_pivot_names_open_atoms_to_confirm():
+    """Trial requires A or B; A observed, B open: changing A alone would not flip the decision, so
+    δ_I is {A false, B confirmed false}, not step 5's {A false}."""
+    p = patient(A_OR_B, a=True)
+    d = ENGINE.decide(A_OR_B, p)
+    assert d.decision == "eligible"
+    got = {(c.atom, c.action, c.current, c.target) for c in d.pivotal.conditions}
+    assert got == {("a", "change", True, False), ("b", "confirm", None, False)}
+    assert ENGINE.decide(A_OR_B, apply_pivotal(p, d.pivotal.conditions)).decision == "ineligible"
+    assert {(a.atom, a.cls) for a in d.assumptions} == {("b", "inert")}  # a observed true already meets it
+
+
+def test_assumption_classes():
+    prog = program([{"op": "or", "args": ["a", "b"]}], exclusion=["c"], atoms=[atom("a"), atom("b"), atom("c")])
+    d = ENGINE.decide(prog, patient(prog))
+    classes = {a.atom: (a.cls, a.value) for a in d.assumptions}
+    assert classes == {"a": ("alternative", None), "b": ("alternative", None), "c": ("forced", False)}
+    # the forced exclusion is the single pivot, stated as a requirement
+    assert [(c.atom, c.target, c.requirement.text) for c in d.pivotal.conditions] == [("c", True, "c = true")]
+
+
+def test_numeric_pivots_are_requirements_not_witnesses():
+    atoms = [atom("creat", "real", "lab_value", unit="mg/dL")]
+    prog = program([{"op": "cmp", "lhs": "creat", "rel": "le", "rhs": 2.0}], atoms=atoms)
+    d = ENGINE.decide(prog, patient(prog, creat=3.1))
+    assert d.decision == "ineligible"
+    (c,) = d.pivotal.conditions
+    assert c.requirement.text == "creat <= 2.0 mg/dL"
+    assert c.current == 3.1 and c.target == 2.0
+    assert [(iv.lo, iv.hi, iv.hi_strict) for iv in c.requirement.intervals] == [(None, 2.0, False)]
+    d2 = ENGINE.decide(prog, patient(prog))
+    forced = {a.atom: a for a in d2.assumptions}
+    assert forced["creat"].cls == "forced" and forced["creat"].requirement.text == "creat <= 2.0 mg/dL"
+    assert d2.pivotal.conditions[0].requirement.text == "creat > 2.0 mg/dL"
+
+
+def test_ineligible_trace_names_violated_criteria_and_facts():
+    prog = program(["a", "b"], exclusion=["c"], atoms=[atom("a"), atom("b"), atom("c")])
+    d = ENGINE.decide(prog, patient(prog, a=False, b=True, c=True))
+    assert d.decision == "ineligible"
+    steps = {(s.criterion, s.status, tuple(f.atom for f in s.facts)) for s in d.trace.steps}
+    assert steps == {("inc0", "violated", ("a",)), ("exc0", "violated", ("c",))}
+    assert len(d.pivotal.conditions) == 2  # both must change
+
+
+def test_joint_violation_is_traced_even_when_no_single_criterion_fails():
+    prog = program(["a"], exclusion=["a"], atoms=[atom("a")])  # a contradiction only jointly
+    with pytest.raises(Exception):
+        ENGINE.check_satisfiable(prog)
+    prog = program([{"op": "or", "args": ["a", "b"]}], exclusion=["a", "b"], atoms=[atom("a"), atom("b")])
+    d = ENGINE.decide(prog, patient(prog))
+    assert d.decision == "ineligible"
+    assert all(lb.label == "deferred" for lb in d.labels)
+    assert len([s for s in d.trace.steps if s.status == "violated"]) == 1
+
+
+def test_multi_cohort_eligibility_and_joint_pivot():
+    cohorts = [{"id": "x", "inclusion": [{"id": "i", "text": "a", "formula": "a"}]},
+               {"id": "y", "inclusion": [{"id": "i", "text": "b", "formula": "b"}]}]
+    prog = program([], cohorts=cohorts, atoms=[atom("a"), atom("b")])
+    p = patient(prog, a=True, b=True)
+    d = ENGINE.decide(prog, p)
+    assert d.decision == "eligible" and d.trace.admitting_cohorts == ["x", "y"]
+    assert {c.atom for c in d.pivotal.conditions} == {"a", "b"}  # both cohorts must fail
+    assert ENGINE.decide(prog, apply_pivotal(p, d.pivotal.conditions)).decision == "ineligible"
+
+
+def test_extraction_conflict_is_reported_apart_and_arbiter_can_resolve_it():
+    atoms = [atom("q"), atom("s"), atom("z")]
+    defs = [{"id": "q-implies-s", "kind": "qualifier_implies_stem", "formula": {"op": "implies", "if": "q", "then": "s"}}]
+    prog = program(["z"], exclusion=["q"], atoms=atoms, definitions=defs)
+    p = patient(prog, q=True, s=False, z=True)
+    d = ENGINE.decide(prog, p)
+    assert [(c.atoms, c.definitions) for c in d.conflicts] == [(["q", "s"], ["q-implies-s"])]
+    assert d.decision == "eligible"  # not ineligible because of the conflict: q, s set aside
+
+    def arbiter(conflicts, program_, patient_):
+        return [Override(atom="s", value=True, reason="chart says hypertension on medication")]
+
+    d2 = ENGINE.decide(prog, p, arbiter=arbiter)
+    assert d2.overrides[0].atom == "s" and d2.decision == "ineligible"  # q true stands, exclusion applies
+
+
+def test_solver_limit_gives_undetermined_with_reason():
+    atoms = [atom(n, "int", "other") for n in ("x", "y", "z")]
+    cube = lambda v: {"op": "mul", "args": [v, v, v]}  # noqa: E731
+    fermat = {"op": "cmp", "lhs": {"op": "add", "args": [cube("x"), cube("y")]}, "rel": "eq", "rhs": cube("z")}
+    pos = [{"op": "cmp", "lhs": v, "rel": "ge", "rhs": 1} for v in ("x", "y", "z")]
+    prog = program([fermat] + pos, atoms=atoms)
+    d = Engine(timeout_ms=200).decide(prog, patient(prog))
+    assert d.decision == "undetermined"
+    assert "solver limit" in d.reason
+
+
+def test_pivotal_flip_rate_is_one_in_both_directions():
+    progs = [A_OR_B, program(["a"], exclusion=["b"], atoms=[atom("a"), atom("b")])]
+    cases = []
+    for i, prog in enumerate(progs):
+        for values in ({}, {"a": True}, {"a": False}, {"a": True, "b": True}, {"b": False}):
+            cases.append((f"{i}-{values}", prog, patient(prog, **values)))
+    rates, outcomes = pivotal_flip_rate(ENGINE, cases)
+    assert {r.direction: (r.cases > 0, r.rate) for r in rates} == {"to_eligible": (True, 1.0), "to_ineligible": (True, 1.0)}
+    assert all(o.flipped for o in outcomes)

@@ -1,0 +1,61 @@
+import pytest
+
+from verdict_core.errors import PatientError
+from verdict_core.patient import Bounds, ResolvedPatient, check_patient, load_patient
+from verdict_core.engine import Engine
+
+from .helpers import atom, patient, program
+
+AGE = [atom("a"), atom("age", "int", "demographic")]
+
+
+def test_value_of_the_wrong_type_is_named():
+    prog = program(["a"], atoms=AGE)
+    with pytest.raises(PatientError) as e:
+        patient(prog, a=3)
+    assert "'a'" in str(e.value) and "not a boolean" in str(e.value)
+    with pytest.raises(PatientError) as e:
+        patient(prog, age=True)
+    assert "is a boolean but the atom domain is int" in str(e.value)
+    with pytest.raises(PatientError) as e:
+        patient(prog, age=3.5)
+    assert "not an integer" in str(e.value)
+
+
+def test_patient_for_another_program_version_is_refused():
+    prog = program(["a"], atoms=AGE)
+    other = program(["a", {"op": "cmp", "lhs": "age", "rel": "ge", "rhs": 18}], atoms=AGE)
+    p = patient(prog, a=True)
+    with pytest.raises(PatientError) as e:
+        Engine().decide(other, p)
+    assert "program_hash" in str(e.value) and "re-run the value miner" in str(e.value)
+    with pytest.raises(PatientError) as e:
+        check_patient(program(["a"], atoms=AGE, trial_id="T2"), p)
+    assert "trial 'T1'" in str(e.value)
+
+
+def test_undeclared_and_duplicate_atoms():
+    prog = program(["a"], atoms=AGE)
+    p = patient(prog, a=True)
+    bad = p.model_copy(update={"resolutions": p.resolutions + [p.resolutions[0]]})
+    with pytest.raises(PatientError) as e:
+        check_patient(prog, bad)
+    assert "duplicate resolution" in str(e.value)
+    with pytest.raises(PatientError) as e:
+        patient(prog, zz=True)
+    assert "'zz': not an atom" in str(e.value)
+
+
+def test_resolution_consistency_rules():
+    with pytest.raises(PatientError) as e:
+        load_patient({"patient_id": "p", "trial_id": "T", "program_hash": "x",
+                      "resolutions": [{"atom": "a", "status": "unresolved", "value": True}]})
+    assert "unresolved atom has no value" in str(e.value)
+    with pytest.raises(PatientError) as e:
+        load_patient({"patient_id": "p", "trial_id": "T", "program_hash": "x",
+                      "resolutions": [{"atom": "a", "status": "imputed", "value": True}]})
+    assert "imputation record" in str(e.value)
+    with pytest.raises(ValueError):
+        Bounds(lo=3, hi=1)
+    assert Bounds(lo=1, hi=3, hi_strict=True).contains(2.9) and not Bounds(lo=1, hi=3, hi_strict=True).contains(3)
+    assert isinstance(load_patient('{"patient_id": "p", "trial_id": "T", "program_hash": "x", "resolutions": []}'), ResolvedPatient)

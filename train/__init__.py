@@ -1,0 +1,1 @@
+"""train: LoRA distillation of the parser and value-miner students (TRL + PEFT)."""

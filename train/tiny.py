@@ -1,0 +1,90 @@
+"""Build a tiny, offline Qwen2-architecture student for tests, CI and the demo.
+
+Real Qwen2.5 weights exist only at sites; here a ~1.5 MB random Qwen2 with a small byte-level BPE
+tokenizer and the official Qwen2.5 chat template stands in for it. Settings that matter (measured,
+see the project notes): head_dim >= 32 for vLLM's CPU attention, initializer_range 0.1 so LoRA can
+learn at all with frozen tied embeddings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+# A few KB of text in the shape of what the students read and write, so the BPE learns useful merges.
+_CORPUS = """You are a clinical trial eligibility formalizer. Return only JSON.
+{"atoms": [{"name": "has_type_2_diabetes", "domain": "bool", "kind": "diagnosis", "unit": null,
+"definition": "The patient has a diagnosis of type 2 diabetes mellitus."}], "cohorts": [{"id": "main",
+"inclusion": [{"id": "inc1", "text": "Age 18 years or older", "formula": {"op": "cmp", "lhs": "age_years",
+"rel": "ge", "rhs": 18}}], "exclusion": [{"id": "exc1", "text": "Pregnancy", "formula": "is_pregnant"}]}]}
+{"values": [{"atom": "age_years", "value": 58, "evidence": "A 58-year-old woman"},
+{"atom": "is_pregnant", "value": false, "evidence": "postmenopausal"}, {"atom": "creatinine_mg_dl",
+"value": null, "evidence": ""}]}
+Inclusion Criteria: adults with hypertension, creatinine <= 2.0 mg/dL, HbA1c between 7% and 10%.
+Exclusion Criteria: pregnancy, history of stroke within 6 months, active cancer, dialysis.
+A 62-year-old man presents with chest pain, diabetes and chronic kidney disease. He denies smoking.
+0123456789 true false null [] {} ( ) : ; , . ! ? ' " - _ + = * / < > @ # % & |
+"""
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def build_tokenizer(vocab_size: int = 512, extra_corpus: str = ""):
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    qwen_split = (
+        r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    )
+    tk = Tokenizer(models.BPE(fuse_unk=False, byte_fallback=False))
+    tk.normalizer = normalizers.NFC()
+    tk.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(qwen_split), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False, trim_offsets=False),
+    ])
+    tk.decoder = decoders.ByteLevel(add_prefix_space=False, use_regex=False, trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=1, special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tk.train_from_iterator([_CORPUS + extra_corpus] * 20, trainer=trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None, unk_token=None,
+        model_max_length=32768, clean_up_tokenization_spaces=False,
+    )
+    tok.chat_template = qwen2_5_chat_template
+    return tok
+
+
+def build_tiny_student(out_dir: str | os.PathLike, hidden_size: int = 128, layers: int = 2, seed: int = 0,
+                       vocab_size: int = 512, extra_corpus: str = "") -> Path:
+    """Write a tiny random Qwen2ForCausalLM + tokenizer to ``out_dir`` (about 1.5 MB, < 1 s).
+
+    ``extra_corpus`` (e.g. the prompt templates) with a larger ``vocab_size`` gives a tokenizer that
+    knows the prompts' words: prompts 2-3x shorter, so training and serving the tiny students is
+    that much cheaper."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(vocab_size, extra_corpus)
+    vocab = ((len(tok) + 63) // 64) * 64
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=vocab, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
+        initializer_range=0.1, rope_theta=1_000_000.0, rms_norm_eps=1e-6, bos_token_id=None,
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id,
+    )
+    model = Qwen2ForCausalLM(cfg)
+    gen = model.generation_config
+    gen.eos_token_id = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
+    gen.pad_token_id = tok.pad_token_id
+    gen.do_sample = False
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    (out / "verdict_tiny.json").write_text(json.dumps({"kind": "tiny-qwen2-student", "seed": seed,
+                                                      "hidden_size": hidden_size, "layers": layers}, indent=2))
+    return out

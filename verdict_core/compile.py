@@ -1,0 +1,317 @@
+"""Compile a TrialProgram to Z3, once per program version.
+
+Each compiled program owns a Z3 context (so programs can be decided from different threads) and
+one incremental solver holding the definitions as hard constraints plus guarded copies of the
+requirements; a decision switches parts on and off with assumption literals instead of building
+new solvers. Patient facts are assumption literals too (bool atoms directly, numeric facts through
+a tracker added inside push/pop), so one compiled program serves many patients (warm regime).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import z3
+
+from .formula import atoms_in, numeric_in_complex_terms, simple_comparisons
+from .patient import Bounds
+from .program import Atom, Criterion, TrialProgram
+from .smtlib import SORT, Writer, num, sym
+
+
+@dataclass
+class CompiledCriterion:
+    index: int
+    cohort: str
+    side: str  # inclusion | exclusion
+    criterion: Criterion
+    requirement: z3.BoolRef  # inclusion: formula; exclusion: not formula
+    indicator: z3.BoolRef  # indicator <=> requirement (assume it to require, its negation to refute)
+    atoms: frozenset[str]
+    cone: frozenset[str]  # atoms plus everything definitions connect them to
+
+    @property
+    def pos(self) -> z3.BoolRef:
+        return self.indicator
+
+    @property
+    def neg(self) -> z3.BoolRef:
+        return z3.Not(self.indicator)
+
+    @property
+    def key(self) -> str:
+        return f"{self.cohort}/{self.criterion.id}"
+
+
+@dataclass
+class Cell:
+    """A region of a numeric atom on which every simple comparison in the program is constant."""
+
+    lo: float | None
+    hi: float | None
+    lo_strict: bool
+    hi_strict: bool
+    guard: z3.BoolRef
+
+    def contains(self, x: float) -> bool:
+        return Bounds.contains(self, x)  # type: ignore[arg-type]
+
+    def representative(self, integer: bool) -> float | int | None:
+        lo, hi = self.lo, self.hi
+        if lo is not None and hi is not None and lo == hi:
+            v = lo
+        elif lo is None and hi is None:
+            v = 0.0
+        elif lo is None:
+            v = hi - 1
+        elif hi is None:
+            v = lo + 1
+        else:
+            v = (lo + hi) / 2
+        if not integer:
+            return v
+        import math
+
+        cands = [math.floor(v), math.ceil(v)]
+        if lo is not None:
+            cands.append(math.floor(lo) + 1 if self.lo_strict or not float(lo).is_integer() else int(lo))
+        if hi is not None:
+            cands.append(math.ceil(hi) - 1 if self.hi_strict or not float(hi).is_integer() else int(hi))
+        for c in cands:
+            if self.contains(c):
+                return int(c)
+        return None
+
+
+@dataclass
+class CompiledProgram:
+    program: TrialProgram
+    ctx: z3.Context
+    vars: dict[str, z3.ExprRef]
+    atoms: dict[str, Atom]
+    definitions: list[tuple[str, z3.BoolRef, frozenset[str]]]
+    criteria: list[CompiledCriterion]
+    cohort_ids: list[str]
+    cohort_guard: dict[str, z3.BoolRef]
+    side_guard: dict[tuple[str, str], z3.BoolRef]
+    phi_guard: z3.BoolRef
+    cells: dict[str, list[Cell]]
+    complex_numeric: frozenset[str]  # numeric atoms in nonlinear / multi-atom terms
+    component: dict[str, frozenset[str]]  # atom -> atoms definitions connect it to
+    solver: z3.Solver
+
+    # Pure-atom formulas, built only when an artifact needs to substitute into them.
+    @cached_property
+    def aux(self) -> z3.BoolRef:
+        return z3.And([e for _, e, _ in self.definitions]) if self.definitions else z3.BoolVal(True, self.ctx)
+
+    @cached_property
+    def cohort_req(self) -> dict[str, z3.BoolRef]:
+        out = {}
+        for cid in self.cohort_ids:
+            reqs = [cc.requirement for cc in self.criteria if cc.cohort == cid]
+            out[cid] = z3.And(reqs) if reqs else z3.BoolVal(True, self.ctx)
+        return out
+
+    @cached_property
+    def phi_req(self) -> z3.BoolRef:
+        """OR over cohorts of the cohort's requirements (definitions not included)."""
+        return z3.Or(list(self.cohort_req.values()))
+
+    @property
+    def content_hash(self) -> str:
+        return self.program.content_hash or self.program.compute_hash()
+
+    def cone(self, names) -> frozenset[str]:
+        out: set[str] = set()
+        for n in names:
+            out |= self.component.get(n, frozenset([n]))
+        return frozenset(out)
+
+
+def compile_program(program: TrialProgram, timeout_ms: int = 2000, ctx: z3.Context | None = None) -> CompiledProgram:
+    """One SMT-LIB text for the whole program, parsed by Z3 in one call. Each criterion, side,
+    cohort and numeric cell gets an indicator constant defined by an equivalence, so assumptions
+    can switch it on (c) or off (not c) and `consequences` can read three-valued entailment."""
+    ctx = ctx or z3.Context()
+    atoms = program.atom_table()
+    domains = {a.name: a.domain for a in program.atoms}
+    w = Writer(domains)
+    decls = [f"(declare-const {sym(a.name)} {SORT[a.domain]})" for a in program.atoms]
+    body: list[str] = []
+    for d in program.definitions:
+        body.append(w.formula(d.formula))
+    crit_meta = []
+    side_members: dict[tuple[str, str], list[str]] = {}
+    for cohort in program.cohorts:
+        for side in ("inclusion", "exclusion"):
+            side_members[(cohort.id, side)] = []
+            for cr in getattr(cohort, side):
+                i = len(crit_meta)
+                f = w.formula(cr.formula)
+                ind = f"!c{i}"
+                decls.append(f"(declare-const {sym(ind)} Bool)")
+                body.append(f"(= {sym(ind)} {f if side == 'inclusion' else f'(not {f})'})")
+                crit_meta.append((i, cohort.id, side, cr))
+                side_members[(cohort.id, side)].append(sym(ind))
+    for cohort in program.cohorts:
+        parts = []
+        for side in ("inclusion", "exclusion"):
+            ind = f"!side:{cohort.id}:{side}"
+            members = side_members[(cohort.id, side)]
+            decls.append(f"(declare-const {sym(ind)} Bool)")
+            body.append(f"(= {sym(ind)} {_conj(members)})")
+            parts += members
+        decls.append(f"(declare-const {sym('!cohort:' + cohort.id)} Bool)")
+        body.append(f"(= {sym('!cohort:' + cohort.id)} {_conj(parts)})")
+    decls.append(f"(declare-const {sym('!phi')} Bool)")
+    cohorts = [sym("!cohort:" + c.id) for c in program.cohorts]
+    body.append(f"(= {sym('!phi')} {cohorts[0] if len(cohorts) == 1 else '(or ' + ' '.join(cohorts) + ')'})")
+
+    thresholds: dict[str, set[float]] = {}
+    for f in [d.formula for d in program.definitions] + [cr.formula for _, _, cr in program.criteria()]:
+        for atom, _, c, _ in simple_comparisons(f):
+            thresholds.setdefault(atom, set()).add(c)
+    cell_specs: dict[str, list[tuple]] = {}
+    for a in program.atoms:
+        if a.domain == "bool":
+            continue
+        spans = _spans(sorted(thresholds.get(a.name, set())))
+        cell_specs[a.name] = spans
+        for k, span in enumerate(spans):
+            ind = f"!cell:{a.name}:{k}"
+            decls.append(f"(declare-const {sym(ind)} Bool)")
+            body.append(f"(= {sym(ind)} {_span_text(sym(a.name), SORT[a.domain], *span)})")
+
+    text = "\n".join(decls + [f"(assert {b})" for b in body])
+    solver = z3.Solver(ctx=ctx)
+    solver.set("timeout", timeout_ms)
+    solver.from_string(text)  # parsed straight into the solver, no Python round trip per assertion
+    parsed = solver.assertions()
+
+    sorts = {"bool": z3.BoolSort(ctx), "int": z3.IntSort(ctx), "real": z3.RealSort(ctx)}
+    zvars = {a.name: _const(ctx, a.name, sorts[a.domain]) for a in program.atoms}
+    nd = len(program.definitions)
+    defs = [(d.id, parsed[k], frozenset(atoms_in(d.formula))) for k, d in enumerate(program.definitions)]
+    component = _components([a.name for a in program.atoms], [names for _, _, names in defs])
+    criteria: list[CompiledCriterion] = []
+    for i, cohort_id, side, cr in crit_meta:
+        eq = parsed[nd + i]
+        names = frozenset(atoms_in(cr.formula))
+        criteria.append(CompiledCriterion(i, cohort_id, side, cr, eq.arg(1), eq.arg(0), names, _cone(component, names)))
+    lit = lambda name: _const(ctx, name, sorts["bool"])  # noqa: E731  (same name, same constant as in the text)
+    cells = {name: [Cell(*span, lit(f"!cell:{name}:{k}")) for k, span in enumerate(spans)]
+             for name, spans in cell_specs.items()}
+    return CompiledProgram(
+        program=program, ctx=ctx, vars=zvars, atoms=atoms, definitions=defs, criteria=criteria,
+        cohort_ids=[c.id for c in program.cohorts],
+        cohort_guard={c.id: lit("!cohort:" + c.id) for c in program.cohorts},
+        side_guard={(c.id, s): lit(f"!side:{c.id}:{s}") for c in program.cohorts for s in ("inclusion", "exclusion")},
+        phi_guard=lit("!phi"), cells=cells,
+        complex_numeric=frozenset(_complex_numeric(program)), component=component, solver=solver,
+    )
+
+
+def _const(ctx: z3.Context, name: str, sort: z3.SortRef) -> z3.ExprRef:
+    """z3.Const without the Python-side checks (this is on the compile hot path)."""
+    ast = z3.Z3_mk_const(ctx.ref(), z3.to_symbol(name, ctx), sort.ast)
+    return (z3.BoolRef if sort.kind() == z3.Z3_BOOL_SORT else z3.ArithRef)(ast, ctx)
+
+
+def _conj(members: list[str]) -> str:
+    if not members:
+        return "true"
+    return members[0] if len(members) == 1 else "(and " + " ".join(members) + ")"
+
+
+def _spans(ts: list[float]) -> list[tuple]:
+    """Cells: (-inf, t1), [t1], (t1, t2), ..., [tn], (tn, inf)."""
+    spans, prev = [], None
+    for t in ts:
+        spans.append((prev, t, True, True))
+        spans.append((t, t, False, False))
+        prev = t
+    spans.append((prev, None, True, False))
+    return spans
+
+
+def _span_text(var: str, sort: str, lo, hi, lo_s, hi_s) -> str:
+    ends = [x for x in (lo, hi) if x is not None]
+    if sort == "Int" and not all(float(x).is_integer() for x in ends):
+        var, sort = f"(to_real {var})", "Real"  # an int atom against a fractional threshold
+
+    def lit(x):
+        return num(int(x), "Int") if sort == "Int" else num(float(x), "Real")
+
+    if lo is not None and hi is not None and lo == hi:
+        return f"(= {var} {lit(lo)})"
+    parts = []
+    if lo is not None:
+        parts.append(f"({'>' if lo_s else '>='} {var} {lit(lo)})")
+    if hi is not None:
+        parts.append(f"({'<' if hi_s else '<='} {var} {lit(hi)})")
+    return _conj(parts)
+
+
+def _complex_numeric(program: TrialProgram) -> set[str]:
+    out: set[str] = set()
+    for f in [d.formula for d in program.definitions] + [cr.formula for _, _, cr in program.criteria()]:
+        out |= numeric_in_complex_terms(f)
+    return out
+
+
+def bounds_expr(var, lo, hi, lo_strict, hi_strict) -> z3.BoolRef:
+    ctx = var.ctx
+    parts = []
+    if lo is not None and hi is not None and lo == hi:
+        return var == _num(lo, var)
+    if lo is not None:
+        parts.append(var > _num(lo, var) if lo_strict else var >= _num(lo, var))
+    if hi is not None:
+        parts.append(var < _num(hi, var) if hi_strict else var <= _num(hi, var))
+    return z3.And(parts) if parts else z3.BoolVal(True, ctx)
+
+
+def value_expr(var, value=None, bounds: Bounds | None = None) -> z3.BoolRef:
+    """The constraint a resolved value (or interval) puts on an atom."""
+    if bounds is not None:
+        return bounds_expr(var, bounds.lo, bounds.hi, bounds.lo_strict, bounds.hi_strict)
+    if isinstance(value, bool):
+        return var if value else z3.Not(var)
+    return var == _num(value, var)
+
+
+def _num(x, like):
+    if z3.is_int(like) and float(x).is_integer():
+        return z3.IntVal(int(x), like.ctx)
+    if z3.is_int(like):  # int atom compared with a fraction: compare in the reals
+        return z3.RealVal(x, like.ctx)
+    return z3.RealVal(x, like.ctx)
+
+
+def _components(names: list[str], groups: list[frozenset[str]]) -> dict[str, frozenset[str]]:
+    parent = {n: n for n in names}
+
+    def find(x):
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for g in groups:
+        g = list(g)
+        for other in g[1:]:
+            parent[find(other)] = find(g[0])
+    comp: dict[str, set[str]] = {}
+    for n in list(parent):
+        comp.setdefault(find(n), set()).add(n)
+    return {n: frozenset(comp[find(n)]) for n in parent}
+
+
+def _cone(component, names) -> frozenset[str]:
+    out: set[str] = set()
+    for n in names:
+        out |= component.get(n, frozenset([n]))
+    return frozenset(out)

@@ -1,0 +1,330 @@
+"""δ: pivotal conditions, minimum-cardinality and self-faithful in both directions.
+
+to_eligible (δ_E, ineligible patients): the fewest resolved facts whose change admits the patient,
+with unresolved atoms free and definitions hard (a counterfactual patient is a consistent one).
+
+to_ineligible (δ_I, eligible patients): the fewest conditions - resolved facts to change or
+unresolved atoms to confirm - after which *no* completion of the remaining unresolved atoms admits
+the patient. Unlike step 5 as printed (which fixes ρ), unresolved atoms stay free, so a reported
+pivot really flips the decision: for "A or B" with A observed and B open, δ_I is {A false, B
+confirmed false}, not {A false}. This is a 2-level problem (∃ changes ∀ completions); single
+changes are scanned directly, larger sets come from counterexample-guided search (CEGAR) over a
+MaxSMT abstraction.
+
+Several minimum sets can exist; all of them are enumerated up to a cap and the primary one is the
+first in content order (atom definition, kind, ...), so δ does not depend on solver search order
+or atom names. Numeric pivots are stated as the region the trial's comparisons allow (union of
+the program's threshold cells), with a representative target value inside it.
+"""
+
+from __future__ import annotations
+
+import z3
+
+from .decision import PivotalCondition, PivotalSet, Pivotal
+from .formula import Unknown, evaluate
+from .session import FactLit, Session, SolverLimit
+
+CEGAR_ITERATIONS = 400
+
+def _conditions(sess: Session, change: dict[str, tuple]) -> list[PivotalCondition]:
+    """change: atom -> (target value, intervals or None)."""
+    facts = {f.atom: f for f in sess.facts}
+    out = []
+    for atom in sorted(change, key=sess.key.__getitem__):
+        target, intervals = change[atom]
+        f = facts.get(atom)
+        r = f.resolution if f else None
+        req = sess.requirement(atom, target, intervals) if intervals is not None else sess.requirement(atom, target)
+        out.append(PivotalCondition(
+            atom=atom, action="change" if f else "confirm",
+            current=r.value if r else None, current_bounds=r.bounds if r else None,
+            target=target, requirement=req,
+        ))
+    return out
+
+
+def _numeric_region(sess: Session, atom: str, base: list[z3.BoolRef], flips_when_sat: bool, current):
+    """Cells of ``atom`` that produce the wanted outcome with ``base`` assumptions; returns
+    (target, intervals) or None. flips_when_sat: True for δ_E (want sat), False for δ_I (want
+    unsat and still consistent with the definitions)."""
+    cp = sess.cp
+    chosen = []
+    phi_base = [cp.phi_guard] + base
+    for c in cp.cells[atom]:
+        if current is not None and _cell_has(c, current):
+            continue
+        if flips_when_sat:
+            if sess.check(*phi_base, c.guard):
+                chosen.append(c)
+        elif not sess.check(*phi_base, c.guard) and sess.check(*base, c.guard):
+            chosen.append(c)
+    if not chosen:
+        return None
+    intervals = sess.region(atom, chosen)
+    target = sess.target_in(atom, intervals, current if isinstance(current, (int, float)) else None)
+    return None if target is None else (target, intervals)
+
+
+def _cell_has(c, x) -> bool:
+    if isinstance(x, bool):
+        return False
+    if c.lo is not None and (x < c.lo or (c.lo_strict and x == c.lo)):
+        return False
+    if c.hi is not None and (x > c.hi or (c.hi_strict and x == c.hi)):
+        return False
+    return True
+
+
+def _fix(sess: Session, atom: str, value) -> z3.BoolRef:
+    var = sess.cp.vars[atom]
+    if isinstance(value, bool):
+        return var if value else z3.Not(var)
+    return sess.guard(var == _z3num(var, value), "fix")
+
+
+def _z3num(var, value):
+    return z3.IntVal(int(value), var.ctx) if z3.is_int(var) and float(value).is_integer() else z3.RealVal(value, var.ctx)
+
+
+def _assemble(sess: Session, direction: str, sets: list[dict], complete: bool, alternatives: int, note=None) -> Pivotal:
+    ordered = sorted(sets, key=lambda s: tuple(sorted(sess.key[a] for a in s)))
+    if not ordered:
+        return Pivotal(direction=direction, complete=complete, note=note or "no change of the modelled conditions flips the decision")
+    primary = _conditions(sess, ordered[0])
+    alts = [PivotalSet(direction=direction, conditions=_conditions(sess, s)) for s in ordered[1 : 1 + alternatives]]
+    return Pivotal(direction=direction, conditions=primary, alternatives=alts, complete=complete, note=note)
+
+
+# ---- δ_E: ineligible -> eligible ---------------------------------------------------------------
+def to_eligible(sess: Session, labels, alternatives: int, cap: int) -> Pivotal:
+    cp = sess.cp
+    # A cohort keeps a violated criterion whose cone the changed fact does not reach: such a fact
+    # cannot admit the patient on its own, so it needs no solver call.
+    blocking = {cid: [cc.cone for cc, lb in zip(cp.criteria, labels) if cc.cohort == cid and lb.label == "violated"]
+                for cid in cp.cohort_ids}
+    singles: list[dict] = []
+    for f in sess.facts:
+        if all(any(f.atom not in cone for cone in blocking[cid]) for cid in cp.cohort_ids):
+            continue
+        rest = [x.lit for x in sess.facts if x is not f]
+        if not sess.check(cp.phi_guard, *rest):
+            continue
+        if isinstance(f.resolution.value, bool):
+            singles.append({f.atom: (not f.resolution.value, None)})
+        else:
+            got = _numeric_region(sess, f.atom, rest, True, f.resolution.value)
+            if got:
+                singles.append({f.atom: got})
+    if singles:
+        return _assemble(sess, "to_eligible", singles, True, alternatives)
+    sets, complete = _maxsmt_sets(sess, cap)
+    return _assemble(sess, "to_eligible", sets, complete, alternatives, _cap_note(sets, complete))
+
+
+def _cap_note(sets: list, complete: bool) -> str | None:
+    if complete or not sets:
+        return None
+    return (f"enumeration stopped after {len(sets)} minimum sets; the primary set is the first in content "
+            "order among those found")
+
+
+def _maxsmt_sets(sess: Session, cap: int) -> tuple[list[dict], bool]:
+    """Minimum sets of facts to drop (MaxSMT, facts soft), enumerated with blocking clauses."""
+    cp = sess.cp
+    opt = z3.Optimize(ctx=sess.ctx)
+    opt.set("timeout", sess.timeout_ms)
+    opt.add(cp.aux, cp.phi_req)
+    for f in sess.facts:
+        opt.add_soft(f.expr, 1)
+    sets: list[dict] = []
+    best = None
+    while len(sets) < cap:
+        sess.checks += 1
+        r = opt.check()
+        if r == z3.unknown:
+            if not sets:
+                raise SolverLimit(f"MaxSMT did not finish ({opt.reason_unknown()})")
+            return sets, False
+        if r == z3.unsat:
+            return sets, True
+        m = opt.model()
+        dropped = [f for f in sess.facts if not z3.is_true(m.eval(f.expr, model_completion=True))]
+        if best is None:
+            best = len(dropped)
+        if len(dropped) != best:
+            return sets, True
+        sets.append(_targets(sess, dropped, m, want_eligible=True))
+        opt.add(z3.Or([f.expr for f in dropped]))
+    return sets, False
+
+
+def _targets(sess: Session, changed: list[FactLit] | list[str], m: z3.ModelRef, want_eligible: bool) -> dict:
+    """Target per changed atom from a model; numeric targets widened to their region given the
+    other changes at their targets."""
+    atoms = [c.atom if isinstance(c, FactLit) else c for c in changed]
+    values = {a: sess.value_in(m, a) for a in atoms}
+    kept = [f.lit for f in sess.facts if f.atom not in atoms]
+    out = {}
+    for a in atoms:
+        if isinstance(values[a], bool):
+            out[a] = (values[a], None)
+            continue
+        others = [_fix(sess, b, values[b]) for b in atoms if b != a]
+        current = next((f.resolution.value for f in sess.facts if f.atom == a), None)
+        got = _numeric_region(sess, a, kept + others, want_eligible, current)
+        out[a] = got if got else (values[a], None)
+    return out
+
+
+# ---- δ_I: eligible -> ineligible ---------------------------------------------------------------
+def to_ineligible(sess: Session, forced: dict, witness: z3.ModelRef, sides, alternatives: int, cap: int) -> Pivotal:
+    cp = sess.cp
+    singles: list[dict] = []
+    for u, (value, admissible, flips) in forced.items():  # confirm the value the admitting completions exclude
+        if admissible is None and flips:
+            singles.append({u: (flips[0], None)})
+        elif admissible is not None and flips:
+            intervals = sess.region(u, flips)
+            target = sess.target_in(u, intervals, None)
+            if target is not None:
+                singles.append({u: (target, intervals)})
+    admitting = [s.cohort for s in sides if s.admits]
+    env = sess.env(witness)
+    for f in sess.facts:
+        if _cannot_break(sess, f, admitting, env):
+            continue
+        rest = [x.lit for x in sess.facts if x is not f]
+        if isinstance(f.resolution.value, bool):
+            flipped = z3.Not(f.lit)
+            if not sess.check(cp.phi_guard, *rest, flipped) and sess.check(*rest, flipped):
+                singles.append({f.atom: (not f.resolution.value, None)})
+        else:
+            got = _numeric_region(sess, f.atom, rest, False, f.resolution.value)
+            if got:
+                singles.append({f.atom: got})
+    if singles:
+        return _assemble(sess, "to_ineligible", singles, True, alternatives)
+    sets, complete = _cegar_sets(sess, witness, cap)
+    return _assemble(sess, "to_ineligible", sets, complete, alternatives, _cap_note(sets, complete))
+
+
+def _cannot_break(sess: Session, f: FactLit, admitting: list[str], env: dict) -> bool:
+    """Sound shortcuts for 'changing f alone leaves the patient eligible'."""
+    cp = sess.cp
+    touched = {cid: [cc for cc in cp.criteria if cc.cohort == cid and f.atom in cc.cone] for cid in admitting}
+    if any(not ccs for ccs in touched.values()):
+        return True  # an admitting cohort does not depend on f at all
+    if not isinstance(f.resolution.value, bool) or len(cp.component.get(f.atom, ())) > 1:
+        return False
+    flipped = {**env, f.atom: not f.resolution.value}  # witness with f flipped still admits?
+    for cid, ccs in touched.items():
+        try:
+            if all(evaluate(cc.criterion.formula, flipped) == (cc.side == "inclusion") for cc in ccs):
+                return True
+        except (Unknown, ZeroDivisionError, TypeError):
+            return False
+    return False
+
+
+def _cegar_sets(sess: Session, witness: z3.ModelRef, cap: int) -> tuple[list[dict], bool]:
+    cp, ctx = sess.cp, sess.ctx
+    exact = {f.atom: f for f in sess.facts if f.resolution.value is not None}
+    bounded = {f.atom: f for f in sess.facts if f.resolution.bounds is not None}
+    used = set().union(*(cc.cone for cc in cp.criteria), *(n for _, _, n in cp.definitions)) if cp.criteria else set()
+    atoms = sorted(used, key=sess.key.__getitem__)
+    ch = {a: z3.Bool(f"!ch:{a}", ctx) for a in atoms}
+    nv = {a: z3.FreshConst(cp.vars[a].sort(), "!nv") for a in atoms}
+    opt = z3.Optimize(ctx=ctx)
+    opt.set("timeout", sess.timeout_ms)
+    for a in atoms:  # new numeric values range over cell representatives: exact for simple atoms, finite
+        if cp.atoms[a].domain != "bool":
+            reps = [r for c in cp.cells[a] if (r := c.representative(cp.atoms[a].domain == "int")) is not None]
+            opt.add(z3.Or([nv[a] == _z3num(nv[a], r) for r in reps]))
+        if a in exact and isinstance(exact[a].resolution.value, bool):
+            opt.add(z3.Implies(ch[a], nv[a] == z3.BoolVal(not exact[a].resolution.value, ctx)))
+
+    def world(values: dict) -> list[tuple]:
+        pairs = []
+        for a in atoms:
+            if a in exact:
+                base = _const(cp.vars[a], exact[a].resolution.value)
+            else:
+                base = values[a]
+            pairs.append((cp.vars[a], z3.If(ch[a], nv[a], base)))
+        return pairs
+
+    # the changed patient must stay consistent with the definitions (exists a completion)
+    z = {a: z3.FreshConst(cp.vars[a].sort(), "!z") for a in atoms if a not in exact}
+    opt.add(z3.substitute(cp.aux, *world(z)))
+    for a, f in bounded.items():
+        if a in z:
+            opt.add(z3.Implies(z3.Not(ch[a]), z3.substitute(f.expr, (cp.vars[a], z[a]))))
+    phi_full = z3.And(cp.aux, cp.phi_req)
+
+    def add_cex(m: z3.ModelRef) -> None:
+        vals = {a: m.eval(cp.vars[a], model_completion=True) for a in atoms if a not in exact}
+        opt.add(z3.Not(z3.substitute(phi_full, *world(vals))))
+
+    cost = z3.Sum([z3.If(ch[a], z3.IntVal(1, ctx), z3.IntVal(0, ctx)) for a in atoms])
+    opt.minimize(cost)
+    add_cex(witness)
+    sets: list[dict] = []
+    best = None
+    for _ in range(CEGAR_ITERATIONS):
+        sess.checks += 1
+        r = opt.check()
+        if r == z3.unknown:
+            if not sets:
+                raise SolverLimit(f"pivotal search did not finish ({opt.reason_unknown()})")
+            return sets, False
+        if r == z3.unsat:
+            return sets, True
+        m = opt.model()
+        chosen = [a for a in atoms if z3.is_true(m.eval(ch[a], model_completion=True))]
+        if best is not None and len(chosen) > best:
+            return sets, True
+        values = {a: _py(m.eval(nv[a], model_completion=True)) for a in chosen}
+        kept = [f.lit for f in sess.facts if f.atom not in chosen]
+        fixes = [_fix(sess, a, values[a]) for a in chosen]
+        if sess.check(cp.phi_guard, *kept, *fixes):
+            add_cex(sess.s.model())
+            continue
+        best = len(chosen)
+        sets.append(_targets_ineligible(sess, chosen, values))
+        if len(sets) >= cap:
+            return sets, False
+        opt.add(z3.Or([z3.Not(ch[a]) for a in chosen]))
+    return sets, False
+
+
+def _targets_ineligible(sess: Session, chosen: list[str], values: dict) -> dict:
+    kept = [f.lit for f in sess.facts if f.atom not in chosen]
+    out = {}
+    for a in chosen:
+        if isinstance(values[a], bool):
+            out[a] = (values[a], None)
+            continue
+        others = [_fix(sess, b, values[b]) for b in chosen if b != a]
+        current = next((f.resolution.value for f in sess.facts if f.atom == a), None)
+        got = _numeric_region(sess, a, kept + others, False, current)
+        out[a] = got if got else (values[a], None)
+    return out
+
+
+def _const(var, value):
+    if isinstance(value, bool):
+        return z3.BoolVal(value, var.ctx)
+    return _z3num(var, value)
+
+
+def _py(v):
+    if z3.is_true(v):
+        return True
+    if z3.is_false(v):
+        return False
+    if z3.is_int_value(v):
+        return v.as_long()
+    if z3.is_rational_value(v):
+        return v.numerator_as_long() / v.denominator_as_long()
+    return float(v.approx(12).as_decimal(12).rstrip("?"))

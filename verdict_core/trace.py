@@ -1,0 +1,115 @@
+"""γ: the decision trace a reviewer follows, and the per-cohort side statuses."""
+
+from __future__ import annotations
+
+import itertools
+
+import z3
+
+from .decision import Assumption, CriterionLabel, SideStatus, Trace, TraceStep
+from .labels import minimal_facts
+from .session import Session
+
+
+def side_statuses(sess: Session) -> list[SideStatus]:
+    """Per cohort: does it admit the patient, and is each side satisfiable on its own (the
+    reference format's per-side `sat_like`)."""
+    cp = sess.cp
+    lits = sess.lits()
+
+    def sat(guard, expr) -> bool:
+        for m in sess.models:
+            if z3.is_true(m.eval(expr, model_completion=True)):
+                return True
+        if sess.check(guard, *lits):
+            sess.model()
+            return True
+        return False
+
+    out = []
+    for cid in cp.cohort_ids:
+        inc = [cc.requirement for cc in cp.criteria if cc.cohort == cid and cc.side == "inclusion"]
+        exc = [cc.requirement for cc in cp.criteria if cc.cohort == cid and cc.side == "exclusion"]
+        true = z3.BoolVal(True, sess.ctx)
+        out.append(SideStatus(
+            cohort=cid, admits=sat(cp.cohort_guard[cid], cp.cohort_req[cid]),
+            inclusion_satisfiable=sat(cp.side_guard[(cid, "inclusion")], z3.And(inc) if inc else true),
+            exclusion_satisfiable=sat(cp.side_guard[(cid, "exclusion")], z3.And(exc) if exc else true),
+        ))
+    return out
+
+
+def eligible_trace(sess: Session, sides: list[SideStatus], labels: list[CriterionLabel], support,
+                   assumptions: list[Assumption]) -> Trace:
+    cp = sess.cp
+    admitting = [s.cohort for s in sides if s.admits]
+    assumed = {a.atom for a in assumptions if a.cls != "inert"}
+    by_key = {(lb.cohort, lb.criterion): lb for lb in labels}
+    steps = []
+    met = deferred = 0
+    for cc in cp.criteria:
+        if cc.cohort not in admitting:
+            continue
+        lb = by_key[(cc.cohort, cc.criterion.id)]
+        if lb.label == "satisfied":
+            met += 1
+            steps.append(TraceStep(cohort=cc.cohort, criterion=cc.criterion.id, side=cc.side, status="satisfied",
+                                   text=cc.criterion.text, facts=[f.cite() for f in support[cc.index]]))
+        else:
+            deferred += 1
+            steps.append(TraceStep(cohort=cc.cohort, criterion=cc.criterion.id, side=cc.side, status="assumed",
+                                   text=cc.criterion.text, assumptions=[a for a in lb.open_atoms if a in assumed]))
+    through = f"cohort {admitting[0]}" if len(admitting) == 1 else f"cohorts {', '.join(admitting)}"
+    summary = (f"eligible through {through}: {met} criteria met by the chart, {deferred} resting on "
+               f"assumptions to confirm at the visit")
+    return Trace(summary=summary, admitting_cohorts=admitting, steps=steps)
+
+
+def ineligible_trace(sess: Session, labels: list[CriterionLabel], support) -> Trace:
+    """Per cohort, a minimum set of violated criteria: those the facts violate on their own, plus
+    (rarely) the fewest further criteria that conflict jointly, with the facts that violate them."""
+    cp = sess.cp
+    lits = sess.lits()
+    by_key = {(lb.cohort, lb.criterion): lb for lb in labels}
+    steps, parts = [], []
+    for cid in cp.cohort_ids:
+        ccs = [cc for cc in cp.criteria if cc.cohort == cid]
+        violated = [cc for cc in ccs if by_key[(cid, cc.criterion.id)].label == "violated"]
+        rest = [cc for cc in ccs if cc not in violated]
+        extra = [] if sess.check(*[cc.pos for cc in rest], *lits) else _fewest_to_drop(sess, rest)
+        for cc in violated:
+            steps.append(TraceStep(cohort=cid, criterion=cc.criterion.id, side=cc.side, status="violated",
+                                   text=cc.criterion.text, facts=[f.cite() for f in support[cc.index]]))
+        keep = [cc for cc in rest if cc not in extra]
+        for cc in extra:
+            cone = cc.cone.union(*(k.cone for k in keep))
+            facts = minimal_facts(sess, [cc.pos] + [k.pos for k in keep], [f for f in sess.facts if f.atom in cone])
+            steps.append(TraceStep(cohort=cid, criterion=cc.criterion.id, side=cc.side, status="violated",
+                                   text=cc.criterion.text, facts=[f.cite() for f in facts]))
+        names = [cc.criterion.id for cc in violated + extra]
+        parts.append(f"cohort {cid} fails {', '.join(names)}" if len(cp.cohort_ids) > 1 else f"fails {', '.join(names)}")
+    return Trace(summary="ineligible: " + "; ".join(parts), steps=steps)
+
+
+def _fewest_to_drop(sess: Session, rest) -> list:
+    """The first (in content order: text, side, id) smallest set of criteria whose removal makes the
+    rest jointly satisfiable with the facts. Sizes up to 3 are searched exhaustively so the choice is
+    canonical; beyond that MaxSMT picks one (noted as such in the trace summary)."""
+    ordered = sorted(rest, key=lambda cc: (cc.criterion.text, cc.side, cc.criterion.id))
+    lits = sess.lits()
+    for k in range(1, min(3, len(ordered)) + 1):
+        for combo in itertools.combinations(ordered, k):
+            if sess.check(*[cc.pos for cc in ordered if cc not in combo], *lits):
+                return list(combo)
+    opt = z3.Optimize(ctx=sess.ctx)
+    opt.set("timeout", sess.timeout_ms)
+    opt.add(sess.cp.aux)
+    for f in sess.facts:
+        opt.add(f.expr)
+    for cc in rest:
+        opt.add_soft(cc.requirement, 1)
+    sess.checks += 1
+    if opt.check() != z3.sat:
+        return list(rest)
+    m = opt.model()
+    return [cc for cc in rest if not z3.is_true(m.eval(cc.requirement, model_completion=True))]
