@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import z3
 
+from .compile import fast_and, fast_or
 from .decision import Assumption, CriterionLabel
 from .session import Session
 
@@ -110,12 +111,26 @@ def _is_literal(e) -> bool:
 
 
 def _depends(sess: Session, var: z3.ExprRef, lits) -> bool:
-    """Is there a consistent patient whose admission changes with u alone?"""
+    """Is there a consistent patient whose admission changes with u alone? Only formulas that
+    mention u change under substitution; every other criterion enters through its indicator and
+    every other definition is already asserted, which keeps the query small."""
     cp = sess.cp
     if z3.is_bool(var):
         a, b = z3.BoolVal(True, sess.ctx), z3.BoolVal(False, sess.ctx)
     else:
         a, b = z3.FreshConst(var.sort(), "!a"), z3.FreshConst(var.sort(), "!b")
-    sub = lambda e, v: z3.substitute(e, (var, v))  # noqa: E731
-    differs = z3.And(sub(cp.aux, a), sub(cp.aux, b), z3.Xor(sub(cp.phi_req, a), sub(cp.phi_req, b)))
+    name = var.decl().name()
+    defs = [e for _, e, names in cp.definitions if name in names]
+    touched = {cc.index for cc in cp.mentions(name)[1]}
+
+    def admitted(x):
+        cohorts = []
+        for cid in cp.cohort_ids:
+            parts = [z3.substitute(cc.requirement, (var, x)) if cc.index in touched else cc.indicator
+                     for cc in cp.criteria if cc.cohort == cid]
+            cohorts.append(fast_and(sess.ctx, parts))
+        return fast_or(sess.ctx, cohorts)
+
+    consistent = [z3.substitute(e, (var, x)) for e in defs for x in (a, b)]
+    differs = fast_and(sess.ctx, consistent + [z3.Xor(admitted(a), admitted(b))])
     return sess.check(sess.guard(differs, "depends"), *lits)

@@ -101,6 +101,7 @@ class CompiledProgram:
     complex_numeric: frozenset[str]  # numeric atoms in nonlinear / multi-atom terms
     component: dict[str, frozenset[str]]  # atom -> atoms definitions connect it to
     solver: z3.Solver
+    smt_text: str = ""  # the program as SMT-LIB, kept for baselines and debugging
 
     # Pure-atom formulas, built only when an artifact needs to substitute into them.
     @cached_property
@@ -119,6 +120,33 @@ class CompiledProgram:
     def phi_req(self) -> z3.BoolRef:
         """OR over cohorts of the cohort's requirements (definitions not included)."""
         return z3.Or(list(self.cohort_req.values()))
+
+    @cached_property
+    def _mentions(self) -> dict[str, tuple[list, list]]:
+        out: dict[str, tuple[list, list]] = {a: ([], []) for a in self.atoms}
+        for d in self.program.definitions:
+            for a in atoms_in(d.formula):
+                out[a][0].append(d.formula)
+        for cc in self.criteria:
+            for a in cc.atoms:
+                out[a][1].append(cc)
+        return out
+
+    def mentions(self, atom: str) -> tuple[list, list]:
+        """(definition formulas, compiled criteria) that mention the atom directly."""
+        return self._mentions[atom]
+
+    @cached_property
+    def _static(self) -> set[int]:
+        out = set()
+        for cc in self.criteria:
+            if self.solver.check(cc.pos) == z3.unsat or self.solver.check(cc.neg) == z3.unsat:
+                out.add(cc.index)
+        return out
+
+    def settled_by_definitions(self) -> set[int]:
+        """Criteria whose label the definitions alone fix (computed once per program)."""
+        return self._static
 
     @property
     def content_hash(self) -> str:
@@ -211,6 +239,7 @@ def compile_program(program: TrialProgram, timeout_ms: int = 2000, ctx: z3.Conte
         side_guard={(c.id, s): lit(f"!side:{c.id}:{s}") for c in program.cohorts for s in ("inclusion", "exclusion")},
         phi_guard=lit("!phi"), cells=cells,
         complex_numeric=frozenset(_complex_numeric(program)), component=component, solver=solver,
+        smt_text=text,
     )
 
 
@@ -218,6 +247,21 @@ def _const(ctx: z3.Context, name: str, sort: z3.SortRef) -> z3.ExprRef:
     """z3.Const without the Python-side checks (this is on the compile hot path)."""
     ast = z3.Z3_mk_const(ctx.ref(), z3.to_symbol(name, ctx), sort.ast)
     return (z3.BoolRef if sort.kind() == z3.Z3_BOOL_SORT else z3.ArithRef)(ast, ctx)
+
+
+def fast_and(ctx: z3.Context, exprs: list[z3.BoolRef]) -> z3.BoolRef:
+    """z3.And without per-argument Python casts (hot in assumption classification)."""
+    if not exprs:
+        return z3.BoolVal(True, ctx)
+    arr = (z3.Ast * len(exprs))(*[e.as_ast() for e in exprs])
+    return z3.BoolRef(z3.Z3_mk_and(ctx.ref(), len(exprs), arr), ctx)
+
+
+def fast_or(ctx: z3.Context, exprs: list[z3.BoolRef]) -> z3.BoolRef:
+    if not exprs:
+        return z3.BoolVal(False, ctx)
+    arr = (z3.Ast * len(exprs))(*[e.as_ast() for e in exprs])
+    return z3.BoolRef(z3.Z3_mk_or(ctx.ref(), len(exprs), arr), ctx)
 
 
 def _conj(members: list[str]) -> str:

@@ -41,10 +41,10 @@ class Engine:
         self.enumeration_cap = max(enumeration_cap, alternatives + 1)
         self._cache: OrderedDict[str, CompiledProgram] = OrderedDict()
         self._cache_size = cache_size
-        # One Z3 context per engine: creating one costs ~5 ms. Z3 contexts are not thread-safe, so
-        # the engine serializes its work; run one engine per worker for parallelism.
-        self.ctx = z3.Context()
-        self._lock = threading.RLock()
+        # All engines of a process share one Z3 context: creating one costs ~5 ms, and destroying
+        # a context while Python still holds objects of it crashes z3. Contexts are not
+        # thread-safe, so work on it is serialized; run worker processes for parallelism.
+        self.ctx, self._lock = _shared_context()
 
     # -- programs ----------------------------------------------------------------------------------
     def compiled(self, program: TrialProgram) -> CompiledProgram:
@@ -168,6 +168,16 @@ def _overridden(r: Resolution, o: Override | None) -> Resolution:
     if o.value is None:
         return Resolution(atom=r.atom, status="unresolved", note=f"arbiter: {o.reason}")
     return Resolution(atom=r.atom, status="observed", value=o.value, evidence=r.evidence, note=f"arbiter override: {o.reason}")
+
+
+_CONTEXT: tuple[z3.Context, threading.RLock] | None = None
+
+
+def _shared_context() -> tuple[z3.Context, threading.RLock]:
+    global _CONTEXT
+    if _CONTEXT is None:
+        _CONTEXT = (z3.Context(), threading.RLock())
+    return _CONTEXT
 
 
 _default_engine: Engine | None = None

@@ -350,3 +350,72 @@ def evaluate(node: Formula | Term, env: dict, is_formula: bool = True):
         case TermIte():
             return ev(node.then, False) if ev(node.if_) else ev(node.else_, False)
     raise TypeError(f"not a formula node: {node!r}")
+
+
+def kleene(node: Formula, env: dict):
+    """Three-valued value of a formula under a partial assignment: True / False / None (unknown).
+    Sound: a True/False answer holds in every completion. env values are bools, numbers, or
+    objects with ``lo``/``hi``/``lo_strict``/``hi_strict`` (an interval the atom lies in)."""
+    if isinstance(node, str):
+        return env.get(node)
+    match node:
+        case Const():
+            return node.value
+        case Not():
+            v = kleene(node.arg, env)
+            return None if v is None else not v
+        case And():
+            vals = [kleene(a, env) for a in node.args]
+            return False if False in vals else (None if None in vals else True)
+        case Or():
+            vals = [kleene(a, env) for a in node.args]
+            return True if True in vals else (None if None in vals else False)
+        case Implies():
+            a, b = kleene(node.if_, env), kleene(node.then, env)
+            return True if a is False or b is True else (False if a is True and b is False else None)
+        case Iff():
+            a, b = kleene(node.args[0], env), kleene(node.args[1], env)
+            return None if a is None or b is None else a == b
+        case AtLeast() | AtMost():
+            vals = [kleene(a, env) for a in node.args]
+            t, u = vals.count(True), vals.count(None)
+            if node.op == "at_least":
+                return True if t >= node.k else (False if t + u < node.k else None)
+            return True if t + u <= node.k else (False if t > node.k else None)
+        case Cmp():
+            return _kleene_cmp(node, env)
+    return None
+
+
+def _kleene_cmp(node: Cmp, env: dict):
+    lhs, rhs, rel = node.lhs, node.rhs, node.rel
+    if is_number(lhs) and isinstance(rhs, str):
+        lhs, rhs, rel = rhs, lhs, FLIPPED_REL[rel]
+    try:
+        if isinstance(lhs, str) and is_number(rhs):
+            v = env.get(lhs)
+            if v is None:
+                return None
+            if hasattr(v, "lo"):  # an interval: decided when it lies on one side of the constant
+                return _interval_cmp(v, rel, float(rhs))
+            return evaluate(node, {lhs: v})
+        return evaluate(node, env)
+    except (Unknown, ZeroDivisionError, TypeError, AttributeError):
+        return None
+
+
+def _interval_cmp(b, rel: str, c: float):
+    lo, hi = b.lo, b.hi
+    below = hi is not None and (hi < c or (hi == c and b.hi_strict))  # every value < c
+    above = lo is not None and (lo > c or (lo == c and b.lo_strict))  # every value > c
+    at_most = hi is not None and hi <= c  # every value <= c
+    at_least = lo is not None and lo >= c
+    table = {
+        "lt": True if below else (False if at_least else None),
+        "le": True if at_most else (False if above else None),
+        "gt": True if above else (False if at_most else None),
+        "ge": True if at_least else (False if below else None),
+        "eq": False if below or above else (True if lo is not None and lo == hi == c else None),
+        "ne": True if below or above else (False if lo is not None and lo == hi == c else None),
+    }
+    return table[rel]

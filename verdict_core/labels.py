@@ -1,11 +1,14 @@
 """L: per-criterion labels by three-valued entailment from the facts (and definitions).
 
-satisfied: facts ⊨ requirement; violated: facts ⊨ ¬requirement; deferred: neither. All labels
-come from one `consequences` call. The facts cited for a label are canonical: the first single
-fact (in content order) that entails the label on its own, else a deletion-minimal subset of the
-facts in the criterion's cone (its atoms plus those definitions connect them to), again in
-content order. Facts outside the cone cannot matter once the facts are consistent, so the
-citation depends only on the logic, not on solver search order or atom names.
+satisfied: facts ⊨ requirement; violated: facts ⊨ ¬requirement; deferred: neither. Most labels
+are settled by sound three-valued (Kleene) evaluation of the criterion on the facts; the rest by
+kept models (two that disagree prove 'deferred') or an explicit solver check.
+
+The facts cited for a label are canonical: the first single fact (in content order) that entails
+the label on its own, else a deletion-minimal subset of the facts in the criterion's cone (its
+atoms plus those definitions connect them to), in content order. Facts outside the cone cannot
+matter once the facts are consistent, so the citation depends only on the logic, not on solver
+search order or atom names.
 """
 
 from __future__ import annotations
@@ -14,15 +17,17 @@ import z3
 
 from .compile import CompiledCriterion
 from .decision import CriterionLabel
+from .formula import kleene
 from .session import FactLit, Session
 
 
-def minimal_facts(sess: Session, guards: list[z3.BoolRef], facts: list[FactLit]) -> list[FactLit]:
-    """Deletion-minimal subset of ``facts`` that keeps guards+facts unsat (facts in key order)."""
+def minimal_facts(sess: Session, guards: list[z3.BoolRef], facts: list[FactLit], entails=None) -> list[FactLit]:
+    """Deletion-minimal subset of ``facts`` that keeps guards+facts unsat (facts in key order).
+    ``entails(subset)`` may answer first without the solver (True = still entails)."""
     core = list(facts)
     for f in list(core):
         trial = [x for x in core if x is not f]
-        if not sess.check(*guards, *sess.lits(trial)):
+        if (entails and entails(trial)) or (not entails and not sess.check(*guards, *sess.lits(trial))):
             core = trial
     return core
 
@@ -30,22 +35,30 @@ def minimal_facts(sess: Session, guards: list[z3.BoolRef], facts: list[FactLit])
 def label_criteria(sess: Session) -> tuple[list[CriterionLabel], dict[int, list[FactLit]]]:
     cp = sess.cp
     lits = sess.lits()
-    # One `consequences` call settles most labels; it is sound but not complete (it can miss
-    # entailments through arithmetic), so anything it leaves open is confirmed by two models
-    # that disagree on the criterion, or decided by an explicit check.
-    entailed = sess.consequences(lits, [cc.indicator for cc in cp.criteria])
+    env = sess.fact_env()
+    values = {cc.index: kleene(cc.criterion.formula, env) for cc in cp.criteria}
+    # What three-valued evaluation leaves open goes to one `consequences` call (sound, not
+    # complete: what it misses is settled by kept models or a check). Its antecedents point at
+    # the fact that settles a label, which saves most citation checks.
+    rest = [cc for cc in cp.criteria if values[cc.index] is None and not all(sess.seen(cc.indicator))]
+    entailed = sess.consequences(lits, [cc.indicator for cc in rest]) if rest else {}
     labels: list[CriterionLabel] = []
     support: dict[int, list[FactLit]] = {}
     have = sess.fact_atoms
     for cc in cp.criteria:
+        v = values[cc.index]
         got = entailed.get(cc.indicator.get_id())
-        if got is not None:
-            label, antecedent = ("satisfied" if got[0] else "violated"), got[1]
+        hint = None
+        if v is not None:
+            holds = v if cc.side == "inclusion" else not v
+            label = "satisfied" if holds else "violated"
+        elif got is not None:
+            label, hint = ("satisfied" if got[0] else "violated"), got[1]
         else:
-            label, antecedent = _decide_label(sess, cc, lits), None
+            label = _decide_label(sess, cc, lits)
         facts: list[FactLit] = []
         if label != "deferred":
-            facts = _citation(sess, cc, label, antecedent)
+            facts = _citation(sess, cc, label, hint)
             support[cc.index] = facts
         labels.append(CriterionLabel(
             cohort=cc.cohort, criterion=cc.criterion.id, side=cc.side, label=label,
@@ -71,17 +84,24 @@ def _decide_label(sess: Session, cc: CompiledCriterion, lits) -> str:
     return "deferred"
 
 
-def _citation(sess: Session, cc: CompiledCriterion, label: str, antecedent: list[FactLit] | None) -> list[FactLit]:
-    if antecedent == []:
-        return []  # the definitions alone settle it
+def _citation(sess: Session, cc: CompiledCriterion, label: str, hint: list[FactLit] | None) -> list[FactLit]:
+    """hint: facts known to entail the label (a consequences antecedent), or None."""
     cone_facts = [f for f in sess.facts if f.atom in cc.cone]
     guard = cc.neg if label == "satisfied" else cc.pos
-    if antecedent is None and (not cone_facts or not sess.check(guard)):
-        return []
+    want = label == "satisfied"
+
+    def entails(subset: list[FactLit]) -> bool:
+        v = kleene(cc.criterion.formula, sess.fact_env(subset))
+        if v is not None:
+            return (v if cc.side == "inclusion" else not v) == want
+        return not sess.check(guard, *sess.lits(subset))
+
+    if hint == [] or (hint is None and cc.index in sess.cp.settled_by_definitions()):
+        return []  # the definitions alone settle it
     if len(cone_facts) == 1:
         return cone_facts
-    first = antecedent[0] if antecedent and len(antecedent) == 1 else None
+    first = hint[0] if hint and len(hint) == 1 else None
     for g in cone_facts:
-        if g is first or not sess.check(guard, g.lit):
+        if g is first or entails([g]):
             return [g]
-    return minimal_facts(sess, [guard], cone_facts)
+    return minimal_facts(sess, [guard], cone_facts, entails)

@@ -71,6 +71,11 @@ class Session:
         have = self.fact_atoms
         return sorted((n for n in self.cp.atoms if n not in have), key=self.key.__getitem__)
 
+    def fact_env(self, facts=None) -> dict:
+        """atom -> value or Bounds, for three-valued evaluation."""
+        return {f.atom: (f.resolution.value if f.resolution.value is not None else f.resolution.bounds)
+                for f in (self.facts if facts is None else facts)}
+
     def lits(self, facts=None) -> list[z3.BoolRef]:
         return [f.lit for f in (self.facts if facts is None else facts)]
 
@@ -107,6 +112,18 @@ class Session:
             used = sorted((by_lit[p.get_id()] for p in parts if p.get_id() in by_lit), key=lambda f: self.key[f.atom])
             out[target.get_id()] = (value, used)
         return out
+
+    def lazy_env(self, m: z3.ModelRef, overrides: dict) -> dict:
+        """Atom values of a model, read on demand (most evaluations touch a few atoms)."""
+        sess = self
+
+        class _Env(dict):
+            def __missing__(self, atom):
+                v = sess.value_in(m, atom)
+                self[atom] = v
+                return v
+
+        return _Env(overrides)
 
     def env(self, m: z3.ModelRef) -> dict:
         """Atom values of a model as Python values (model completion for atoms it leaves out)."""

@@ -142,7 +142,7 @@ def test_renaming_and_reordering_give_the_same_artifacts(data):
 def test_decisions_are_byte_for_byte_reproducible(data):
     program, patient, _, _ = consistent_case(data)
     first = ENGINE.decide(program, patient).canonical_json()
-    assert Engine().decide(program, patient).canonical_json() == first
+    assert Engine(alternatives=3).decide(program, patient).canonical_json() == first
     assert ENGINE.decide(program, patient).canonical_json() == first
 
 
