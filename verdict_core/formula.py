@@ -30,11 +30,23 @@ from __future__ import annotations
 
 from typing import Annotated, Iterator, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StringConstraints
 
 # Atom names: identifiers plus the separators real formalizers use ("@@qualifier", "::", "-", ".").
-ATOM_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_@.:\-]{0,255}$"
-AtomName = Annotated[str, StringConstraints(pattern=ATOM_NAME_PATTERN)]
+# The pattern has no bounded repeat and the length is checked by a validator, not the schema:
+# xgrammar (vLLM's structured outputs) cannot compile `{0,255}` inside this recursive schema, and
+# vLLM refuses a pattern combined with maxLength.
+ATOM_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_@.:\-]*$"
+MAX_NAME = 256
+
+
+def _short(s: str) -> str:
+    if len(s) > MAX_NAME:
+        raise ValueError(f"longer than {MAX_NAME} characters")
+    return s
+
+
+AtomName = Annotated[str, StringConstraints(pattern=ATOM_NAME_PATTERN), AfterValidator(_short)]
 Rel = Literal["lt", "le", "gt", "ge", "eq", "ne"]
 REL_SYMBOL: dict[str, str] = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=", "ne": "!="}
 NEGATED_REL: dict[str, str] = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}

@@ -14,7 +14,7 @@ import json
 import math
 from typing import Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator, model_validator
 
 from .errors import PatientError, describe_validation_error
 from .formula import AtomName
@@ -79,6 +79,14 @@ class MinedValue(_Model):
     value: Value | None = Field(description="the value the note establishes, or null if it does not")
     evidence: str = Field(default="", description="verbatim quote from the note; empty when value is null")
     bounds: Bounds | None = Field(default=None, description="numeric atoms only: interval the note establishes")
+
+    @field_validator("bounds", mode="before")
+    @classmethod
+    def _empty_bounds_are_none(cls, v):
+        # a decoder can emit {"lo": null, "hi": null}: no interval, not an error worth a repair
+        if isinstance(v, dict) and v.get("lo") is None and v.get("hi") is None:
+            return None
+        return v
 
 
 class ValueMinerOutput(_Model):

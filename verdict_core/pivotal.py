@@ -44,7 +44,8 @@ def _conditions(sess: Session, change: dict[str, tuple]) -> list[PivotalConditio
     return out
 
 
-def _numeric_region(sess: Session, atom: str, base: list[z3.BoolRef], flips_when_sat: bool, current):
+def _numeric_region(sess: Session, atom: str, base: list[z3.BoolRef], flips_when_sat: bool, current,
+                    single: bool = False):
     """Cells of ``atom`` that produce the wanted outcome with ``base`` assumptions; returns
     (target, intervals) or None. flips_when_sat: True for δ_E (want sat), False for δ_I (want
     unsat and still consistent with the definitions)."""
@@ -58,7 +59,8 @@ def _numeric_region(sess: Session, atom: str, base: list[z3.BoolRef], flips_when
             if sess.check(*phi_base, c.guard):
                 chosen.append(c)
             continue
-        rep = c.representative(cp.atoms[atom].domain == "int") if atom not in cp.complex_numeric else None
+        # only a single change on top of the actual facts may reuse the kept models
+        rep = c.representative(cp.atoms[atom].domain == "int") if single and atom not in cp.complex_numeric else None
         if rep is not None and still_admits(sess, atom, rep):
             continue  # a model with the atom in this cell still admits the patient
         if not sess.check(*phi_base, c.guard) and sess.check(*base, c.guard):
@@ -92,7 +94,14 @@ def _z3num(var, value):
 
 
 def _assemble(sess: Session, direction: str, sets: list[dict], complete: bool, alternatives: int, note=None) -> Pivotal:
-    ordered = sorted(sets, key=lambda s: tuple(sorted(sess.key[a] for a in s)))
+    """Order the minimum sets by content (atom keys, then targets) and keep distinct ones."""
+    def key(change: dict):
+        return tuple(sorted((sess.key[a], repr(t), repr(ivs)) for a, (t, ivs) in change.items()))
+
+    unique = {}
+    for change in sets:
+        unique.setdefault(key(change), change)
+    ordered = [unique[k] for k in sorted(unique)]
     if not ordered:
         return Pivotal(direction=direction, complete=complete, note=note or "no change of the modelled conditions flips the decision")
     primary = _conditions(sess, ordered[0])
@@ -225,7 +234,7 @@ def _fact_single(sess: Session, f: FactLit, admitting: list[str]):
         if not sess.check(sess.cp.phi_guard, *rest, flipped) and sess.check(*rest, flipped):
             return (not f.resolution.value, None)
         return None
-    return _numeric_region(sess, f.atom, rest, False, f.resolution.value)
+    return _numeric_region(sess, f.atom, rest, False, f.resolution.value, single=True)
 
 
 def _cannot_break(sess: Session, f: FactLit, admitting: list[str], env=None) -> bool:
@@ -326,7 +335,8 @@ def _cegar_sets(sess: Session, witness: z3.ModelRef, cap: int) -> tuple[list[dic
         sets.append(_targets_ineligible(sess, chosen, values))
         if len(sets) >= cap:
             return sets, False
-        opt.add(z3.Or([z3.Not(ch[a]) for a in chosen]))
+        # block this choice of atoms *and values*: the same atoms with other values is another pivot
+        opt.add(z3.Or([z3.Not(ch[a]) for a in chosen] + [nv[a] != _const(nv[a], values[a]) for a in chosen]))
     return sets, False
 
 

@@ -18,16 +18,16 @@ import hashlib
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 from typing_extensions import Annotated
 
 from .errors import ProgramError, describe_validation_error
-from .formula import AtomName, Formula, atom_refs, atoms_in
+from .formula import AtomName, Formula, _short, atom_refs, atoms_in
 
 Domain = Literal["bool", "int", "real"]
 AtomKind = Literal["diagnosis", "medication", "lab_value", "procedure", "demographic", "timing", "other"]
 Side = Literal["inclusion", "exclusion"]
-Id = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:/@\-]{0,127}$")]
+Id = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:/@\-]*$"), AfterValidator(_short)]
 PROGRAM_FORMAT = "verdict.trial_program/v1"
 
 

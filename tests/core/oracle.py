@@ -21,13 +21,15 @@ def domain(atom) -> list:
 
 def snap(v):
     """The grid point in the same cell as v (thresholds are the integers 0..5)."""
-    if isinstance(v, bool) or float(v).is_integer() and -1 <= v <= 6:
+    if isinstance(v, bool):
         return v
+    if isinstance(v, int):
+        return -1 if v < 0 else (6 if v > 5 else v)
     if v < 0:
         return -0.5
     if v > 5:
         return 5.5
-    return int(v) + 0.5
+    return v if float(v).is_integer() else int(v) + 0.5
 
 
 def fact_holds(r: Resolution, v) -> bool:

@@ -19,7 +19,7 @@ from .oracle import Oracle, snap
 from .strategies import patients, programs
 
 ENGINE = Engine(alternatives=3)
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 
 
 def facts_of(patient: ResolvedPatient) -> dict:

@@ -1,0 +1,190 @@
+"""`verdict teacher ...` commands. Keep module-level imports light: heavy stacks load inside commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(help="teacher commands", no_args_is_help=True, pretty_exceptions_enable=False)
+
+EXIT_BUDGET = 3  # the run stopped cleanly at its budget (not an error: raise the budget to go on)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _logging(verbose: bool) -> None:
+    import logging
+
+    # stderr shows warnings (or INFO with -v); the run's own log file gets INFO either way.
+    logger = logging.getLogger("data_gen")
+    for old in [h for h in logger.handlers if getattr(h, "_verdict_cli", False)]:
+        logger.removeHandler(old)
+    h = logging.StreamHandler()
+    h._verdict_cli = True  # type: ignore[attr-defined]
+    h.setLevel(logging.INFO if verbose else logging.WARNING)
+    h.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(h)
+
+
+@app.command()
+def run(
+    config: str = typer.Option(..., "--config", "-c", help="run config: name in configs/teacher_runs or a YAML path"),
+    budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="stop before spending more than this (whole run)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="estimate tokens and cost; send nothing"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar on stderr"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="log each stage result (ids only) to stderr"),
+) -> None:
+    """Run the teachers over a run config's trials and patients (resumable: re-run to continue)."""
+    import asyncio
+
+    from verdict_core.errors import VerdictError
+
+    from .runner import TeacherRun
+    from .teacher_config import load_run_config
+
+    _logging(verbose)
+    if budget_usd is not None and budget_usd < 0:
+        _fail("--budget-usd must be >= 0")
+    try:
+        cfg = load_run_config(config)
+        runner = TeacherRun(cfg, budget_usd=budget_usd, progress=progress)
+        if dry_run:
+            est = runner.dry_run()
+            _print_estimate(est)
+            return
+        summary = asyncio.run(runner.run())
+    except VerdictError as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        _fail("interrupted; everything answered so far is kept: run the same command to resume", 130)
+    s = summary
+    typer.echo(f"run {s.run}: {s.status}: {s.records_total} records in all; this session: "
+               f"{s.accepted} accepted, {s.rejected} rejected, {s.failed} failed, "
+               f"{s.calls_paid} calls paid (${s.cost_usd:.4f}), {s.cache_hits} cache hits; "
+               f"${s.spent_total_usd:.4f} spent by this run in all; {s.elapsed_s:.1f} s")
+    if s.lost_in_flight:
+        typer.echo(f"note: {s.lost_in_flight} call(s) were in flight when the run last stopped; their answers "
+                   "never arrived", err=True)
+    if s.message:
+        typer.echo(s.message, err=True)
+    if s.status == "stopped_budget":
+        raise typer.Exit(EXIT_BUDGET)
+    if s.status != "complete":
+        raise typer.Exit(1)
+
+
+def _print_estimate(est: dict) -> None:
+    typer.echo(f"dry run {est['run']}: nothing was sent")
+    for p in est["problems"][:20]:
+        typer.echo(f"  input problem: {p}", err=True)
+    rows = list(est["stages"].items()) + [("total", est["total"])]
+    typer.echo(f"  {'stage':16s} {'items':>6s} {'cached':>6s} {'calls':>6s} {'prompt tok':>11s} {'max out tok':>11s} {'max $':>10s}")
+    for stage, e in rows:
+        typer.echo(f"  {stage:16s} {e['items']:6d} {e['cached_calls']:6d} {e['calls']:6d} {e['prompt_tokens']:11d} "
+                   f"{e['max_completion_tokens']:11d} {e['max_cost_usd']:10.4f}")
+    guessed = est["total"]["estimated_from_criteria"]
+    if guessed:
+        typer.echo(f"  ({guessed} value-miner calls estimated from criteria text: their trials are not parsed yet; "
+                   "calls that fail validation add one repair call each)")
+    if est["budget_usd"] is not None:
+        typer.echo(f"  budget: ${est['budget_usd']:.4f}")
+
+
+@app.command()
+def export(
+    runs: list[str] = typer.Argument(..., help="run folders (runs/NAME) or run names"),
+    out: Path = typer.Option(..., "--out", "-o", help="output folder: one subfolder per task"),
+    seed: int = typer.Option(0, help="seed of the split shuffle"),
+    split: str = typer.Option("0.8,0.1,0.1", help="train,validation,test fractions"),
+    split_by: str = typer.Option("trial", help="trial | trial+patient (also keep each patient in one split)"),
+    tasks: str = typer.Option("parser,value_miner", help="comma-separated tasks"),
+    overwrite: bool = typer.Option(False, help="replace existing task folders"),
+    runs_dir: Path = typer.Option(Path("runs"), help="where run names are looked up"),
+) -> None:
+    """Write SFT datasets (DatasetDict + JSONL + dataset card) from the accepted records of runs."""
+    from verdict_core.errors import VerdictError
+
+    from .export import export_datasets
+    from .stats import find_run
+
+    try:
+        fractions = tuple(float(x) for x in split.split(","))
+        if len(fractions) != 3:
+            raise ValueError
+    except ValueError:
+        _fail(f"--split needs three comma-separated fractions, e.g. 0.8,0.1,0.1 (got '{split}')")
+    try:
+        dirs = [find_run(r, runs_dir) for r in runs]
+        cards = export_datasets(dirs, out, seed=seed, fractions=fractions, split_by=split_by,  # type: ignore[arg-type]
+                                tasks=tuple(t.strip() for t in tasks.split(",") if t.strip()), overwrite=overwrite)
+    except VerdictError as e:
+        _fail(str(e))
+    for task, card in cards.items():
+        c = card["counts"]
+        typer.echo(f"{out / task}: train {c['train']}, validation {c['validation']}, test {c['test']} "
+                   f"(rejected {card['records']['rejected']} of {card['records']['total']} records)")
+
+
+@app.command()
+def stats(
+    run: str = typer.Argument(..., help="run folder (runs/NAME) or run name"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    runs_dir: Path = typer.Option(Path("runs"), help="where run names are looked up"),
+) -> None:
+    """Summarize a run: calls, cache hits, rejected outputs by reason, tokens, cost."""
+    from verdict_core.errors import VerdictError
+
+    from .stats import find_run, render_stats, run_stats
+
+    try:
+        s = run_stats(find_run(run, runs_dir))
+    except VerdictError as e:
+        _fail(str(e))
+    typer.echo(json.dumps(s, indent=2, sort_keys=True) if as_json else render_stats(s))
+
+
+@app.command("import-recorded")
+def import_recorded(
+    reference: Path = typer.Option(Path("../shared/data/reference/v6"), help="folder of <patient>/<trial>__full.json"),
+    patients: Path = typer.Option(Path("../shared/data/benchmarks/patients_sigir.jsonl"), help="the notes (JSONL)"),
+    out_dir: Path = typer.Option(Path("runs"), help="runs folder"),
+    name: str = typer.Option("recorded-v6", help="run name for the imported records"),
+    prompt_version: str = typer.Option("v1", help="value-miner prompt version to pair the records with"),
+) -> None:
+    """Import the paper authors' recorded value-miner outputs as teacher records (no API calls)."""
+    from verdict_core.errors import VerdictError
+
+    from .recorded import import_recorded as run_import
+
+    try:
+        s = run_import(reference, patients, out_dir, name, prompt_version)
+    except VerdictError as e:
+        _fail(str(e))
+    typer.echo(f"{s.run_dir}: {s.files} reference files -> {s.accepted} accepted, {s.rejected} rejected value-miner "
+               f"records" + (f" (reasons: {', '.join(f'{k} {v}' for k, v in s.reasons.items())})" if s.reasons else ""))
+    for p in s.problems[:20]:
+        typer.echo(f"  problem: {p}", err=True)
+
+
+@app.command("scripted-server")
+def scripted_server(
+    script: Optional[Path] = typer.Option(None, help="YAML/JSON script (default: answer value-miner calls with nulls)"),
+    host: str = typer.Option("127.0.0.1"),
+    port: int = typer.Option(0, help="0 = a free port"),
+    latency: Optional[float] = typer.Option(None, help="fixed per-call latency (s)"),
+) -> None:
+    """Serve the scripted OpenAI-compatible test server (offline demos and tests)."""
+    from .scripted_server import main
+
+    args = ["--host", host, "--port", str(port)]
+    if script:
+        args += ["--script", str(script)]
+    if latency is not None:
+        args += ["--latency", str(latency)]
+    main(args)

@@ -1,0 +1,106 @@
+"""Versioned prompt templates (`data_gen/prompts/<name>.<version>.yaml`).
+
+A template is a system text and a user text with `{{PLACEHOLDER}}` slots (the paper's notation).
+Its identity, `name@version#sha`, is part of every cache key, so a changed wording never reuses
+an old answer; `prompts/LOCK.json` pins each version's hash so that an edit without a new
+version is caught by the tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from .errors import TeacherConfigError
+
+PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
+_SLOT = re.compile(r"\{\{([A-Z_]+)\}\}")
+# Which template each stage uses.
+STAGE_TEMPLATE = {
+    "parser": "trial_parser",
+    "miner_inclusion": "miner_inclusion",
+    "miner_exclusion": "miner_exclusion",
+    "arbiter": "arbiter",
+    "verbalizer": "verbalizer",
+}
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    name: str
+    version: str
+    stage: str
+    system: str
+    user: str
+    sha256: str
+
+    @property
+    def ident(self) -> str:
+        """`name@version`: what datasets and cards record."""
+        return f"{self.name}@{self.version}"
+
+    @property
+    def slots(self) -> set[str]:
+        return set(_SLOT.findall(self.system)) | set(_SLOT.findall(self.user))
+
+    def render(self, **values: str) -> list[dict[str, str]]:
+        """Chat messages with every slot filled; a missing or unknown slot is an error."""
+        missing = self.slots - set(values)
+        unknown = set(values) - self.slots
+        if missing or unknown:
+            raise TeacherConfigError(
+                f"prompt {self.ident}: slots missing {sorted(missing)} / not in template {sorted(unknown)}"
+            )
+        # One pass over the template: values are never re-scanned, so text in them that looks like
+        # a slot stays as it is.
+        fill = lambda text: _SLOT.sub(lambda m: values[m.group(1)], text)  # noqa: E731
+        msgs = []
+        if self.system.strip():
+            msgs.append({"role": "system", "content": fill(self.system).strip()})
+        msgs.append({"role": "user", "content": fill(self.user).strip()})
+        return msgs
+
+
+def available() -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for f in sorted(PROMPTS_DIR.glob("*.yaml")):
+        name, _, version = f.stem.rpartition(".")
+        out.setdefault(name, []).append(version)
+    return out
+
+
+def load_prompt(name: str, version: str = "v1") -> PromptTemplate:
+    return _load(name, version)
+
+
+@lru_cache(maxsize=64)
+def _load(name: str, version: str) -> PromptTemplate:
+    path = PROMPTS_DIR / f"{name}.{version}.yaml"
+    if not path.exists():
+        known = ", ".join(f"{n}.{v}" for n, vs in available().items() for v in vs)
+        raise TeacherConfigError(f"no prompt template '{name}' version '{version}' (known: {known})")
+    raw = path.read_bytes()
+    data = yaml.safe_load(raw)
+    if data.get("name") != name or data.get("version") != version:
+        raise TeacherConfigError(f"prompt file {path.name} declares {data.get('name')}.{data.get('version')}")
+    return PromptTemplate(name=name, version=version, stage=data["stage"], system=data.get("system") or "",
+                          user=data["user"], sha256=hashlib.sha256(raw).hexdigest())
+
+
+def stage_prompt(stage: str, version: str = "v1") -> PromptTemplate:
+    return load_prompt(STAGE_TEMPLATE[stage], version)
+
+
+def lock() -> dict[str, str]:
+    """The recorded hash of every template version (prompts/LOCK.json)."""
+    return json.loads((PROMPTS_DIR / "LOCK.json").read_text())
+
+
+def current_hashes() -> dict[str, str]:
+    return {f"{n}@{v}": load_prompt(n, v).sha256 for n, vs in available().items() for v in vs}

@@ -1,0 +1,139 @@
+"""Typed models at the boundaries of the teacher pipeline: inputs (trials, patients, pairs), what a
+formalizer stage returns, and the output formats of the arbiter and verbalizer stages.
+
+The parser and value-miner output formats are the core's (`ParsedTrial`, `ValueMinerOutput`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from verdict_core.formula import AtomName
+from verdict_core.patient import Value
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# A section's own heading ("Inclusion Criteria:", or a bare ":" left by upstream splitting).
+_HEADING = re.compile(r"^\s*(?:(?:inclusion|exclusion)\s+criteria\s*:?|:)", re.IGNORECASE)
+
+
+# ---- inputs ---------------------------------------------------------------------------------------
+class TrialDoc(_Model):
+    """Public eligibility criteria of one trial."""
+
+    trial_id: str
+    title: str = ""
+    inclusion: str | None = None
+    exclusion: str | None = None
+    criteria: str = Field("", description="raw criteria text (used when inclusion/exclusion are not split)")
+    source: str = ""
+
+    def criteria_text(self) -> str:
+        """The criteria as the parser prompt shows them: two headed sections where split."""
+        if self.inclusion or self.exclusion:
+            inc = _HEADING.sub("", self.inclusion or "", count=1).strip() or "(none)"
+            exc = _HEADING.sub("", self.exclusion or "", count=1).strip() or "(none)"
+            return f"Inclusion criteria:\n{inc}\n\nExclusion criteria:\n{exc}"
+        return self.criteria.strip()
+
+
+class PatientDoc(_Model):
+    """A patient note. Its text never goes to logs; log `patient_id` or `text_hash` instead."""
+
+    patient_id: str
+    text: str
+    data_class: Literal["private", "public", "synthetic"] = "private"
+
+    @property
+    def text_hash(self) -> str:
+        import hashlib
+
+        return hashlib.sha256(self.text.encode()).hexdigest()[:12]
+
+
+class Pair(_Model):
+    patient_id: str
+    trial_id: str
+    score: int | None = None
+
+
+# ---- stage results --------------------------------------------------------------------------------
+class Usage(_Model):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = Field(0.0, description="what the calls behind the result cost when they were paid")
+    paid_usd: float = Field(0.0, description="what this invocation paid (cache hits are free)")
+    calls_paid: int = 0
+    cache_hits: int = 0
+
+    def add(self, other: "Usage") -> "Usage":
+        return Usage(**{k: getattr(self, k) + getattr(other, k) for k in Usage.model_fields})
+
+
+class Attempt(_Model):
+    """One model output and what validation said about it (first try, then the repair)."""
+
+    key: str = Field(description="cache key of the call")
+    cached: bool
+    finish_reason: str | None = None
+    problems: list[str] = Field(default_factory=list)
+    reason: str | None = Field(None, description="rejection category of this attempt, if it failed")
+
+
+Status = Literal["accepted", "rejected"]
+
+
+class StageResult(_Model):
+    """What one formalizer stage produced: an accepted, checked output or a rejection with its reason.
+
+    `messages` is the prompt (system + user) of the first attempt; `output_json` the compact JSON
+    a student must emit for it (accepted only). `output` is the typed object: a `TrialProgram`
+    (parser), a list of `MinedValue` (miners), a list of `Override` (arbiter) or the rationale text.
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    stage: str
+    status: Status
+    reason: str | None = Field(None, description="rejection category: json, truncated, schema, program, "
+                               "undeclared_atom, unsatisfiable, evidence, coverage, decision, ...")
+    problems: list[str] = Field(default_factory=list)
+    teacher: str
+    model: str
+    prompt_version: str
+    messages: list[dict[str, str]]
+    output_json: str | None = None
+    output: Any = None
+    attempts: list[Attempt] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+
+    @property
+    def accepted(self) -> bool:
+        return self.status == "accepted"
+
+    @property
+    def repaired(self) -> bool:
+        return self.accepted and len(self.attempts) > 1
+
+
+# ---- arbiter and verbalizer output formats --------------------------------------------------------
+class ArbiterOverride(_Model):
+    atom: AtomName
+    value: Value | None = Field(description="the value the chart supports; null = leave it open")
+    evidence: str = Field("", description="verbatim quote from the note supporting the value")
+    reason: str = Field(min_length=1)
+
+
+class ArbiterOutput(_Model):
+    overrides: list[ArbiterOverride] = Field(description="minimal changes; empty if no faithful correction exists")
+
+
+class VerbalizerOutput(_Model):
+    decision: Literal["eligible", "ineligible", "undetermined"]
+    rationale: str = Field(min_length=1)

@@ -1,0 +1,231 @@
+"""Configs of the teacher pipeline: an endpoint (`configs/teachers/NAME.yaml`) and a run
+(`configs/teacher_runs/NAME.yaml`). Strict: an unknown or misspelled key is an error naming it.
+
+A teacher config describes any OpenAI-compatible Chat Completions endpoint: an API model, a LiteLLM
+gateway, Azure OpenAI, or a vLLM server with a student adapter (then `model` is the adapter name).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, get_args
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from verdict_core.configs import find_config
+from verdict_core.errors import describe_validation_error
+from verdict_core.program import Id
+
+from .errors import TeacherConfigError
+
+Stage = Literal["parser", "miner_inclusion", "miner_exclusion", "arbiter", "verbalizer"]
+STAGES: tuple[str, ...] = get_args(Stage)
+RunStage = Literal["parser", "miner_inclusion", "miner_exclusion"]
+RUN_STAGES: tuple[str, ...] = get_args(RunStage)
+TASK_OF_STAGE = {"parser": "parser", "miner_inclusion": "value_miner", "miner_exclusion": "value_miner"}
+DataClass = Literal["private", "public", "synthetic"]
+
+# Request fields the formalizer sets itself; extra_params may not override them.
+_MANAGED = {"messages", "model", "response_format", "max_tokens", "max_completion_tokens", "temperature",
+            "stream", "n", "seed", "extra_body"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Prices(_Strict):
+    """US dollars per million tokens (as providers list them)."""
+
+    input_per_million: float = Field(0.0, ge=0)
+    output_per_million: float = Field(0.0, ge=0)
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (prompt_tokens * self.input_per_million + completion_tokens * self.output_per_million) / 1e6
+
+
+class StageTokens(_Strict):
+    """Per-stage output token limits (the max_tokens / max_completion_tokens sent)."""
+
+    parser: int = Field(4096, gt=0)
+    miner_inclusion: int = Field(2048, gt=0)
+    miner_exclusion: int = Field(2048, gt=0)
+    arbiter: int = Field(1024, gt=0)
+    verbalizer: int = Field(1024, gt=0)
+
+    def for_stage(self, stage: str) -> int:
+        return int(getattr(self, stage))
+
+
+class TeacherConfig(_Strict):
+    name: str = Field(min_length=1)
+    description: str = ""
+    base_url: str = Field(description="e.g. https://api.openai.com/v1 or http://127.0.0.1:8000/v1")
+    model: str = Field(min_length=1, description="model, deployment (Azure) or adapter (vLLM) name")
+    api: Literal["openai", "azure"] = Field("openai", description="azure: AsyncAzureOpenAI with api_version")
+    api_version: str | None = Field(None, description="Azure OpenAI api-version (api: azure only)")
+    api_key_env: str | None = Field(None, description="environment variable holding the key; none for local servers")
+    structured_output: Literal["json_schema", "vllm", "json_object", "none"] = Field(
+        "json_schema",
+        description="json_schema: response_format json_schema (OpenAI, Azure, LiteLLM); vllm: the "
+        "`structured_outputs` request field of current vLLM (never the old, silently ignored guided_json); "
+        "json_object: JSON mode only; none: prompt only. Every response is validated strictly either way.",
+    )
+    strict_schema: bool = Field(False, description="send json_schema with strict=true (OpenAI strict mode)")
+    max_tokens: StageTokens = Field(default_factory=StageTokens)
+    max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
+    temperature: float | None = Field(0.0, ge=0, le=2, description="null for models that reject it")
+    seed: int | None = None
+    extra_params: dict[str, Any] = Field(default_factory=dict, description="more request fields, e.g. reasoning_effort")
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="fields the openai client does not know")
+    timeout_s: float = Field(120.0, gt=0)
+    concurrency: int = Field(8, ge=1, le=1024)
+    max_retries: int = Field(6, ge=0, le=100)
+    backoff_base_s: float = Field(1.0, ge=0)
+    backoff_max_s: float = Field(60.0, ge=0)
+    proxy: str | None = Field(None, description="HTTP proxy URL; environment proxies are never used")
+    prices: Prices = Field(default_factory=Prices)
+
+    @field_validator("base_url", "proxy")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"must be an http(s) URL with a host (got '{v}')")
+        return v
+
+    @field_validator("extra_params")
+    @classmethod
+    def _not_managed(cls, v: dict[str, Any]) -> dict[str, Any]:
+        clash = sorted(set(v) & _MANAGED)
+        if clash:
+            raise ValueError(f"{', '.join(clash)} are set by the formalizer; use the dedicated config keys")
+        return v
+
+    @model_validator(mode="after")
+    def _azure_version(self):
+        if self.api == "azure" and not self.api_version:
+            raise ValueError("api: azure needs api_version")
+        return self
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.base_url).hostname or ""
+
+    @property
+    def endpoint_id(self) -> str:
+        """What identifies the endpoint in cache keys: where it is and which API dialect."""
+        return f"{self.api}:{self.base_url.rstrip('/')}"
+
+
+class TrialSource(_Strict):
+    path: str = Field(description="trials JSONL (benchmarks layout) or ClinicalTrials.gov study JSON file/folder")
+    format: Literal["auto", "jsonl", "ctgov"] = "auto"
+    ids: list[str] | None = None
+    limit: int | None = Field(None, ge=0)
+
+
+class PatientSource(_Strict):
+    path: str = Field(description="patients JSONL: {_id, text, metadata}")
+    data_class: DataClass = Field(
+        "private", description="public/synthetic lets API teachers see the notes; private keeps them on allowed hosts"
+    )
+    ids: list[str] | None = None
+    limit: int | None = Field(None, ge=0)
+
+
+class PairSource(_Strict):
+    path: str = Field(description="pairs JSONL: {patient_id, nct_id, score}")
+    scores: list[int] | None = Field(None, description="keep only pairs with these scores (e.g. [1, 2])")
+    limit: int | None = Field(None, ge=0)
+
+
+class EgressConfig(_Strict):
+    allow_loopback: bool = True
+    allow_hosts: list[str] = Field(default_factory=list, description="hosts, *.suffix wildcards or CIDR blocks")
+
+
+class RunTeachers(_Strict):
+    parser: str | None = None
+    miner: str | None = None
+
+
+class RunPrompts(_Strict):
+    parser: str = "v1"
+    miner_inclusion: str = "v1"
+    miner_exclusion: str = "v1"
+
+
+class RunConfig(_Strict):
+    name: Id
+    description: str = ""
+    out_dir: str = Field("runs", description="runs are written to OUT_DIR/NAME/")
+    cache: str = Field("runs/teacher-cache.sqlite", description="content-addressed call cache, shared by runs")
+    teachers: RunTeachers
+    stages: list[RunStage] = Field(default_factory=lambda: list(RUN_STAGES), min_length=1)
+    prompts: RunPrompts = Field(default_factory=RunPrompts)
+    trials: TrialSource
+    patients: PatientSource | None = None
+    pairs: PairSource | None = Field(None, description="which patient-trial pairs to mine; default: all combinations")
+    budget_usd: float | None = Field(None, ge=0)
+    egress: EgressConfig = Field(default_factory=EgressConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        mining = [s for s in self.stages if s != "parser"]
+        if "parser" in self.stages and not self.teachers.parser:
+            raise ValueError("stage 'parser' needs teachers.parser")
+        if mining and not self.teachers.miner:
+            raise ValueError(f"stages {mining} need teachers.miner")
+        if mining and self.patients is None:
+            raise ValueError(f"stages {mining} need a patients source")
+        if mining and "parser" not in self.stages:
+            raise ValueError("the miner stages take their trial programs from the parser stage: add 'parser'")
+        return self
+
+    def teacher_for(self, stage: str) -> str:
+        name = self.teachers.parser if stage == "parser" else self.teachers.miner
+        assert name is not None
+        return name
+
+
+def _load_yaml(kind: str, name_or_path: str | Path) -> tuple[Path, Any]:
+    from verdict_core.errors import VerdictError
+
+    try:
+        path = find_config(kind, name_or_path)
+    except VerdictError as e:
+        raise TeacherConfigError(str(e)) from None
+    try:
+        return path, yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise TeacherConfigError(f"{kind} config {path.name} is not valid YAML: {e}") from None
+    except OSError as e:
+        raise TeacherConfigError(f"cannot read {kind} config {path}: {e.strerror}") from None
+
+
+def load_teacher(name_or_path: str | Path) -> TeacherConfig:
+    path, data = _load_yaml("teachers", name_or_path)
+    try:
+        return TeacherConfig.model_validate(data)
+    except ValidationError as e:
+        raise TeacherConfigError(f"invalid teacher config {path.name}", describe_validation_error(e, "teacher")) from None
+
+
+def load_run_config(name_or_path: str | Path) -> RunConfig:
+    path, data = _load_yaml("teacher_runs", name_or_path)
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise TeacherConfigError(f"invalid run config {path.name}", describe_validation_error(e, "run")) from None

@@ -1,0 +1,136 @@
+"""Small synthetic inputs for the teacher-pipeline tests: trials, notes, teacher answers, configs.
+
+Everything is written by hand here (synthetic notes, no real patients); the shared benchmark data
+is used only by the tests that say so.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from data_gen.protocol import PatientDoc, TrialDoc
+from data_gen.scripted_server import Match, Rule, Script, ScriptedResponse
+
+
+def trial_id(i: int) -> str:
+    return f"NCT9{i:07d}"
+
+
+def trial(i: int) -> TrialDoc:
+    return TrialDoc(trial_id=trial_id(i), title=f"Synthetic trial {i}",
+                    inclusion=f"Adults aged 18 or older\nDiagnosis of condition {i}", exclusion="Pregnancy")
+
+
+def program(i: int) -> dict:
+    """A valid ParsedTrial answer for trial(i)."""
+    return {
+        "atoms": [
+            {"name": "age_years", "domain": "int", "kind": "demographic", "unit": "years",
+             "definition": "The patient's age in years.", "source_criteria": ["inc1"]},
+            {"name": f"has_condition_{i}", "domain": "bool", "kind": "diagnosis",
+             "definition": f"The patient has a diagnosis of condition {i}.", "source_criteria": ["inc2"]},
+            {"name": "is_pregnant", "domain": "bool", "kind": "diagnosis",
+             "definition": "The patient is currently pregnant.", "time_scope": {"kind": "current"},
+             "source_criteria": ["exc1"]},
+        ],
+        "cohorts": [{"id": "main",
+                     "inclusion": [{"id": "inc1", "text": "Adults aged 18 or older",
+                                    "formula": {"op": "cmp", "lhs": "age_years", "rel": "ge", "rhs": 18}},
+                                   {"id": "inc2", "text": f"Diagnosis of condition {i}", "formula": f"has_condition_{i}"}],
+                     "exclusion": [{"id": "exc1", "text": "Pregnancy", "formula": "is_pregnant"}]}],
+    }
+
+
+def bad_program(i: int) -> dict:
+    """Uses an atom it does not declare."""
+    p = program(i)
+    p["cohorts"][0]["exclusion"][0]["formula"] = "is_pregnant_now"
+    return p
+
+
+NOTES = [
+    "A {age}-year-old woman presents with fatigue and a  history of condition {i}.\nShe is postmenopausal. "
+    "Her sister was treated for asthma in {year}.",
+    "A {age}-year-old man with chest pain radiating to the left arm since this morning. Known condition {i}; "
+    "he denies smoking. Blood pressure {bp}/90.",
+    "A {age}-year-old teacher referred for persistent cough over {weeks} weeks. No prior illnesses. "
+    "Lives alone near the river in district {i}.",
+]
+
+
+def patient(j: int) -> PatientDoc:
+    text = NOTES[j % len(NOTES)].format(age=30 + 7 * j, i=j, year=1990 + j, bp=120 + j, weeks=2 + j)
+    return PatientDoc(patient_id=f"synth-{j}", text=text, data_class="synthetic")
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def write_inputs(tmp: Path, n_trials: int, n_patients: int, pairs: list[tuple[int, int]] | None = None) -> dict:
+    """trials.jsonl, patients.jsonl (and pairs.jsonl) in the benchmarks layout."""
+    trials = write_jsonl(tmp / "trials.jsonl", [
+        {"nct_id": t.trial_id, "title": t.title, "inclusion": t.inclusion, "exclusion": t.exclusion,
+         "criteria": None} for t in (trial(i) for i in range(n_trials))])
+    patients = write_jsonl(tmp / "patients.jsonl", [
+        {"_id": p.patient_id, "text": p.text, "metadata": {}} for p in (patient(j) for j in range(n_patients))])
+    out = {"trials": trials, "patients": patients}
+    if pairs is not None:
+        out["pairs"] = write_jsonl(tmp / "pairs.jsonl", [
+            {"patient_id": f"synth-{j}", "nct_id": trial_id(i), "score": 2} for i, j in pairs])
+    return out
+
+
+def parser_script(n_trials: int, latency: float = 0.0, bad_first: set[int] = frozenset()) -> Script:
+    """Valid parser answers for trials 0..n-1 (an invalid first answer for those in bad_first,
+    fixed by the repair), all-null value-miner answers for everything else."""
+    rules = []
+    for i in range(n_trials):
+        if i in bad_first:
+            rules.append(Rule(match=Match(contains=[f"Trial {trial_id(i)}", "rejected by the checker"]),
+                              responses=[ScriptedResponse(content=program(i))]))
+            rules.append(Rule(match=Match(contains=[f"Trial {trial_id(i)}"]),
+                              responses=[ScriptedResponse(content=bad_program(i))]))
+        else:
+            rules.append(Rule(match=Match(contains=[f"Trial {trial_id(i)}"]),
+                              responses=[ScriptedResponse(content=program(i))]))
+    return Script(rules=rules, default=ScriptedResponse(auto="nulls"), default_latency_s=latency)
+
+
+def write_teacher(tmp: Path, url: str, name: str = "scripted-test", **over) -> Path:
+    cfg = {"name": name, "base_url": url, "model": "teacher-model", "timeout_s": 10, "concurrency": 4,
+           "max_retries": 3, "backoff_base_s": 0.01, "backoff_max_s": 0.05,
+           "prices": {"input_per_million": 2.0, "output_per_million": 8.0}}
+    cfg.update(over)
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def write_run(tmp: Path, teacher: Path, inputs: dict, name: str = "test-run", data_class: str = "synthetic",
+              **over) -> Path:
+    cfg = {"name": name, "out_dir": str(tmp / "runs"), "cache": str(tmp / "runs" / "cache.sqlite"),
+           "teachers": {"parser": str(teacher), "miner": str(teacher)},
+           "trials": {"path": str(inputs["trials"])},
+           "patients": {"path": str(inputs["patients"]), "data_class": data_class}}
+    if "pairs" in inputs:
+        cfg["pairs"] = {"path": str(inputs["pairs"])}
+    cfg.update(over)
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def windows(text: str, size: int = 20) -> list[str]:
+    """Every `size`-character window of a text (after whitespace normalization), for leak scans."""
+    t = " ".join(text.split())
+    return [t[i:i + size] for i in range(0, max(1, len(t) - size + 1))]
+
+
+def leaks(haystack: str, texts: list[str], size: int = 20) -> list[str]:
+    hay = " ".join(haystack.split())
+    return [w for t in texts for w in windows(t, size) if w in hay]

@@ -1,0 +1,83 @@
+"""The recorded teacher: the paper authors' value-miner outputs as checked records (no API calls)."""
+
+import json
+
+import pytest
+
+from data_gen.export import export_datasets
+from data_gen.formalizer import check_miner_output, quote_in_note
+from data_gen.recorded import import_recorded, recorded_evidence
+from data_gen.records import RecordStore
+from tests.support import BENCHMARKS, REFERENCE_V6, need
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    need(REFERENCE_V6.is_dir() and (BENCHMARKS / "patients_sigir.jsonl").exists(), "shared reference data")
+    out = tmp_path_factory.mktemp("recorded")
+    summary = import_recorded(REFERENCE_V6, BENCHMARKS / "patients_sigir.jsonl", out / "runs")
+    return out, summary
+
+
+def test_import_checks_every_record(recorded):
+    out, s = recorded
+    assert s.files == 76 and s.problems == []
+    assert s.accepted >= 60 and s.accepted + s.rejected > s.files  # two sides per file, some sides empty
+    assert set(s.reasons) <= {"evidence"}  # the programs are valid; some recorded quotes are commentary
+    store = RecordStore(out / "runs" / "recorded-v6" / "records.sqlite")
+    recs = store.records()
+    store.close()
+    notes = {json.loads(line)["_id"]: json.loads(line)["text"]
+             for line in (BENCHMARKS / "patients_sigir.jsonl").read_text().splitlines()}
+    for r in recs:
+        assert r.task == "value_miner" and r.teacher == "recorded-v6" and r.trial_id.startswith("NCT")
+        assert notes[r.patient_id].split(".")[0] in r.messages[1]["content"]
+        if r.status == "accepted":
+            for v in json.loads(r.output_json)["values"]:
+                assert v.get("evidence", "") == "" or quote_in_note(v["evidence"], notes[r.patient_id])
+    # variants a, b, ... of one trial are separate records under the same trial id
+    variants = [r for r in recs if r.trial_id == "NCT01356992" and r.patient_id == "sigir-20141"]
+    assert len({r.record_id for r in variants}) >= 6
+
+
+def test_recorded_set_exports_without_leakage(recorded, tmp_path):
+    out, s = recorded
+    cards = export_datasets([out / "runs" / "recorded-v6"], tmp_path / "ds", tasks=("value_miner",))
+    c = cards["value_miner"]
+    assert sum(c["counts"].values()) == s.accepted - c["records"]["duplicates_dropped"]
+    assert c["teachers"] == {"recorded-v6": sum(c["counts"].values())}
+
+
+def test_quoted_parts_become_the_evidence():
+    note = "The pain started while she was walking, radiates to the back."
+    assert recorded_evidence('"The pain started while she was walking"; no pain at rest', note) == \
+        "The pain started while she was walking"
+    assert recorded_evidence("Chart is silent on pain at rest", note) == "Chart is silent on pain at rest"
+
+
+def test_check_is_the_formalizers_check():
+    # the same function validates live teacher outputs and recorded ones
+    from verdict_core.program import TrialProgram, check_program
+
+    from .teacher_data import program, trial_id
+
+    prog = check_program(TrialProgram(trial_id=trial_id(0), **program(0)))
+    ok = check_miner_output('{"values":[{"atom":"is_pregnant","value":null}]}', "stop", prog, ["is_pregnant"], "x",
+                            max_tokens=0)
+    assert ok.ok
+
+
+def test_import_recorded_command(recorded, tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", "from verdict_core.cli import main; main()", "teacher", "import-recorded",
+                        "--reference", str(REFERENCE_V6), "--patients", str(BENCHMARKS / "patients_sigir.jsonl"),
+                        "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    _, s = recorded
+    assert f"{s.accepted} accepted, {s.rejected} rejected" in r.stdout
+    r = subprocess.run([sys.executable, "-c", "from verdict_core.cli import main; main()", "teacher", "import-recorded",
+                        "--reference", str(tmp_path / "nothing"), "--out-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "no reference files" in r.stderr

@@ -1,0 +1,44 @@
+"""EvalConfig: how `verdict train eval` generates and scores (configs/train/eval.yaml)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from . import config_io
+
+
+class EvalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    batch_size: int = Field(default=16, ge=1, description="prompts per generate() call (paper: 16)")
+    max_new_tokens: int = Field(default=3072, ge=1, description="generation budget per record (paper: 3072)")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        default="auto", description="auto: bf16 on a GPU, fp32 on a CPU"
+    )
+    policy: str = Field(default="prescreen", description="missingness policy for the decision agreement")
+    engine_timeout_ms: int = Field(default=5000, ge=1)
+    programs: str | None = Field(
+        default=None,
+        description="value_miner eval: the parser dataset holding the "
+        "teacher's programs; default: the 'parser' folder beside the dataset",
+    )
+    pairs: str | None = Field(
+        default=None,
+        description="parser eval: the value_miner dataset holding the "
+        "teacher's values for each patient-trial pair; default: the 'value_miner' folder "
+        "beside the dataset",
+    )
+    limit: int | None = Field(
+        default=None, ge=1, description="evaluate only the first N records of the split"
+    )
+
+
+def load_eval_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> EvalConfig:
+    if path is None:
+        return config_io.build(EvalConfig, {}, overrides, where="eval settings")
+    return config_io.load(EvalConfig, Path(path), overrides)
