@@ -35,7 +35,7 @@ Arbiter = Callable[[list[ExtractionConflict], TrialProgram, ResolvedPatient], li
 
 
 class Engine:
-    def __init__(self, timeout_ms: int = 5000, alternatives: int = 2, enumeration_cap: int = 16, cache_size: int = 256):
+    def __init__(self, timeout_ms: int = 5000, alternatives: int = 2, enumeration_cap: int = 32, cache_size: int = 256):
         self.timeout_ms = timeout_ms
         self.alternatives = alternatives
         self.enumeration_cap = max(enumeration_cap, alternatives + 1)

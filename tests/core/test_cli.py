@@ -65,3 +65,11 @@ def test_demo_prints_rationales():
     r = run("demo")
     assert r.returncode == 0, r.stderr
     assert "**ELIGIBLE**" in r.stdout and "**INELIGIBLE**" in r.stdout
+
+
+def test_decision_output_is_byte_for_byte_reproducible_across_processes():
+    files = sorted(REFERENCE_V6.glob("*/*__full.json"))[::5]
+    need(bool(files), "reference corpus missing")
+    runs = [run("decide", *map(str, files), "--format", "full-json") for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr
+    assert runs[0].stdout == runs[1].stdout and runs[0].stdout.count("\n") == len(files)

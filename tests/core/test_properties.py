@@ -131,6 +131,8 @@ def test_renaming_and_reordering_give_the_same_artifacts(data):
     assert {(lb.cohort, lb.criterion, lb.label, tuple(sorted(lb.facts))) for lb in d1.labels} == {
         (lb.cohort, lb.criterion, lb.label, tuple(sorted(inverse[a] for a in lb.facts))) for lb in d2.labels}
     assert {(a.atom, a.cls, a.value) for a in d1.assumptions} == {(inverse[a.atom], a.cls, a.value) for a in d2.assumptions}
+    if d1.pivotal is not None and not (d1.pivotal.complete and d2.pivotal.complete):
+        return  # capped enumeration: the primary set is only canonical among those found
     p1 = [(c.atom, c.target, c.requirement.text) for c in d1.pivotal.conditions] if d1.pivotal else []
     p2 = [(inverse[c.atom], c.target, c.requirement.text.replace(c.atom, inverse[c.atom])) for c in d2.pivotal.conditions] \
         if d2.pivotal else []
@@ -141,9 +143,14 @@ def test_renaming_and_reordering_give_the_same_artifacts(data):
 @given(st.data())
 def test_decisions_are_byte_for_byte_reproducible(data):
     program, patient, _, _ = consistent_case(data)
-    first = ENGINE.decide(program, patient).canonical_json()
-    assert Engine(alternatives=3).decide(program, patient).canonical_json() == first
+    d = ENGINE.decide(program, patient)
+    first = d.canonical_json()
     assert ENGINE.decide(program, patient).canonical_json() == first
+    # A freshly compiled program searches differently; the output is still the same because every
+    # choice is canonical - unless the enumeration of minimum pivotal sets hit its cap, which the
+    # decision says (pivotal.complete = False).
+    if d.pivotal is None or d.pivotal.complete:
+        assert Engine(alternatives=3).decide(program, patient).canonical_json() == first
 
 
 @SETTINGS
