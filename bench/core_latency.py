@@ -92,38 +92,44 @@ class NaiveSession(Session):
 
 def naive_decide(path: Path, policy: Policy, timeout_ms: int):
     """Re-import and re-compile the program for every artifact, fresh solver for every check."""
-    from verdict_core import assumptions as A, labels as L, pivotal as P, trace as T
+    from verdict_core import assumptions as A
+    from verdict_core import labels as L
+    from verdict_core import pivotal as P
+    from verdict_core import trace as T
+
+    aside: set[str] = set()
 
     def fresh():
         case = load_case(path)
         patient = case.patient_under(policy)
         eng = Engine(timeout_ms=timeout_ms)
         cp = eng.compiled(case.program)
-        sess = NaiveSession(cp, patient.resolutions, timeout_ms)
-        return sess
+        return NaiveSession(cp, [r for r in patient.resolutions if r.atom not in aside], timeout_ms), eng, case, patient
 
-    sess = fresh()
+    sess, eng, case, patient = fresh()
+    eng._consistent_facts(sess, case.program, patient, None)  # conflicts set aside, as the engine does
+    aside = {r.atom for r in patient.resolutions if r.resolved} - sess.fact_atoms
     eligible = sess.check(sess.cp.phi_guard, *sess.lits())
     witness = sess.s.model() if eligible else None
     if witness is not None:
         sess.admitting.append(witness)
         sess.models.append(witness)
-    sess = fresh()
+    sess = fresh()[0]
     sides = T.side_statuses(sess)
-    sess = fresh()
+    sess = fresh()[0]
     labels, support = L.label_criteria(sess)
     if eligible:
-        sess = fresh()
+        sess = fresh()[0]
         sess.admitting.append(witness)
         sess.models.append(witness)
         assumptions, forced = A.classify(sess, witness, labels)
-        sess = fresh()
-        P.to_ineligible(sess, forced, witness, sides, 2, 8)
-        T.eligible_trace(fresh(), sides, labels, support, assumptions)
+        sess = fresh()[0]
+        P.to_ineligible(sess, forced, witness, sides, 2, 32)
+        T.eligible_trace(fresh()[0], sides, labels, support, assumptions)
     else:
-        sess = fresh()
-        P.to_eligible(sess, labels, 2, 8)
-        sess = fresh()
+        sess = fresh()[0]
+        P.to_eligible(sess, labels, 2, 32)
+        sess = fresh()[0]
         T.ineligible_trace(sess, labels, support)
 
 

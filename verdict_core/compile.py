@@ -102,6 +102,7 @@ class CompiledProgram:
     component: dict[str, frozenset[str]]  # atom -> atoms definitions connect it to
     solver: z3.Solver
     smt_text: str = ""  # the program as SMT-LIB, kept for baselines and debugging
+    _settled: dict = field(default_factory=dict)
 
     # Pure-atom formulas, built only when an artifact needs to substitute into them.
     @cached_property
@@ -136,17 +137,13 @@ class CompiledProgram:
         """(definition formulas, compiled criteria) that mention the atom directly."""
         return self._mentions[atom]
 
-    @cached_property
-    def _static(self) -> set[int]:
-        out = set()
-        for cc in self.criteria:
-            if self.solver.check(cc.pos) == z3.unsat or self.solver.check(cc.neg) == z3.unsat:
-                out.add(cc.index)
-        return out
-
-    def settled_by_definitions(self) -> set[int]:
-        """Criteria whose label the definitions alone fix (computed once per program)."""
-        return self._static
+    def settled_by_definitions(self, cc: CompiledCriterion, holds: bool, check) -> bool:
+        """Do the definitions alone make the requirement hold (holds=True) or fail? Asked only
+        for labels that need it, once per program version (cached across patients)."""
+        key = (cc.index, holds)
+        if key not in self._settled:
+            self._settled[key] = not check(cc.neg if holds else cc.pos)
+        return self._settled[key]
 
     @property
     def content_hash(self) -> str:

@@ -85,7 +85,7 @@ def _decide_label(sess: Session, cc: CompiledCriterion, lits) -> str:
 
 
 def _citation(sess: Session, cc: CompiledCriterion, label: str, hint: list[FactLit] | None) -> list[FactLit]:
-    """hint: facts known to entail the label (a consequences antecedent), or None."""
+    """hint: [] if the definitions alone entail the label, [f] if fact f does, None if unknown."""
     cone_facts = [f for f in sess.facts if f.atom in cc.cone]
     guard = cc.neg if label == "satisfied" else cc.pos
     want = label == "satisfied"
@@ -96,11 +96,11 @@ def _citation(sess: Session, cc: CompiledCriterion, label: str, hint: list[FactL
             return (v if cc.side == "inclusion" else not v) == want
         return not sess.check(guard, *sess.lits(subset))
 
-    if hint == [] or (hint is None and cc.index in sess.cp.settled_by_definitions()):
+    if hint == [] or (hint is None and sess.cp.settled_by_definitions(cc, want, sess.check)):
         return []  # the definitions alone settle it
     if len(cone_facts) == 1:
         return cone_facts
-    first = hint[0] if hint and len(hint) == 1 else None
+    first = hint[0] if hint else None
     for g in cone_facts:
         if g is first or entails([g]):
             return [g]

@@ -110,8 +110,8 @@ class TrialProgram(ParsedTrial):
     def compute_hash(self) -> str:
         """Hash of what decides eligibility (id, atoms, definitions, cohorts); title and provenance
         are excluded so re-importing the same program from another source keeps its version."""
-        body = self.model_dump(mode="json", by_alias=True, include={"trial_id", "atoms", "definitions", "cohorts"})
-        canon = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        # pydantic's serializer writes fields in the models' declared order: canonical and fast
+        canon = self.model_dump_json(by_alias=True, include={"trial_id", "atoms", "definitions", "cohorts"})
         return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
 
     # -- lookups -------------------------------------------------------------------------------

@@ -93,9 +93,11 @@ class Session:
             return False
         raise SolverLimit(f"solver returned unknown ({self.s.reason_unknown()}; limit {self.timeout_ms} ms per call)")
 
-    def consequences(self, assumptions: list[z3.BoolRef], targets: list[z3.BoolRef]) -> dict[int, tuple[bool, list[FactLit]]]:
+    def consequences(self, assumptions: list[z3.BoolRef], targets: list[z3.BoolRef]) -> dict[int, tuple[bool, list[FactLit] | None]]:
         """Which targets the assumptions entail, in one solver call: target id -> (value, facts
-        used). Raises SolverLimit if the solver cannot say."""
+        used). The facts used are reported only when none or a single fact settles the target
+        (None otherwise): reading long antecedents back through the Python API costs more than
+        it saves. Sound but not complete. Raises SolverLimit if the solver cannot say."""
         self.checks += 1
         r, cons = self.s.consequences(assumptions, targets)
         if r == z3.unknown:
@@ -103,14 +105,18 @@ class Session:
         if r == z3.unsat:
             raise ValueError("consequences asked of inconsistent assumptions")
         by_lit = {f.lit.get_id(): f for f in self.facts}
-        out: dict[int, tuple[bool, list[FactLit]]] = {}
+        out: dict[int, tuple[bool, list[FactLit] | None]] = {}
         for imp in cons:
             ante, lit = imp.arg(0), imp.arg(1)
-            value = not z3.is_not(lit)
-            target = lit.arg(0) if z3.is_not(lit) else lit
-            parts = ante.children() if z3.is_and(ante) else ([] if z3.is_true(ante) else [ante])
-            used = sorted((by_lit[p.get_id()] for p in parts if p.get_id() in by_lit), key=lambda f: self.key[f.atom])
-            out[target.get_id()] = (value, used)
+            negative = z3.is_not(lit)
+            target = lit.arg(0) if negative else lit
+            if z3.is_true(ante):
+                used: list[FactLit] | None = []
+            elif ante.get_id() in by_lit:
+                used = [by_lit[ante.get_id()]]
+            else:
+                used = None
+            out[target.get_id()] = (not negative, used)
         return out
 
     def lazy_env(self, m: z3.ModelRef, overrides: dict) -> dict:

@@ -1,0 +1,138 @@
+"""`formalizer`: Verdict with a formalizer endpoint - an API teacher or a local vLLM student -
+through `data_gen.formalizer.Formalizer` (the one implementation of prompt -> structured output ->
+strict validation -> one repair, with the call cache, ledger and egress allowlist), then the
+policy and the core, exactly as the matching service does.
+
+Per pair: the trial is parsed once (shared by its pairs), the inclusion and exclusion value-miner
+passes run concurrently, the policy resolves what the note leaves open, the core decides, and
+the decision's formal counterfactual is decided again (PivotalFlipRate). An output still invalid
+after the repair fails the pair (a result, scored as configured); an endpoint that keeps failing
+leaves the pair undone for the next run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..protocol import LabeledPair, PairResult, StageStat
+from .base import Backend, BackendConfig, decide_formal, register_backend
+from .endpoints import EndpointPlacement, EndpointRef, resolve_endpoint
+
+
+class FormalizerPrompts(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    parser: str = "v1"
+    miner_inclusion: str = "v1"
+    miner_exclusion: str = "v1"
+
+
+class FormalizerConfig(BackendConfig, EndpointPlacement):
+    kind: Literal["formalizer"] = "formalizer"
+    parser: EndpointRef = Field(description="trial-parser endpoint: teacher config name, path or inline mapping")
+    miner: EndpointRef = Field(description="value-miner endpoint: teacher config name, path or inline mapping")
+    prompts: FormalizerPrompts = Field(default_factory=FormalizerPrompts)
+
+
+def stage_stat(res, cache, shared: bool = False) -> StageStat:
+    """A StageResult's outcome and costs; model time from the cache's record of each call."""
+    ms = 0.0
+    for a in res.attempts:
+        call = cache.get(a.key) if cache is not None else None
+        ms += (call.latency_s if call is not None else 0.0) * 1000
+    u = res.usage
+    return StageStat(stage=res.stage, status=res.status, reason=res.reason,
+                     first_reason=res.attempts[0].reason if res.attempts else None, attempts=len(res.attempts),
+                     cached_calls=u.cache_hits, prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
+                     cost_usd=u.cost_usd, paid_usd=u.paid_usd, model_ms=round(ms, 3), shared=shared)
+
+
+@register_backend("formalizer")
+class FormalizerBackend(Backend):
+    config_class = FormalizerConfig
+    formal = True
+
+    def __init__(self, config: FormalizerConfig, ctx):
+        super().__init__(config, ctx)
+        what = f"backend '{config.name}'"
+        self.parser_ep = resolve_endpoint(config.parser, config, ctx.vllm_url, f"{what} parser")
+        self.miner_ep = resolve_endpoint(config.miner, config, ctx.vllm_url, f"{what} miner")
+        self._fz: dict[tuple[int, str], object] = {}
+        self._parses: dict[tuple[int, str], asyncio.Future] = {}
+
+    def preflight(self) -> None:
+        self.ctx.egress.check(self.miner_ep.base_url, carries_patient_text=True,
+                              data_class=self.ctx.dataset.data_class,
+                              what=f"backend '{self.name}' (value miner '{self.miner_ep.name}')",
+                              via_proxy=self.miner_ep.proxy)
+
+    def unavailable(self, pair: LabeledPair) -> str | None:
+        ds = self.ctx.dataset
+        if pair.trial_id not in ds.trials:
+            return "no criteria text for the trial"
+        if pair.patient_id not in ds.patients:
+            return "no note for the patient"
+        return None
+
+    def formalizer(self, repeat: int, role: str):
+        key = (repeat, role)
+        if key not in self._fz:
+            from data_gen.formalizer import Formalizer
+
+            ep = self.parser_ep if role == "parser" else self.miner_ep
+            self._fz[key] = Formalizer(ep, cache=self.ctx.cache(repeat), ledger=self.ctx.ledger,
+                                       egress=self.ctx.egress, prompts=self.config.prompts.model_dump(),
+                                       run=f"bench:{self.ctx.run_name}")
+        return self._fz[key]
+
+    async def _parsed(self, trial_id: str, repeat: int):
+        key = (repeat, trial_id)
+        if key not in self._parses:  # one parse per trial; its pairs wait on it
+            self._parses[key] = asyncio.ensure_future(
+                self.formalizer(repeat, "parser").parse_trial(self.ctx.dataset.trials[trial_id]))
+        return await asyncio.shield(self._parses[key])
+
+    async def decide(self, pair: LabeledPair, repeat: int) -> PairResult:
+        from verdict_core.errors import PatientError
+        from verdict_core.policy import resolve
+
+        parsed = await self._parsed(pair.trial_id, repeat)
+        parser_fz = self.formalizer(repeat, "parser")
+        stages = {"parser": stage_stat(parsed, parser_fz.cache, shared=True)}
+        if not parsed.accepted:
+            return self.result(pair, repeat, status="failed", stages=stages,
+                               reason=f"parser output rejected after one repair ({parsed.reason})")
+        program = parsed.output
+        miner = self.formalizer(repeat, "miner")
+        note = self.ctx.dataset.patients[pair.patient_id]
+        inc, exc = await asyncio.gather(miner.mine_values(program, note, "inclusion"),
+                                        miner.mine_values(program, note, "exclusion"))
+        for res in (inc, exc):
+            stages[res.stage] = stage_stat(res, miner.cache)
+        bad = [r for r in (inc, exc) if not r.accepted]
+        if bad:
+            return self.result(pair, repeat, status="failed", stages=stages, program_hash=program.content_hash,
+                               reason="; ".join(f"{r.stage} output rejected after one repair ({r.reason})"
+                                                for r in bad))
+        t0 = time.perf_counter()
+        try:
+            patient = resolve(program, pair.patient_id, list(inc.output) + list(exc.output), self.policy)
+        except PatientError as e:
+            return self.result(pair, repeat, status="failed", stages=stages, program_hash=program.content_hash,
+                               reason=f"value-miner output does not fit the program ({e.summary})")
+        resolve_ms = (time.perf_counter() - t0) * 1000
+        d, flips, solve_ms = await asyncio.to_thread(decide_formal, self.ctx.engine, program, patient,
+                                                     pair.pair_id)
+        miners_ms = max(stages["miner_inclusion"].model_ms, stages["miner_exclusion"].model_ms)
+        return self.result(pair, repeat, status="decided", decision=d.decision, stages=stages, flips=flips,
+                           solve_ms=round(resolve_ms + solve_ms, 3), latency_ms=round(miners_ms + resolve_ms + solve_ms, 3),
+                           program_hash=program.content_hash, patient_hash=d.patient_hash)
+
+    async def aclose(self) -> None:
+        for t in self._parses.values():
+            t.cancel()
+        for fz in self._fz.values():
+            await fz.aclose()

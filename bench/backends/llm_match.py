@@ -1,0 +1,142 @@
+"""`llm_match`: the direct LLM matcher baseline, in the style of the paper's LlmMatch (appendix
+B.1): one prompt with the whole note and the whole criteria listing, a per-criterion assessment,
+then one verdict and a short rationale as JSON - no program, no solver. It runs on the same
+endpoint configs as the formalizer backends, for context.
+
+Adapter: `data_gen.formalizer.Formalizer` knows the paper's formalizer stages only, so
+`DirectMatcher` subclasses it with one more stage, ``llm_match`` (prompt template
+`data_gen/prompts/llm_match.v<N>.yaml`, its own output limit), and reuses everything else: the
+structured-output request, the call cache, the ledger and budget, the egress allowlist, the
+validation loop with one repair.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..protocol import LabeledPair, PairResult
+from .base import Backend, BackendConfig, register_backend
+from .endpoints import EndpointPlacement, EndpointRef, resolve_endpoint
+
+STAGE = "llm_match"
+
+
+class CriterionAssessment(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    criterion: str
+    side: Literal["inclusion", "exclusion"]
+    status: Literal["met", "not_met", "unknown"]
+    justification: str
+
+
+class LlmMatchOutput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    criteria: list[CriterionAssessment]
+    verdict: Literal["eligible", "ineligible"]
+    rationale: str = Field(min_length=1)
+
+
+class LlmMatchConfig(BackendConfig, EndpointPlacement):
+    kind: Literal["llm_match"] = "llm_match"
+    endpoint: EndpointRef = Field(description="teacher config name, path or inline mapping")
+    prompt: str = Field("v1", description="version of data_gen/prompts/llm_match")
+    max_tokens: int = Field(2048, gt=0, description="output limit of the one call")
+
+
+def _endpoint_with_stage(endpoint, max_tokens: int):
+    """The endpoint config with an output limit for the extra stage."""
+    from data_gen.teacher_config import StageTokens, TeacherConfig
+
+    class MatchTokens(StageTokens):
+        llm_match: int = Field(max_tokens, gt=0)
+
+    class MatchEndpoint(TeacherConfig):
+        max_tokens: MatchTokens
+
+    data = endpoint.model_dump()
+    data["max_tokens"] = {**data["max_tokens"], STAGE: max_tokens}
+    return MatchEndpoint.model_validate(data)
+
+
+def _direct_matcher_class():
+    from data_gen.formalizer import Check, Formalizer, parse_json
+    from data_gen.prompt_templates import load_prompt
+    from verdict_core.errors import describe_validation_error
+
+    class DirectMatcher(Formalizer):
+        def __init__(self, *args, prompt_version: str = "v1", **kw):
+            super().__init__(*args, **kw)
+            self.match_prompt = load_prompt("llm_match", prompt_version)
+
+        def prompt(self, stage: str):
+            return self.match_prompt if stage == STAGE else super().prompt(stage)
+
+        async def match(self, trial, note):
+            """Note + criteria -> StageResult whose output is an LlmMatchOutput."""
+            messages = self.match_prompt.render(NOTE=note.text.strip(), TRIAL_ID=trial.trial_id,
+                                                TITLE=trial.title or "(untitled)", CRITERIA=trial.criteria_text())
+            limit = self.endpoint.max_tokens.for_stage(STAGE)
+
+            def validate(call) -> Check:
+                obj, problems = parse_json(call.content, call.finish_reason, limit)
+                if problems:
+                    return Check(problems)
+                try:
+                    out = LlmMatchOutput.model_validate(obj)
+                except ValidationError as e:
+                    return Check([("schema", p) for p in describe_validation_error(e, "output")])
+                return Check([], out, out.model_dump_json())
+
+            return await self._stage(STAGE, messages, LlmMatchOutput.model_json_schema(), "llm_match_output",
+                                     validate, patient_text=True, data_class=note.data_class,
+                                     ids=f"trial={trial.trial_id} patient={note.patient_id}", sensitive=(note.text,))
+
+    return DirectMatcher
+
+
+@register_backend("llm_match")
+class LlmMatchBackend(Backend):
+    config_class = LlmMatchConfig
+
+    def __init__(self, config: LlmMatchConfig, ctx):
+        super().__init__(config, ctx)
+        ep = resolve_endpoint(config.endpoint, config, ctx.vllm_url, f"backend '{config.name}'")
+        self.endpoint = _endpoint_with_stage(ep, config.max_tokens)
+        self._matchers: dict[int, object] = {}
+
+    def preflight(self) -> None:
+        self.ctx.egress.check(self.endpoint.base_url, carries_patient_text=True, data_class=self.ctx.dataset.data_class,
+                              what=f"backend '{self.name}' (endpoint '{self.endpoint.name}')", via_proxy=self.endpoint.proxy)
+
+    def unavailable(self, pair: LabeledPair) -> str | None:
+        ds = self.ctx.dataset
+        if pair.trial_id not in ds.trials:
+            return "no criteria text for the trial"
+        if pair.patient_id not in ds.patients:
+            return "no note for the patient"
+        return None
+
+    def matcher(self, repeat: int):
+        if repeat not in self._matchers:
+            self._matchers[repeat] = _direct_matcher_class()(
+                self.endpoint, cache=self.ctx.cache(repeat), ledger=self.ctx.ledger, egress=self.ctx.egress,
+                run=f"bench:{self.ctx.run_name}", prompt_version=self.config.prompt)
+        return self._matchers[repeat]
+
+    async def decide(self, pair: LabeledPair, repeat: int) -> PairResult:
+        from .formalizer import stage_stat
+
+        m = self.matcher(repeat)
+        res = await m.match(self.ctx.dataset.trials[pair.trial_id], self.ctx.dataset.patients[pair.patient_id])
+        stat = stage_stat(res, m.cache)
+        if not res.accepted:
+            return self.result(pair, repeat, status="failed", stages={STAGE: stat},
+                               reason=f"{STAGE} output rejected after one repair ({res.reason})")
+        return self.result(pair, repeat, status="decided", decision=res.output.verdict, stages={STAGE: stat},
+                           latency_ms=stat.model_ms, rationale=res.output.rationale)
+
+    async def aclose(self) -> None:
+        for m in self._matchers.values():
+            await m.aclose()

@@ -1,0 +1,91 @@
+"""Typed records of a benchmark run: the labelled pairs it scores and what each backend did with
+each pair (one `PairResult` per backend, repeat and pair, appended to `pairs.jsonl` as it finishes).
+
+Nothing here holds patient text except `PairResult.rationale` (the direct matcher's own words,
+which may quote the note): run directories stay on site, like the notes and teacher records.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from verdict_core.errors import VerdictError
+
+Label = Literal["eligible", "ineligible"]
+DecisionValue = Literal["eligible", "ineligible", "undetermined"]
+PAIR_SEP = "__"  # the paper authors' pair ids: "<patient>__<trial>"
+
+
+class BenchError(VerdictError):
+    """A benchmark config, dataset or run directory is unusable."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def pair_id(patient_id: str, trial_id: str) -> str:
+    return f"{patient_id}{PAIR_SEP}{trial_id}"
+
+
+class LabeledPair(_Model):
+    """One patient-trial pair of the dataset with its reference label."""
+
+    pair_id: str
+    patient_id: str
+    trial_id: str
+    label: Label
+    source: str = Field("", description="where the label came from (file:line or file#key)")
+
+
+class StageStat(_Model):
+    """What one formalizer stage cost and how its output fared (no content)."""
+
+    stage: str
+    status: Literal["accepted", "rejected"]
+    reason: str | None = Field(None, description="rejection category after the repair")
+    first_reason: str | None = Field(None, description="rejection category of the first attempt (None: valid)")
+    attempts: int = 0
+    cached_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    paid_usd: float = 0.0
+    model_ms: float = Field(0.0, description="latency of the calls behind the result, as recorded when they were "
+                            "answered (stable across resumed runs and cache hits)")
+    shared: bool = Field(False, description="one result for every pair of the trial (the trial parser)")
+
+
+class Flip(_Model):
+    """One formal counterfactual: the decision's primary pivotal conditions applied, decided again."""
+
+    case: str
+    direction: Literal["to_eligible", "to_ineligible"]
+    flipped: bool
+
+
+class PairResult(_Model):
+    backend: str
+    repeat: int = 0
+    pair_id: str
+    patient_id: str
+    trial_id: str
+    label: Label
+    status: Literal["decided", "failed", "unavailable"]
+    decision: DecisionValue | None = None
+    reason: str | None = Field(None, description="why failed or unavailable (ids and categories only)")
+    stages: dict[str, StageStat] = Field(default_factory=dict)
+    solve_ms: float | None = None
+    latency_ms: float | None = Field(None, description="the pair's own critical path: the value-miner passes "
+                                     "(concurrent) or the direct matcher's call, plus resolving and solving")
+    flips: list[Flip] = Field(default_factory=list)
+    program_hash: str | None = None
+    patient_hash: str | None = None
+    variants: int | None = Field(None, description="recorded backend: formalizations OR-ed into the decision")
+    rationale: str | None = None
+
+    @property
+    def key(self) -> tuple[str, int, str]:
+        return (self.backend, self.repeat, self.pair_id)

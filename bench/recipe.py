@@ -1,0 +1,285 @@
+"""The Table 2 recipe as a chain of resumable steps, run on SLURM (or one after another locally).
+
+    prepare   split the TREC pairs: held-out evaluation pairs (class-balanced, seeded) and the
+              training trials (every trial of a held-out pair is held out with it); write the
+              teacher-run and bench configs the later steps read (deterministic: rerunning it
+              writes the same files)
+    teacher   `verdict teacher run`: the API teacher's parser and value-miner outputs on the
+              training trials (resumable; the call cache never pays twice)
+    export    `verdict teacher export`: SFT datasets, split by trial
+    train-*   `verdict train`: LoRA of the parser and the value-miner student (checkpoints; a job
+              stopped at its time limit resumes when resubmitted)
+    eval-*    `verdict train eval`: each student against held-out teacher records (appends per record)
+    bench     `verdict bench run`: Verdict with the API teacher, base Qwen and distilled Qwen (plus
+              the direct matcher) on the held-out pairs; starts vLLM with both adapters itself
+
+Every step is a `verdict` command in the site's checkout; on SLURM they are chained with
+``--dependency=afterok`` and rendered from slurm/templates/base.sbatch.j2 with slurm's configs.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .protocol import BenchError
+from .recipe_config import RecipeConfig
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+STUDENT_PLACEHOLDER_URL = "http://127.0.0.1:8000/v1"  # replaced by the run's vLLM server (local_vllm)
+TASKS = ("parser", "value_miner")
+
+
+@dataclass
+class Step:
+    name: str
+    command: list[str]
+    after: list[str] = field(default_factory=list)
+    resources: str = "bench"  # recipe job kind (teacher/export/bench) or slurm job kind (train/eval)
+    purpose: str = ""
+
+    @property
+    def line(self) -> str:
+        return shlex.join(self.command)
+
+
+@dataclass
+class Layout:
+    """Where the chain writes (all under the recipe's root)."""
+
+    root: Path
+    name: str
+
+    data = property(lambda s: s.root / "data")
+    configs = property(lambda s: s.root / "configs")
+    slurm = property(lambda s: s.root / "slurm")
+    runs = property(lambda s: s.root / "runs")
+    sft = property(lambda s: s.root / "sft")
+    bench = property(lambda s: s.root / "bench")
+    teacher_run = property(lambda s: f"{s.name}-teacher")
+
+    def student_run(self, task: str) -> Path:
+        return self.runs / f"{self.name}-{task}"
+
+
+# ---- prepare: split + generated configs ----------------------------------------------------------
+def split_pairs(recipe: RecipeConfig) -> dict:
+    """Held-out pairs (class-balanced sample) and the training side: trials of no held-out pair."""
+    from .datasets import DatasetConfig, SampleConfig, load_dataset, sample_pairs
+
+    c = recipe.corpus
+    ds = load_dataset(DatasetConfig(kind="trec2021", pairs=c.pairs, patients=c.patients, trials=c.trials,
+                                    data_class="public"))
+    s = recipe.split
+    heldout = sample_pairs(ds.pairs, SampleConfig(per_class=s.heldout_per_class, seed=s.seed))
+    held_trials = {p.trial_id for p in heldout}
+    train_trials = sorted({p.trial_id for p in ds.pairs} - held_trials)
+    if s.max_train_trials is not None and len(train_trials) > s.max_train_trials:
+        train_trials = sorted(random.Random(s.seed).sample(train_trials, s.max_train_trials))
+    keep = set(train_trials)
+    train = [p for p in ds.pairs if p.trial_id in keep]
+    if not train:
+        raise BenchError("no training pairs left after holding out the evaluation trials: lower "
+                         "split.heldout_per_class or use a larger corpus")
+    return {"heldout": heldout, "train": train, "train_trials": train_trials, "dataset": ds}
+
+
+def _score(label: str) -> int:
+    return 2 if label == "eligible" else 1
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def prepare(recipe: RecipeConfig) -> dict:
+    """Write data/{heldout_pairs,train_pairs,train_trials}.jsonl, data/split.json and
+    configs/{teacher_run,bench}.yaml; return what was written."""
+    lay = Layout(recipe.root, recipe.name)
+    for d in (lay.data, lay.configs):
+        d.mkdir(parents=True, exist_ok=True)
+    sp = split_pairs(recipe)
+    _write_jsonl(lay.data / "heldout_pairs.jsonl", [{"patient_id": p.patient_id, "nct_id": p.trial_id,
+                                                      "score": _score(p.label)} for p in sp["heldout"]])
+    _write_jsonl(lay.data / "train_pairs.jsonl", [{"patient_id": p.patient_id, "nct_id": p.trial_id,
+                                                    "score": _score(p.label)} for p in sp["train"]])
+    wanted = set(sp["train_trials"])
+    rows: dict[str, str] = {}
+    for path in recipe.corpus.trials:  # the training trials' rows, verbatim (first file holding an id wins)
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                tid = json.loads(line).get("nct_id")
+                if tid in wanted and tid not in rows:
+                    rows[tid] = line if line.endswith("\n") else line + "\n"
+    (lay.data / "train_trials.jsonl").write_text("".join(rows[t] for t in sp["train_trials"] if t in rows))
+    counts = lambda ps: {"pairs": len(ps), "eligible": sum(p.label == "eligible" for p in ps),  # noqa: E731
+                         "trials": len({p.trial_id for p in ps}), "patients": len({p.patient_id for p in ps})}
+    summary = {"recipe": recipe.name, "seed": recipe.split.seed, "corpus": recipe.corpus.model_dump(),
+               "heldout": counts(sp["heldout"]), "train": counts(sp["train"]),
+               "dataset_problems": sp["dataset"].problems, "dropped": sp["dataset"].dropped}
+    (lay.data / "split.json").write_text(json.dumps(summary, indent=2))
+    teacher_run = _teacher_run_config(recipe, lay)
+    bench = _bench_config(recipe, lay)
+    _write_yaml(lay.configs / "teacher_run.yaml", teacher_run, "teacher run of the recipe (`verdict teacher run`)")
+    _write_yaml(lay.configs / "bench.yaml", bench, "benchmark of the recipe (`verdict bench run`)")
+    _check_generated(lay)
+    return {"split": summary, "teacher_run": str(lay.configs / "teacher_run.yaml"),
+            "bench": str(lay.configs / "bench.yaml")}
+
+
+def _write_yaml(path: Path, data: dict, what: str) -> None:
+    path.write_text(f"# Written by `verdict bench recipe prepare`: the {what}.\n"
+                    + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+
+
+def _teacher_run_config(recipe: RecipeConfig, lay: Layout) -> dict:
+    return {
+        "name": lay.teacher_run, "description": f"teacher outputs on the training trials of recipe {recipe.name}",
+        "out_dir": str(lay.runs), "cache": recipe.cache,
+        "teachers": {"parser": recipe.teacher, "miner": recipe.teacher},
+        "trials": {"path": str(lay.data / "train_trials.jsonl")},
+        "patients": {"path": recipe.corpus.patients, "data_class": "public"},
+        "pairs": {"path": str(lay.data / "train_pairs.jsonl"), "scores": [1, 2]},
+        "budget_usd": recipe.teacher_budget_usd,
+    }
+
+
+def _student_endpoint(recipe: RecipeConfig, name: str, model: str) -> dict:
+    return {"name": name, "base_url": STUDENT_PLACEHOLDER_URL, "model": model, "structured_output": "vllm",
+            "temperature": 0.0, "max_tokens": dict(recipe.students.max_tokens), "timeout_s": 900, "concurrency": 16,
+            "max_retries": 2}
+
+
+def _bench_config(recipe: RecipeConfig, lay: Layout) -> dict:
+    t = recipe.teacher
+    tname = Path(t).stem
+    base = _student_endpoint(recipe, "qwen-base", "base")
+    backends = [
+        {"name": f"verdict-{tname}", "kind": "formalizer", "parser": t, "miner": t,
+         "description": "Verdict with the API teacher as formalizer"},
+        {"name": "verdict-qwen-base", "kind": "formalizer", "parser": base, "miner": base, "local_vllm": True,
+         "description": "Verdict with the base student model, no adapter"},
+        {"name": "verdict-qwen-distilled", "kind": "formalizer", "local_vllm": True,
+         "parser": _student_endpoint(recipe, "qwen-parser", "parser"),
+         "miner": _student_endpoint(recipe, "qwen-value-miner", "value_miner"),
+         "description": "Verdict with the distilled students (LoRA adapters)"},
+    ]
+    if recipe.llm_match:
+        backends += [{"name": f"llmmatch-{tname}", "kind": "llm_match", "endpoint": t},
+                     {"name": "llmmatch-qwen-base", "kind": "llm_match", "endpoint": base, "local_vllm": True,
+                      "max_tokens": recipe.students.llm_match_max_tokens}]
+    vllm = {"model": recipe.students.base_model,
+            "adapters": {task: str(lay.student_run(task) / "adapter") for task in TASKS}, **recipe.students.vllm}
+    c = recipe.corpus
+    return {
+        "name": recipe.name, "description": f"Table 2 recipe {recipe.name}: held-out TREC 2021 pairs",
+        "out_dir": str(lay.bench), "cache": recipe.cache,
+        "dataset": {"kind": "trec2021", "pairs": str(lay.data / "heldout_pairs.jsonl"), "patients": c.patients,
+                    "trials": list(c.trials), "data_class": "public"},
+        "backends": backends, "policy": recipe.policy, "budget_usd": recipe.bench_budget_usd, "vllm": vllm,
+        "reference_points": recipe.reference_points,
+    }
+
+
+def _check_generated(lay: Layout) -> None:
+    """Refuse now, not hours later in a job, if a generated config does not load."""
+    from data_gen.teacher_config import load_run_config
+
+    from .bench_config import load_bench_config
+
+    load_run_config(lay.configs / "teacher_run.yaml")
+    load_bench_config(str(lay.configs / "bench.yaml"))
+
+
+# ---- the chain -------------------------------------------------------------------------------------
+def steps(recipe: RecipeConfig, verdict: str = "verdict") -> list[Step]:
+    from verdict_core.configs import find_config
+
+    lay = Layout(recipe.root, recipe.name)
+    st = recipe.students
+    out = [
+        Step("teacher", [verdict, "teacher", "run", "-c", str(lay.configs / "teacher_run.yaml"), "--no-progress"],
+             resources="teacher", purpose="API teacher outputs on the training trials"),
+        Step("export", [verdict, "teacher", "export", str(lay.runs / lay.teacher_run), "--out", str(lay.sft),
+                        "--split-by", "trial", "--overwrite"], ["teacher"], "export",
+             "SFT datasets (train/validation/test by trial)"),
+    ]
+    for task in TASKS:
+        cfg = find_config("train", st.train_configs[task]).resolve()
+        sets = [f"base_model={st.base_model}", f"datasets=[{{path: {lay.sft / task}}}]", f"output_dir={lay.runs}",
+                f"name={lay.student_run(task).name}", *st.train_overrides]
+        train = [verdict, "train", "--config", str(cfg)] + [x for s in sets for x in ("--set", s)]
+        ev = [verdict, "train", "eval", "--run", str(lay.student_run(task)), "--split", "test",
+              "--config", str(find_config("train", st.eval_config).resolve())]
+        ev += [x for s in st.eval_overrides for x in ("--set", s)]
+        out += [Step(f"train-{task}", train, ["export"], "train", f"LoRA training of the {task} student"),
+                Step(f"eval-{task}", ev, [f"train-{task}"], "eval", f"the {task} student vs held-out teacher records")]
+    out.append(Step("bench", [verdict, "bench", "run", "-c", str(lay.configs / "bench.yaml"), "--no-progress"],
+                    [f"train-{t}" for t in TASKS], "bench",
+                    "Verdict with teacher, base and distilled Qwen on the held-out pairs"))
+    return out
+
+
+def render(recipe: RecipeConfig, slurm_cfg, out_dir: Path | None = None) -> dict[str, Path]:
+    """One sbatch script per step (slurm/templates/base.sbatch.j2 + bench/templates/step.sbatch.j2)."""
+    import jinja2
+
+    from slurm.render import TEMPLATES as SLURM_TEMPLATES
+    from slurm.render import job_name
+
+    lay = Layout(recipe.root, recipe.name)
+    out = Path(out_dir) if out_dir else lay.slurm
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = slurm_cfg.resolved()
+    env = jinja2.Environment(loader=jinja2.ChoiceLoader([jinja2.FileSystemLoader(str(TEMPLATES)),
+                                                         jinja2.FileSystemLoader(str(SLURM_TEMPLATES))]),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
+                             trim_blocks=True, lstrip_blocks=True)
+    env.filters["q"] = lambda v: shlex.quote(str(v))
+    scripts = {}
+    for s in steps(recipe):
+        res = getattr(recipe.jobs, s.resources, None) or getattr(cfg.jobs, s.resources)
+        text = env.get_template("step.sbatch.j2").render(
+            job_name=job_name(s.name, recipe.name), log_dir=cfg.log_dir, workdir=cfg.workdir, res=res,
+            gres_name=cfg.gres_name, partition=res.partition or cfg.partition, account=cfg.account, qos=cfg.qos,
+            array=None, extra_sbatch=cfg.extra_sbatch, env=cfg.env, setup=cfg.setup, command=s.line,
+            recipe=recipe.name, step=s.name, purpose=s.purpose, after=s.after)
+        path = out / f"{len(scripts):02d}-{s.name}.sbatch"
+        path.write_text(text)
+        path.chmod(0o755)
+        scripts[s.name] = path
+    return scripts
+
+
+def submit(recipe: RecipeConfig, scripts: dict[str, Path], env: dict | None = None) -> dict[str, str]:
+    """sbatch every step, each after the steps it needs (afterok)."""
+    from slurm.submit import sbatch
+
+    ids: dict[str, str] = {}
+    for s in steps(recipe):
+        dep = ("afterok:" + ":".join(ids[a] for a in s.after)) if s.after else None
+        for line in scripts[s.name].read_text().splitlines():  # slurm does not create the log folder
+            if line.startswith("#SBATCH --output="):
+                Path(line.split("=", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
+        ids[s.name] = sbatch(scripts[s.name], dep, env)
+    return ids
+
+
+def run_locally(recipe: RecipeConfig, echo=print, only: list[str] | None = None) -> None:
+    """The same steps one after another in this shell (a site without SLURM, or a dry run)."""
+    for s in steps(recipe):
+        if only and s.name not in only:
+            continue
+        echo(f"[recipe {recipe.name}] {s.name}: {s.line}")
+        r = subprocess.run(s.command)
+        if r.returncode != 0:
+            raise BenchError(f"recipe step '{s.name}' failed (exit {r.returncode}); fix it and run the same command "
+                             "again: finished steps are resumed, not redone")

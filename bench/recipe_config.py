@@ -1,0 +1,100 @@
+"""The Table 2 recipe's config (`configs/bench/recipes/NAME.yaml`): reproduce the paper's
+Qwen2.5-7B rows on TREC 2021 at a site - teacher outputs from an API model on the training trials,
+LoRA training of both students, their evaluation, and the benchmark of Verdict with the base and the
+distilled Qwen against the API teacher on held-out pairs.
+
+Everything the chain writes goes under ``work_dir/NAME/``; the TREC corpus location is a config
+value (the shared subset on these machines, the full track corpus at a site).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from slurm.job_config import JobResources
+from verdict_core.program import Id
+
+from .protocol import BenchError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Corpus(_Strict):
+    """TREC 2021 Clinical Trials in the benchmarks layout."""
+
+    pairs: str = Field("../shared/data/benchmarks/pairs_trec2021.jsonl", description="qrels: patient_id, nct_id, score")
+    patients: str = "../shared/data/benchmarks/patients_trec2021.jsonl"
+    trials: list[str] = Field(default_factory=lambda: ["../shared/data/benchmarks/trials.jsonl"])
+
+
+class SplitSettings(_Strict):
+    heldout_per_class: int = Field(100, ge=1, description="held-out evaluation pairs per label (class-balanced)")
+    seed: int = 0
+    max_train_trials: int | None = Field(None, ge=1, description="cap the teacher's training trials (cost)")
+
+
+class StudentSettings(_Strict):
+    base_model: str = Field("../models/Qwen2.5-7B-Instruct", description="local copy of the base model")
+    train_configs: dict[str, str] = Field(default_factory=lambda: {"parser": "parser", "value_miner": "value_miner"},
+                                          description="per task: a config in configs/train (or a path)")
+    train_overrides: list[str] = Field(default_factory=list, description="--set for both trainings")
+    eval_config: str = "eval"
+    eval_overrides: list[str] = Field(default_factory=list, description="--set for both evaluations")
+    max_tokens: dict[str, int] = Field(default_factory=lambda: {"parser": 3072, "miner_inclusion": 3072,
+                                                                "miner_exclusion": 3072},
+                                       description="output limits of the students' calls in the benchmark")
+    llm_match_max_tokens: int = Field(3072, gt=0, description="output limit of the direct matcher on base Qwen")
+    vllm: dict = Field(default_factory=lambda: {"device": "gpu", "max_model_len": 8192},
+                       description="more serve.vllm_config.VLLMConfig keys for the benchmark's vLLM server")
+
+
+def _cpu(time: str, mem: str, cpus: int) -> JobResources:
+    return JobResources(time=time, mem=mem, cpus=cpus, gpus=0, signal_seconds=0)
+
+
+class RecipeJobs(_Strict):
+    """Resources of the recipe's own jobs (training and evaluation use the slurm config's)."""
+
+    teacher: JobResources = Field(default_factory=lambda: _cpu("1-00:00:00", "8G", 4))
+    export: JobResources = Field(default_factory=lambda: _cpu("1:00:00", "8G", 2))
+    bench: JobResources = Field(default_factory=lambda: JobResources(time="12:00:00", mem="64G", signal_seconds=0))
+
+
+class RecipeConfig(_Strict):
+    name: Id
+    description: str = ""
+    work_dir: str = Field("runs/recipes", description="the chain writes to WORK_DIR/NAME/")
+    cache: str = Field("runs/teacher-cache.sqlite", description="call cache shared with every teacher run")
+    corpus: Corpus = Field(default_factory=Corpus)
+    split: SplitSettings = Field(default_factory=SplitSettings)
+    teacher: str = Field(description="the API teacher: configs/teachers name or path")
+    teacher_budget_usd: float | None = Field(None, ge=0)
+    bench_budget_usd: float | None = Field(None, ge=0)
+    policy: str = "prescreen"
+    llm_match: bool = Field(True, description="also run the direct-matcher baseline on the teacher and base Qwen")
+    students: StudentSettings = Field(default_factory=StudentSettings)
+    jobs: RecipeJobs = Field(default_factory=RecipeJobs)
+    reference_points: list[dict] = Field(default_factory=list, description="published rows shown in the report")
+
+    @property
+    def root(self) -> Path:
+        return Path(self.work_dir) / self.name
+
+
+def load_recipe(name_or_path: str | Path, overrides: list[str] | None = None) -> RecipeConfig:
+    from train.config_io import ConfigError, load
+    from verdict_core.configs import find_config
+    from verdict_core.errors import VerdictError
+
+    try:
+        path = find_config("bench/recipes", name_or_path)
+    except VerdictError as e:
+        raise BenchError(str(e)) from None
+    try:
+        return load(RecipeConfig, path, overrides)
+    except ConfigError as e:
+        raise BenchError(str(e)) from None

@@ -1,0 +1,312 @@
+"""A benchmark run: every backend over every labelled pair (times the repeats), then the scores.
+
+    run = BenchRun(load_bench_config("trec2021-gpt-5-mini"))
+    outcome = asyncio.run(run.run())        # -> runs/bench/NAME/{results.json, report.md, plots/}
+
+Resumable: each pair's result is appended to ``pairs.jsonl`` as soon as it is known, and a run
+started again skips what is there; formalizer calls go through the shared call cache, so an answer
+paid for (by this run, an interrupted one, or a teacher run) is never paid for again. A pair whose
+endpoint kept failing is not recorded: the next run tries it again. The run directory keeps the
+config, and refuses to mix results of a different dataset, backends or policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import yaml
+from pydantic import ValidationError
+
+from .bench_config import BenchConfig
+from .datasets import BenchDataset, load_dataset
+from .protocol import BenchError, PairResult
+
+log = logging.getLogger("bench")
+FATAL_STATUS = {401, 403, 404}  # wrong key, no access, unknown model: every further call fails too
+Echo = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class PairStore:
+    """``pairs.jsonl``: one PairResult a line, appended (and flushed) as each pair finishes."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._lock = threading.Lock()
+        self.problems: list[str] = []
+
+    def load(self) -> dict[tuple, PairResult]:
+        done: dict[tuple, PairResult] = {}
+        if not self.path.exists():
+            return done
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                r = PairResult.model_validate_json(line)
+            except ValidationError:
+                # A run killed mid-write leaves a partial last line: that pair is simply redone.
+                self.problems.append(f"{self.path.name}:{n}: unreadable result line ignored (the pair is redone)")
+                continue
+            done[r.key] = r
+        return done
+
+    def repair(self, done: dict[tuple, PairResult]) -> None:
+        """Rewrite the file without unreadable lines, so appends start on a clean line."""
+        if self.problems:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(r.model_dump_json(exclude_defaults=True) + "\n" for r in done.values()),
+                           encoding="utf-8")
+            os.replace(tmp, self.path)
+
+    def append(self, r: PairResult) -> None:
+        line = r.model_dump_json(exclude_defaults=True) + "\n"
+        with self._lock, self.path.open("a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    status: str = "complete"  # complete | incomplete | stopped_budget
+    pairs_total: int = 0
+    done_before: int = 0
+    done_now: int = 0
+    endpoint_failures: int = 0
+    paid_usd: float = 0.0
+    message: str = ""
+    elapsed_s: float = 0.0
+    files: dict[str, str] = field(default_factory=dict)
+
+
+class BenchRun:
+    def __init__(self, config: BenchConfig, *, progress: bool = True, restart: bool = False, echo: Echo = _stderr):
+        self.config = config
+        self.progress = progress
+        self.restart = restart
+        self.echo = echo
+        self.dir = config.run_dir
+
+    # -- the run directory ------------------------------------------------------------------------
+    def prepare_dir(self) -> None:
+        """Create the run directory, or check that it holds this config's work."""
+        cfg_path = self.dir / "config.yaml"
+        if cfg_path.exists() and not self.restart:
+            try:
+                old = BenchConfig.model_validate(yaml.safe_load(cfg_path.read_text()))
+            except (ValidationError, yaml.YAMLError, BenchError, ValueError):
+                raise BenchError(f"{cfg_path} is not a readable bench config: pass --restart to start the run "
+                                 "over") from None
+            a, b = old.work_identity(), self.config.work_identity()
+            if a != b:
+                differ = [k for k in a if a[k] != b[k]]
+                raise BenchError(f"run directory {self.dir} holds results of another config ({', '.join(differ)} "
+                                 "differ): use another name, or --restart to discard them")
+        if self.restart and self.dir.exists():
+            for name in ("pairs.jsonl", "results.json", "report.md"):
+                (self.dir / name).unlink(missing_ok=True)
+            for f in self.dir.glob("cache-repeat-*.sqlite*"):
+                f.unlink()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        data = self.config.model_dump(mode="json", exclude_none=False)
+        cfg_path.write_text("# Written by `verdict bench run`: rerun with `verdict bench run --config "
+                            f"{cfg_path}`\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+
+    # -- the run ------------------------------------------------------------------------------------
+    async def run(self) -> RunOutcome:
+        from data_gen.egress import EgressPolicy
+        from verdict_core.engine import Engine
+        from verdict_core.policy import load_policy
+
+        from .backends import RunContext, make_backend
+
+        started = time.monotonic()
+        cfg = self.config
+        dataset = load_dataset(cfg.dataset)
+        policy = load_policy(cfg.policy)
+        self.prepare_dir()
+        handler = _file_log(self.dir / "run.log")
+        store = PairStore(self.dir / "pairs.jsonl")
+        done = store.load()
+        store.repair(done)
+        outcome = RunOutcome(run_dir=self.dir, done_before=len(done))
+        (self.dir / "dataset.json").write_text(json.dumps(
+            {**dataset.summary(), "pairs_list": [p.model_dump() for p in dataset.pairs]}, indent=1))
+        server = None
+        ctx = None
+        backends = []
+        try:
+            server = self._vllm_server()
+            ledger_cache = None
+            ctx = RunContext(dataset=dataset, engine=Engine(timeout_ms=cfg.solver_timeout_ms), policy=policy,
+                             run_name=cfg.name, run_dir=self.dir, cache_path=Path(cfg.cache),
+                             egress=EgressPolicy.from_config(cfg.egress),
+                             vllm_url=server.base_url if server is not None else None)
+            backends = [make_backend(b, ctx) for b in cfg.backends]
+            for b in backends:
+                b.preflight()  # refuse before anything is sent, vLLM started or money spent
+            needs_calls = any(b.kind in ("formalizer", "llm_match") for b in backends)
+            if needs_calls:
+                from data_gen.ledger import Ledger
+
+                ledger_cache = ctx.cache(0)
+                ctx.ledger = Ledger(ledger_cache, f"bench:{cfg.name}", cfg.budget_usd)
+            problems = [p for b in backends for p in b.problems()] + store.problems
+            n = len(dataset.pairs)
+            c = dataset.counts()
+            self.echo(f"bench {cfg.name}: {dataset.kind}: {n} pairs ({c['eligible']} eligible, {c['ineligible']} "
+                      f"ineligible); {len(dataset.problems)} input rows skipped" +
+                      (f", dropped {', '.join(f'{v} {k}' for k, v in dataset.dropped.items())}" if dataset.dropped else "")
+                      + f"; {len(backends)} backend(s) x {cfg.repeats} repeat(s)")
+            for p in (dataset.problems + problems)[:10]:
+                self.echo(f"  skipped: {p}")
+            if len(dataset.problems) + len(problems) > 10:
+                self.echo(f"  ... and {len(dataset.problems) + len(problems) - 10} more (see report.md)")
+            if server is not None:
+                self.echo(f"starting vLLM ({cfg.vllm.model}) for the local students ...")
+                await asyncio.to_thread(server.start)
+            outcome.pairs_total = n * len(backends) * cfg.repeats
+            for b in backends:
+                for r in range(cfg.repeats):
+                    stop = await self._run_backend(b, r, dataset, done, store, outcome)
+                    if stop:
+                        break
+                if outcome.status == "stopped_budget":
+                    break
+            if outcome.endpoint_failures and outcome.status == "complete":
+                outcome.status = "incomplete"
+                outcome.message = (f"{outcome.endpoint_failures} pair(s) failed with endpoint errors and were not "
+                                   "recorded: run the same command again to retry them")
+        finally:
+            for b in backends:
+                await b.aclose()
+            if server is not None:
+                await asyncio.to_thread(server.stop)
+            if ctx is not None:
+                ctx.close()
+            logging.getLogger("bench").removeHandler(handler)
+            logging.getLogger("data_gen").removeHandler(handler)
+            handler.close()
+        outcome.elapsed_s = time.monotonic() - started
+        outcome.files = self.write_outputs(dataset, problems, status=outcome.status)
+        return outcome
+
+    def _vllm_server(self):
+        cfg = self.config
+        if cfg.vllm is None or not any(getattr(b, "local_vllm", False) for b in cfg.backends):
+            return None
+        from serve.vllm_server import VLLMServer
+
+        return VLLMServer(cfg.vllm)
+
+    async def _run_backend(self, backend, repeat: int, dataset: BenchDataset, done: dict, store: PairStore,
+                           outcome: RunOutcome) -> bool:
+        """Decide the backend's pending pairs; True if the run must stop (budget, fatal error)."""
+        from data_gen.errors import BudgetExhausted, EgressRefused, EndpointError
+
+        pending = [p for p in dataset.pairs if (backend.name, repeat, p.pair_id) not in done]
+        label = f"{backend.name} r{repeat}"
+        if not pending:
+            self.echo(f"{label}: all {len(dataset.pairs)} pairs done before")
+            return False
+        self.echo(f"{label}: {len(pending)} of {len(dataset.pairs)} pairs to go")
+        bar = _progress(len(pending), self.progress, label)
+        sem = asyncio.Semaphore(self.config.concurrency)
+        state = {"stop": None, "fatal": None, "failed": 0, "paid": 0.0}
+
+        async def one(pair):
+            async with sem:
+                if state["stop"] or state["fatal"]:
+                    return
+                try:
+                    why = backend.unavailable(pair)
+                    if why:
+                        res = backend.result(pair, repeat, status="unavailable", reason=why)
+                    else:
+                        res = await backend.decide(pair, repeat)
+                except BudgetExhausted as e:
+                    state["stop"] = state["stop"] or str(e)
+                    return
+                except EndpointError as e:
+                    if e.status in FATAL_STATUS:
+                        state["fatal"] = state["fatal"] or e
+                    else:
+                        state["failed"] += 1
+                        log.warning("pair %s on %s: endpoint error, left for the next run: %s", pair.pair_id,
+                                    backend.name, e.summary)
+                    return
+                except EgressRefused as e:
+                    state["fatal"] = state["fatal"] or e
+                    return
+                store.append(res)
+                done[res.key] = res
+                outcome.done_now += 1
+                paid = sum(s.paid_usd for s in res.stages.values() if not s.shared)
+                state["paid"] += paid
+                bar.set_postfix_str(f"failed={state['failed']} paid=${state['paid']:.4f}", refresh=False)
+                bar.update(1)
+
+        try:
+            await asyncio.gather(*(one(p) for p in pending))
+        finally:
+            bar.close()
+        outcome.endpoint_failures += state["failed"]
+        outcome.paid_usd += state["paid"]
+        if state["fatal"] is not None:
+            raise state["fatal"]
+        if state["stop"]:
+            outcome.status = "stopped_budget"
+            outcome.message = state["stop"]
+            return True
+        return False
+
+    # -- outputs ------------------------------------------------------------------------------------
+    def write_outputs(self, dataset: BenchDataset | None = None, problems: list[str] | None = None,
+                      status: str = "complete") -> dict[str, str]:
+        """results.json, report.md and plots/ from everything in pairs.jsonl (also after a stop)."""
+        from .plots import write_plots
+        from .report import render_markdown, summarize
+
+        if dataset is None:
+            dataset = load_dataset(self.config.dataset)
+        results = list(PairStore(self.dir / "pairs.jsonl").load().values())
+        summary = summarize(self.config, dataset, results, problems or [], status=status)
+        plots = write_plots(summary, self.dir / "plots")
+        summary["plots"] = [str(p.relative_to(self.dir)) for p in plots]
+        (self.dir / "results.json").write_text(json.dumps(summary, indent=2))
+        (self.dir / "report.md").write_text(render_markdown(summary))
+        return {"results": str(self.dir / "results.json"), "report": str(self.dir / "report.md"),
+                **{p.stem: str(p) for p in plots}}
+
+
+def _progress(total: int, enabled: bool, label: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=label, unit="pair", disable=not enabled, file=sys.stderr, dynamic_ncols=True,
+                mininterval=0.5)
+
+
+def _file_log(path: Path) -> logging.Handler:
+    """The run's log (ids, categories and counts only: never patient text)."""
+    h = logging.FileHandler(path)
+    h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("bench", "data_gen"):
+        lg = logging.getLogger(name)
+        lg.addHandler(h)
+        if lg.level == logging.NOTSET or lg.level > logging.INFO:
+            lg.setLevel(logging.INFO)
+    return h
