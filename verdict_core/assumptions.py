@@ -19,6 +19,7 @@ import z3
 
 from .compile import fast_and, fast_or
 from .decision import Assumption, CriterionLabel
+from .formula import Unknown, evaluate
 from .session import Session
 
 
@@ -29,6 +30,7 @@ def classify(sess: Session, witness: z3.ModelRef, labels: list[CriterionLabel]) 
     cp = sess.cp
     lits = sess.lits()
     settled = {(lb.cohort, lb.criterion) for lb in labels if lb.label == "satisfied"}
+    decided = {(lb.cohort, lb.criterion) for lb in labels if lb.label != "deferred"}
     open_cones: set[str] = set()
     mentions: dict[str, list[str]] = {}
     for cc in cp.criteria:
@@ -70,7 +72,13 @@ def classify(sess: Session, witness: z3.ModelRef, labels: list[CriterionLabel]) 
                 out.append(Assumption(atom=u, cls="forced", value=value,
                                       requirement=sess.requirement(u, value, region), criteria=crit))
                 continue
-        cls = "inert" if u not in open_cones or not _depends(sess, var, lits) else "alternative"
+        # Admission reads u only through the criteria that mention it; if the facts settle all of
+        # those, no consistent patient's admission can change with u.
+        direct = {(cc.cohort, cc.criterion.id) for cc in cp.mentions(u)[1]}
+        if u not in open_cones or direct <= decided:
+            cls = "inert"
+        else:
+            cls = "alternative" if _flip_changes_admission(sess, u) or _depends(sess, var, lits) else "inert"
         out.append(Assumption(atom=u, cls=cls, criteria=crit))
     return out, forced
 
@@ -108,6 +116,35 @@ def _possible(sess: Session, lit, lits) -> bool:
 
 def _is_literal(e) -> bool:
     return z3.is_const(e) or (z3.is_not(e) and z3.is_const(e.arg(0)))
+
+
+def _flip_changes_admission(sess: Session, u: str) -> bool:
+    """A kept model whose admission changes when the bool atom u alone is flipped, with the
+    definitions still true, proves dependence without a solver call (only formulas mentioning u
+    are re-evaluated; other criteria keep the model's values)."""
+    cp = sess.cp
+    if cp.atoms[u].domain != "bool":
+        return False
+    defs, crits = cp.mentions(u)
+    touched = {cc.index for cc in crits}
+    for m in sess.models:
+        value = sess.value_in(m, u)
+        env = sess.lazy_env(m, {u: not value})
+        try:
+            if not all(evaluate(f, env) for f in defs):
+                continue
+            before = after = False
+            for cid in cp.cohort_ids:
+                members = [cc for cc in cp.criteria if cc.cohort == cid]
+                vals = {cc.index: z3.is_true(m.eval(cc.indicator, model_completion=True)) for cc in members}
+                before |= all(vals.values())
+                after |= all(bool(evaluate(cc.criterion.formula, env)) == (cc.side == "inclusion")
+                             if cc.index in touched else vals[cc.index] for cc in members)
+            if before != after:
+                return True
+        except (Unknown, ZeroDivisionError, TypeError):
+            continue
+    return False
 
 
 def _depends(sess: Session, var: z3.ExprRef, lits) -> bool:
