@@ -23,7 +23,7 @@ import z3
 
 from .decision import PivotalCondition, PivotalSet, Pivotal
 from .formula import Unknown, evaluate
-from .session import FactLit, Session, SolverLimit
+from .session import FactLit, Session, SolverLimit, py_value
 
 CEGAR_ITERATIONS = 400
 
@@ -175,20 +175,23 @@ def _maxsmt_sets(sess: Session, cap: int) -> tuple[list[dict], bool]:
 
 
 def _targets(sess: Session, changed: list[FactLit] | list[str], m: z3.ModelRef, want_eligible: bool) -> dict:
-    """Target per changed atom from a model; numeric targets widened to their region given the
-    other changes at their targets."""
     atoms = [c.atom if isinstance(c, FactLit) else c for c in changed]
-    values = {a: sess.value_in(m, a) for a in atoms}
-    kept = [f.lit for f in sess.facts if f.atom not in atoms]
+    return _widened(sess, {a: sess.value_in(m, a) for a in atoms}, want_eligible)
+
+
+def _widened(sess: Session, values: dict, want_eligible: bool) -> dict:
+    """Target per changed atom; a numeric target is widened to its region (the cells that still
+    give the wanted outcome with the other changes at their targets)."""
+    kept = [f.lit for f in sess.facts if f.atom not in values]
     out = {}
-    for a in atoms:
-        if isinstance(values[a], bool):
-            out[a] = (values[a], None)
+    for a, value in values.items():
+        if isinstance(value, bool):
+            out[a] = (value, None)
             continue
-        others = [_fix(sess, b, values[b]) for b in atoms if b != a]
+        others = [_fix(sess, b, values[b]) for b in values if b != a]
         current = next((f.resolution.value for f in sess.facts if f.atom == a), None)
         got = _numeric_region(sess, a, kept + others, want_eligible, current)
-        out[a] = got if got else (values[a], None)
+        out[a] = got if got else (value, None)
     return out
 
 
@@ -325,14 +328,14 @@ def _cegar_sets(sess: Session, witness: z3.ModelRef, cap: int) -> tuple[list[dic
         chosen = [a for a in atoms if z3.is_true(m.eval(ch[a], model_completion=True))]
         if best is not None and len(chosen) > best:
             return sets, True
-        values = {a: _py(m.eval(nv[a], model_completion=True)) for a in chosen}
+        values = {a: py_value(m.eval(nv[a], model_completion=True)) for a in chosen}
         kept = [f.lit for f in sess.facts if f.atom not in chosen]
         fixes = [_fix(sess, a, values[a]) for a in chosen]
         if sess.check(cp.phi_guard, *kept, *fixes):
             add_cex(sess.s.model())
             continue
         best = len(chosen)
-        sets.append(_targets_ineligible(sess, chosen, values))
+        sets.append(_widened(sess, {a: values[a] for a in chosen}, False))
         if len(sets) >= cap:
             return sets, False
         # block this choice of atoms *and values*: the same atoms with other values is another pivot
@@ -340,33 +343,7 @@ def _cegar_sets(sess: Session, witness: z3.ModelRef, cap: int) -> tuple[list[dic
     return sets, False
 
 
-def _targets_ineligible(sess: Session, chosen: list[str], values: dict) -> dict:
-    kept = [f.lit for f in sess.facts if f.atom not in chosen]
-    out = {}
-    for a in chosen:
-        if isinstance(values[a], bool):
-            out[a] = (values[a], None)
-            continue
-        others = [_fix(sess, b, values[b]) for b in chosen if b != a]
-        current = next((f.resolution.value for f in sess.facts if f.atom == a), None)
-        got = _numeric_region(sess, a, kept + others, False, current)
-        out[a] = got if got else (values[a], None)
-    return out
-
-
 def _const(var, value):
     if isinstance(value, bool):
         return z3.BoolVal(value, var.ctx)
     return _z3num(var, value)
-
-
-def _py(v):
-    if z3.is_true(v):
-        return True
-    if z3.is_false(v):
-        return False
-    if z3.is_int_value(v):
-        return v.as_long()
-    if z3.is_rational_value(v):
-        return v.numerator_as_long() / v.denominator_as_long()
-    return float(v.approx(12).as_decimal(12).rstrip("?"))

@@ -157,18 +157,7 @@ class Session:
         return t, f
 
     def value_in(self, m: z3.ModelRef, atom: str):
-        v = m.eval(self.cp.vars[atom], model_completion=True)
-        if z3.is_true(v):
-            return True
-        if z3.is_false(v):
-            return False
-        if z3.is_int_value(v):
-            return v.as_long()
-        if z3.is_rational_value(v):
-            return float(v.numerator_as_long()) / float(v.denominator_as_long())
-        if z3.is_algebraic_value(v):
-            return float(v.approx(12).as_decimal(12).rstrip("?"))
-        return None
+        return py_value(m.eval(self.cp.vars[atom], model_completion=True))
 
     # -- numeric regions ---------------------------------------------------------------------------
     def cell_of(self, atom: str, x: float) -> Cell:
@@ -214,6 +203,21 @@ class Session:
             if best is None or d < best[0]:
                 best = (d, v)
         return None if best is None else best[1]
+
+
+def py_value(v: z3.ExprRef):
+    """A Z3 value as bool / int / float (None if it is not a value)."""
+    if z3.is_true(v):
+        return True
+    if z3.is_false(v):
+        return False
+    if z3.is_int_value(v):
+        return v.as_long()
+    if z3.is_rational_value(v):
+        return float(v.numerator_as_long()) / float(v.denominator_as_long())
+    if z3.is_algebraic_value(v):
+        return float(v.approx(12).as_decimal(12).rstrip("?"))
+    return None
 
 
 def _in_cell(c: Cell, x: float) -> bool:
