@@ -93,6 +93,25 @@ def _z3num(var, value):
     return z3.IntVal(int(value), var.ctx) if z3.is_int(var) and float(value).is_integer() else z3.RealVal(value, var.ctx)
 
 
+def _first_raw(sess: Session, sets: list[dict], alternatives: int) -> list[dict]:
+    """The first sets in content order, before widening numeric targets to regions (widening
+    costs solver calls, so only the sets that are reported get it). A numeric value is keyed by
+    its cell: every value in a cell behaves alike."""
+    def key(values: dict):
+        out = []
+        for a, v in values.items():
+            if isinstance(v, bool) or a in sess.cp.complex_numeric:
+                out.append((sess.key[a], repr(v)))
+            else:
+                out.append((sess.key[a], repr(sess.cp.cells[a].index(sess.cell_of(a, v)))))
+        return tuple(sorted(out))
+
+    unique = {}
+    for values in sets:
+        unique.setdefault(key(values), values)
+    return [unique[k] for k in sorted(unique)][: 1 + alternatives]
+
+
 def _assemble(sess: Session, direction: str, sets: list[dict], complete: bool, alternatives: int, note=None) -> Pivotal:
     """Order the minimum sets by content (atom keys, then targets) and keep distinct ones."""
     def key(change: dict):
@@ -134,7 +153,9 @@ def to_eligible(sess: Session, labels, alternatives: int, cap: int) -> Pivotal:
     if singles:
         return _assemble(sess, "to_eligible", singles, True, alternatives)
     sets, complete = _maxsmt_sets(sess, cap)
-    return _assemble(sess, "to_eligible", sets, complete, alternatives, _cap_note(sets, complete))
+    chosen = _first_raw(sess, sets, alternatives)
+    return _assemble(sess, "to_eligible", [_widened(sess, v, True) for v in chosen], complete, alternatives,
+                     _cap_note(sets, complete))
 
 
 def _cap_note(sets: list, complete: bool) -> str | None:
@@ -145,38 +166,43 @@ def _cap_note(sets: list, complete: bool) -> str | None:
 
 
 def _maxsmt_sets(sess: Session, cap: int) -> tuple[list[dict], bool]:
-    """Minimum sets of facts to drop (MaxSMT, facts soft), enumerated with blocking clauses."""
+    """Minimum sets of facts to change (raw model values), enumerated: one MaxSMT call finds the
+    minimum size k, then a plain solver with "at most k facts relaxed" and blocking clauses lists
+    the other sets of that size (one SAT call each instead of one MaxSMT call each)."""
     cp = sess.cp
     opt = z3.Optimize(ctx=sess.ctx)
     opt.set("timeout", sess.timeout_ms)
     opt.add(cp.aux, cp.phi_req)
     for f in sess.facts:
         opt.add_soft(f.expr, 1)
-    sets: list[dict] = []
-    best = None
+    sess.checks += 1
+    r = opt.check()
+    if r != z3.sat:
+        raise SolverLimit(f"MaxSMT did not finish ({opt.reason_unknown()})")
+    m = opt.model()
+    first = [f for f in sess.facts if not z3.is_true(m.eval(f.expr, model_completion=True))]
+    sets = [{f.atom: sess.value_in(m, f.atom) for f in first}]
+    k = len(first)
+    s2 = z3.Solver(ctx=sess.ctx)
+    s2.set("timeout", sess.timeout_ms)
+    s2.add(cp.aux, cp.phi_req)
+    relax = {f.atom: z3.FreshBool("!relax", sess.ctx) for f in sess.facts}
+    for f in sess.facts:
+        s2.add(z3.Or(relax[f.atom], f.expr))
+    s2.add(z3.AtMost(*relax.values(), k))
+    s2.add(z3.Or([f.expr for f in first]))
     while len(sets) < cap:
         sess.checks += 1
-        r = opt.check()
-        if r == z3.unknown:
-            if not sets:
-                raise SolverLimit(f"MaxSMT did not finish ({opt.reason_unknown()})")
-            return sets, False
+        r = s2.check()
         if r == z3.unsat:
             return sets, True
-        m = opt.model()
+        if r != z3.sat:
+            return sets, False
+        m = s2.model()
         dropped = [f for f in sess.facts if not z3.is_true(m.eval(f.expr, model_completion=True))]
-        if best is None:
-            best = len(dropped)
-        if len(dropped) != best:
-            return sets, True
-        sets.append(_targets(sess, dropped, m, want_eligible=True))
-        opt.add(z3.Or([f.expr for f in dropped]))
+        sets.append({f.atom: sess.value_in(m, f.atom) for f in dropped})
+        s2.add(z3.Or([f.expr for f in dropped]))
     return sets, False
-
-
-def _targets(sess: Session, changed: list[FactLit] | list[str], m: z3.ModelRef, want_eligible: bool) -> dict:
-    atoms = [c.atom if isinstance(c, FactLit) else c for c in changed]
-    return _widened(sess, {a: sess.value_in(m, a) for a in atoms}, want_eligible)
 
 
 def _widened(sess: Session, values: dict, want_eligible: bool) -> dict:
@@ -213,7 +239,9 @@ def to_ineligible(sess: Session, forced: dict, witness: z3.ModelRef, sides, alte
     if singles:
         return _assemble(sess, "to_ineligible", singles, True, alternatives)
     sets, complete = _cegar_sets(sess, witness, cap)
-    return _assemble(sess, "to_ineligible", sets, complete, alternatives, _cap_note(sets, complete))
+    chosen = _first_raw(sess, sets, alternatives)
+    return _assemble(sess, "to_ineligible", [_widened(sess, v, False) for v in chosen], complete, alternatives,
+                     _cap_note(sets, complete))
 
 
 def _forced_single(sess: Session, u: str, info: tuple):
@@ -335,7 +363,7 @@ def _cegar_sets(sess: Session, witness: z3.ModelRef, cap: int) -> tuple[list[dic
             add_cex(sess.s.model())
             continue
         best = len(chosen)
-        sets.append(_widened(sess, {a: values[a] for a in chosen}, False))
+        sets.append({a: values[a] for a in chosen})
         if len(sets) >= cap:
             return sets, False
         # block this choice of atoms *and values*: the same atoms with other values is another pivot

@@ -1,0 +1,227 @@
+"""What the matching service costs on top of the students, and how many matches per second it serves.
+
+    .venv/bin/python benchmarks/serve_overhead.py [--work runs/bench-serve] [--requests 60]
+        [--concurrency 1,6,32] [--formalizer-url URL --service-url URL --key KEY]
+
+By default it builds the tiny CPU students the tests use (tiny Qwen2 base, two LoRA adapters trained
+through `train/` on the recorded teacher outputs; kept in --work, so a rerun skips training),
+starts vLLM and the service, measures, and stops both. With --formalizer-url/--service-url/--key it
+measures a stack that is already running (a GPU site: then pass --records for its own records).
+
+Printed, all from the same run:
+- overhead: each request both ways, interleaved, one at a time: *direct* = the two value-miner
+  requests a match makes (same bodies, the same structured-output schema), sent straight to vLLM in
+  parallel; *service* = POST /v1/match (those two calls + validation, policy, Z3, rationale, audit,
+  HTTP). Ratio of medians, and the added milliseconds.
+- throughput: matches/s through the service at each concurrency, and vLLM's pairs-of-calls/s at the
+  same concurrency, for comparison, with vLLM's own request count per match. The recorded set has 6
+  distinct pairs: above 6 in flight, identical requests coalesce in the formalizer (single flight),
+  so the service makes fewer vLLM calls than the direct side and the ratio is no longer like for like.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+ROUNDS = 3
+RECORDS = REPO / "tests" / "serve" / "data" / "teacher_records.json"  # the tests' recorded teacher outputs
+
+
+def build_students(work: Path, records: dict) -> tuple[Path, dict[str, Path]]:
+    """The tests' recipe (serve/students.py), cached in ``work``."""
+    from serve.students import TRAIN_STEPS, build_student_base, train_student, write_student_export
+
+    base = work / "base"
+    if not (base / "config.json").exists():
+        print("building the tiny student base", flush=True)
+        build_student_base(base)
+    adapters = {t: work / "runs" / f"tiny-{t}" / "adapter" for t in ("parser", "value_miner")}
+    if not all((a / "adapter_config.json").exists() for a in adapters.values()):
+        export = write_student_export(records, work / "export")
+        for task in adapters:
+            print(
+                f"training the {task} adapter ({TRAIN_STEPS[task]} steps; a few minutes on 2 cores)",
+                flush=True,
+            )
+            adapters[task] = train_student(base, export / task, task, work / "runs", TRAIN_STEPS[task])
+    return base, adapters
+
+
+def miner_requests(records: dict, formalizer_url: str) -> dict:
+    """(trial id, patient id) -> the two chat-completion bodies the service sends for that match."""
+    from data_gen.client import build_request
+    from data_gen.formalizer import Formalizer, core_schema, side_atoms, with_atom_enum
+    from serve.api_config import FormalizerConfig
+    from serve.students import STUDENT_MAX_TOKENS, teacher_programs
+
+    fc = FormalizerConfig(max_tokens=STUDENT_MAX_TOKENS)
+    endpoint = fc.endpoint(fc.value_miner_model, formalizer_url)
+    fz = Formalizer(endpoint)
+    out = {}
+    for tid, program in teacher_programs(records).items():
+        for p in records["patients"]:
+            bodies = []
+            for side in ("inclusion", "exclusion"):
+                names = side_atoms(program, side)
+                msgs = fz.miner_messages(program, p["note"], side, names)
+                req = build_request(
+                    endpoint,
+                    f"miner_{side}",
+                    msgs,
+                    with_atom_enum(core_schema("value-miner"), names),
+                    "value_miner_output",
+                )
+                body = {k: v for k, v in req.items() if k != "extra_body"} | req.get("extra_body", {})
+                bodies.append(body)
+            out[(tid, p["patient_id"])] = bodies
+    return out
+
+
+async def measure(
+    formalizer_url: str, service_url: str, key: str, records: dict, n: int, concurrencies: list[int]
+) -> None:
+    import httpx
+
+    reqs = miner_requests(records, formalizer_url)
+    pairs = list(reqs)
+    notes = {p["patient_id"]: p["note"] for p in records["patients"]}
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with (
+        httpx.AsyncClient(base_url=formalizer_url, timeout=600, limits=limits, trust_env=False) as vllm,
+        httpx.AsyncClient(
+            base_url=service_url,
+            timeout=600,
+            limits=limits,
+            trust_env=False,
+            headers={"Authorization": f"Bearer {key}"},
+        ) as api,
+    ):
+
+        async def direct(pair) -> float:
+            t0 = time.perf_counter()
+            rs = await asyncio.gather(*(vllm.post("/chat/completions", json=b) for b in reqs[pair]))
+            assert all(r.status_code == 200 for r in rs), [r.text[:200] for r in rs]
+            return time.perf_counter() - t0
+
+        async def service(pair) -> float:
+            tid, pid = pair
+            t0 = time.perf_counter()
+            r = await api.post(
+                "/v1/match", json={"trial_id": tid, "patient": {"patient_id": pid, "note": notes[pid]}}
+            )
+            assert r.status_code == 200, r.text[:300]
+            return time.perf_counter() - t0
+
+        for pair in pairs:  # warm-up: compiled programs, connections, vLLM's prefix cache
+            await direct(pair)
+            await service(pair)
+        d_lat, s_lat = [], []
+        for i in range(n):
+            pair = pairs[i % len(pairs)]
+            d_lat.append(await direct(pair))
+            s_lat.append(await service(pair))
+        dm, sm = statistics.median(d_lat), statistics.median(s_lat)
+        print(f"\noverhead, {n} requests one at a time (interleaved):")
+        print(f"  vLLM direct  median {dm * 1000:8.1f} ms   p90 {_p90(d_lat) * 1000:8.1f} ms")
+        print(f"  service      median {sm * 1000:8.1f} ms   p90 {_p90(s_lat) * 1000:8.1f} ms")
+        print(f"  ratio service/direct (medians): {sm / dm:.3f}   added: {(sm - dm) * 1000:.1f} ms per match")
+
+        async def vllm_calls() -> float:
+            text = (await vllm.get(formalizer_url.rstrip("/").removesuffix("/v1") + "/metrics")).text
+            return sum(
+                float(x.split()[-1]) for x in text.splitlines() if x.startswith("vllm:request_success_total")
+            )
+
+        print(f"\nthroughput (median of {ROUNDS} rounds, alternating which side goes first):")
+        for c in concurrencies:
+            total = max(n, 2 * c)
+            rates: dict[str, list[float]] = {"vLLM direct": [], "service": []}
+            calls: dict[str, float] = {"vLLM direct": 0.0, "service": 0.0}
+            for r in range(ROUNDS):
+                sides = [("vLLM direct", direct), ("service", service)]
+                for name, fn in sides if r % 2 == 0 else sides[::-1]:
+                    sem = asyncio.Semaphore(c)
+
+                    async def bounded(pair, fn=fn, sem=sem):
+                        async with sem:
+                            return await fn(pair)
+
+                    before, t0 = await vllm_calls(), time.perf_counter()
+                    await asyncio.gather(*(bounded(pairs[i % len(pairs)]) for i in range(total)))
+                    rates[name].append(total / (time.perf_counter() - t0))
+                    calls[name] += (await vllm_calls() - before) / (total * ROUNDS)
+            d, s = statistics.median(rates["vLLM direct"]), statistics.median(rates["service"])
+            print(
+                f"  concurrency {c:3d}  vLLM direct {d:7.2f} matches/s   service {s:7.2f} matches/s   "
+                f"(service/direct {s / d:.2f}; vLLM calls per match: direct {calls['vLLM direct']:.2f}, "
+                f"service {calls['service']:.2f})"
+            )
+        if max(concurrencies) > len(pairs):
+            print(
+                f"  note: above {len(pairs)} in flight (the distinct pairs), identical miner requests in "
+                "flight at once share one call in the formalizer (single flight): see calls per match"
+            )
+
+
+def _p90(xs: list[float]) -> float:
+    return sorted(xs)[max(0, int(round(0.9 * len(xs))) - 1)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", type=Path, default=REPO / "runs" / "bench-serve")
+    ap.add_argument("--requests", type=int, default=60)
+    ap.add_argument("--concurrency", default="1,6,32", help="6 = every distinct recorded pair in flight")
+    ap.add_argument("--formalizer-url")
+    ap.add_argument("--service-url")
+    ap.add_argument("--key")
+    ap.add_argument("--records", type=Path, help="teacher records JSON (default: the tests' recorded set)")
+    a = ap.parse_args()
+    from serve.students import load_teacher_records, student_vllm_config, trial_text
+
+    records = load_teacher_records(a.records or RECORDS)
+    concurrencies = [int(x) for x in a.concurrency.split(",")]
+    if a.formalizer_url and a.service_url and a.key:
+        asyncio.run(measure(a.formalizer_url, a.service_url, a.key, records, a.requests, concurrencies))
+        return
+
+    from serve.vllm_server import VLLMServer
+    from tests.serve.conftest import start_service
+
+    a.work.mkdir(parents=True, exist_ok=True)
+    base, adapters = build_students(a.work, records)
+    server = VLLMServer(student_vllm_config(base, adapters, a.work / "vllm.log"))
+    print("starting vLLM (CPU)", flush=True)
+    t0 = time.monotonic()
+    server.start()
+    print(f"vLLM ready in {time.monotonic() - t0:.0f} s; starting the service", flush=True)
+    svc = None
+    try:
+        import shutil
+
+        shutil.rmtree(a.work / "service", ignore_errors=True)
+        svc = start_service(
+            a.work / "service",
+            server.base_url,
+            {"formalizer": {"concurrency": 64}, "limits": {"batch_concurrency": 32}},
+        )
+        with svc.client() as c:
+            for t in records["trials"]:
+                r = c.post("/v1/trials", json={"text": trial_text(t).model_dump(exclude_none=True)})
+                r.raise_for_status()
+        asyncio.run(measure(server.base_url, svc.url, svc.keys["match"], records, a.requests, concurrencies))
+    finally:
+        if svc is not None:
+            svc.stop()
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""API keys with roles, stored hashed.
+
+A key is `vk_<key id>_<secret>`; the key file keeps only `sha256(key)`, the id, a name and roles,
+so a leaked key file grants nothing. Keys are random 256-bit tokens, which is why a plain SHA-256
+(no slow KDF) is the right hash: there is nothing to brute-force. The id lets the service find the
+entry without comparing against every hash, and names the caller in the audit store.
+
+Roles: `match` (trials and matching), `audit` (read decisions and their pages, metrics), `admin`
+(everything, including uploading reviewed trial programs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from verdict_core.errors import describe_validation_error
+
+from .errors import ServeConfigError
+
+Role = Literal["match", "audit", "admin"]
+ROLES: tuple[str, ...] = ("match", "audit", "admin")
+PREFIX = "vk_"
+
+
+class KeyEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=r"^[a-z0-9]{8}$")
+    name: str = Field(min_length=1, max_length=100)
+    roles: list[Role] = Field(min_length=1)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    created_at: float
+    revoked: bool = False
+
+    def allows(self, role: str) -> bool:
+        return not self.revoked and ("admin" in self.roles or role in self.roles)
+
+
+class KeyFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["verdict.api_keys/v1"] = "verdict.api_keys/v1"
+    keys: list[KeyEntry] = Field(default_factory=list)
+
+
+def _hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class KeyStore:
+    """The key file, re-read when it changes on disk (keys can be added or revoked while serving)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._mtime: int | None = None
+        self._by_id: dict[str, KeyEntry] = {}
+
+    # -- file ------------------------------------------------------------------------------------
+    def load(self) -> KeyFile:
+        if not self.path.exists():
+            return KeyFile()
+        try:
+            return KeyFile.model_validate_json(self.path.read_bytes())
+        except ValidationError as e:
+            raise ServeConfigError(
+                f"API key file {self.path} is invalid", describe_validation_error(e, "keys")
+            ) from None
+        except (OSError, ValueError) as e:
+            raise ServeConfigError(f"cannot read API key file {self.path}: {e}") from None
+
+    def _save(self, kf: KeyFile) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+        fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(kf.model_dump_json(indent=2) + "\n")
+        os.replace(tmp, self.path)
+
+    def add(self, name: str, roles: list[str]) -> tuple[str, KeyEntry]:
+        """Create a key; the plain key is returned once and never stored."""
+        bad = [r for r in roles if r not in ROLES]
+        if bad or not roles:
+            raise ServeConfigError(f"unknown role(s) {bad or '(none given)'}; roles are {', '.join(ROLES)}")
+        with self._lock:
+            kf = self.load()
+            taken = {k.id for k in kf.keys}
+            key_id = secrets.token_hex(4)
+            while key_id in taken:
+                key_id = secrets.token_hex(4)
+            key = f"{PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
+            entry = KeyEntry(
+                id=key_id,
+                name=name,
+                roles=sorted(set(roles), key=ROLES.index),
+                sha256=_hash(key),
+                created_at=time.time(),
+            )
+            kf.keys.append(entry)
+            self._save(kf)
+            self._mtime = None
+        return key, entry
+
+    def revoke(self, key_id: str) -> KeyEntry:
+        with self._lock:
+            kf = self.load()
+            for i, k in enumerate(kf.keys):
+                if k.id == key_id:
+                    kf.keys[i] = k.model_copy(update={"revoked": True})
+                    self._save(kf)
+                    self._mtime = None
+                    return kf.keys[i]
+        raise ServeConfigError(f"no API key with id '{key_id}' in {self.path}")
+
+    # -- lookups ---------------------------------------------------------------------------------
+    def _refresh(self) -> None:
+        try:
+            mtime = self.path.stat().st_mtime_ns
+        except FileNotFoundError:
+            mtime = -1
+        if mtime != self._mtime:
+            self._by_id = {k.id: k for k in self.load().keys}
+            self._mtime = mtime
+
+    def authenticate(self, key: str | None) -> KeyEntry | None:
+        """The entry of a valid, unrevoked key; None otherwise (never says which part was wrong)."""
+        if not key or not key.startswith(PREFIX):
+            return None
+        key_id = key[len(PREFIX) :].split("_", 1)[0]
+        with self._lock:
+            self._refresh()
+            entry = self._by_id.get(key_id)
+        if entry is None or entry.revoked:
+            return None
+        return entry if hmac.compare_digest(entry.sha256, _hash(key)) else None
+
+    def count(self) -> int:
+        with self._lock:
+            self._refresh()
+            return sum(not k.revoked for k in self._by_id.values())

@@ -1,0 +1,95 @@
+"""Run the matching API under uvicorn, with logging set up so that no request content is logged.
+
+Libraries that log request bodies at DEBUG (the openai client logs whole requests, prompts with
+patient notes included) are pinned to WARNING whatever the service's level, and uvicorn's own
+access log (raw paths and query strings) is replaced by `middleware.AccessLog`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+
+from .api_config import ApiConfig
+
+# Loggers that must never go below WARNING: they log request bodies or full URLs at INFO/DEBUG.
+QUIET = ("openai", "openai._base_client", "httpx", "httpcore", "uvicorn.access", "urllib3")
+
+
+def setup_logging(log_file: str | None, level: str = "INFO") -> logging.Handler:
+    handler: logging.Handler
+    if log_file:
+        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(log_file)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("serve", "data_gen", "uvicorn", "uvicorn.error"):
+        lg = logging.getLogger(name)
+        lg.handlers = [handler]
+        lg.setLevel(level)
+        lg.propagate = False
+    for name in QUIET:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    os.environ.pop("OPENAI_LOG", None)  # the openai client's own switch for debug logging
+    return handler
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind before starting uvicorn, so port 0 gives a free port we know before serving."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def run_api(config: ApiConfig, base_url: str, *, ready_file: str | None = None, on_ready=None) -> None:
+    """Serve until interrupted (SIGINT/SIGTERM). ``ready_file`` gets {"url": ...} once listening."""
+    import asyncio
+
+    import uvicorn
+
+    from .api_keys import KeyStore
+    from .app import create_app
+
+    setup_logging(config.log_file)
+    app = create_app(config, base_url)
+    if KeyStore(config.api_keys).count() == 0:
+        logging.getLogger("serve").warning(
+            "no API keys in %s: every route but /healthz and /readyz will answer 401 "
+            "(create one with `verdict serve keys add --role match ...`)",
+            config.api_keys,
+        )
+    if threading.current_thread() is threading.main_thread():
+        # uvicorn re-raises the signal that stopped it once it has shut down; with the default SIGTERM
+        # handler that would kill this process before its caller's cleanup (stopping vLLM in `up`).
+        signal.signal(signal.SIGTERM, lambda *_: None)
+    sock = bind_socket(config.host, config.port)
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    url = f"http://{host}:{sock.getsockname()[1]}"
+    server = uvicorn.Server(
+        uvicorn.Config(app, access_log=False, log_config=None, timeout_graceful_shutdown=10, lifespan="on")
+    )
+
+    async def serve():
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.05)
+        if server.started:
+            logging.getLogger("serve").info("matching API listening on %s (formalizer %s)", url, base_url)
+            if ready_file:
+                Path(ready_file).write_text(
+                    json.dumps({"url": url, "formalizer": base_url, "pid": os.getpid()})
+                )
+            if on_ready:
+                on_ready(url)
+        await task
+
+    asyncio.run(serve())

@@ -1,0 +1,318 @@
+"""`verdict serve ...` commands. Keep module-level imports light: heavy stacks load inside commands.
+
+verdict serve vllm --config NAME          start the student server, wait until ready, serve
+verdict serve api --config NAME           the matching API in front of it
+verdict serve up --config NAME            both, in one process (stops vLLM on exit)
+verdict serve stop --state-file FILE      stop a server started with --detach
+verdict serve keys add|list|revoke        API keys (stored hashed)
+verdict serve check-adapter --config ...  vLLM vs PEFT on a golden set
+verdict serve openapi                     print the API's OpenAPI schema
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from verdict_core.errors import VerdictError
+
+app = typer.Typer(help="serve commands", no_args_is_help=True)
+keys_app = typer.Typer(help="API keys of the matching service (stored hashed)", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+
+CONFIG_HELP = "serve config: NAME in configs/serve/ or a YAML path"
+SET_HELP = "override a config value, e.g. --set vllm.port=8011 (repeatable)"
+
+
+def fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _config(config: str, sets: list[str] | None):
+    from .config import load_serve_config
+
+    return load_serve_config(config, sets or [])
+
+
+class _Stop:
+    """SIGINT/SIGTERM -> a flag (the default handlers would skip our cleanup)."""
+
+    def __init__(self):
+        self.requested = False
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, *_):
+        self.requested = True
+
+
+@app.command("vllm")
+def vllm_cmd(
+    config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help=SET_HELP),
+    detach: bool = typer.Option(False, help="return once ready, leaving the server running"),
+    state_file: Optional[Path] = typer.Option(None, help="with --detach: where to write pid and URL"),
+    print_command: bool = typer.Option(False, help="print the vLLM command line and exit"),
+) -> None:
+    """Start vLLM's OpenAI-compatible server with the base model and the adapters; wait until ready."""
+    from .vllm_server import VLLMServer
+
+    try:
+        cfg = _config(config, set_).require("vllm")
+        server = VLLMServer(cfg)
+        if print_command:
+            typer.echo(" ".join(server.command()))
+            return
+        if detach and state_file is None:
+            fail("--detach needs --state-file (how `verdict serve stop` finds the server)")
+        stop = _Stop()
+        typer.echo(
+            f"starting vLLM ({cfg.device}) with {', '.join(cfg.model_names())}; log: {server.log_path}",
+            err=True,
+        )
+        t0 = time.monotonic()
+        server.start(wait=False)
+        try:
+            server.wait_ready(on_progress=lambda m: typer.echo(m, err=True))
+        except BaseException:
+            server.stop()
+            raise
+        typer.echo(f"vLLM ready after {time.monotonic() - t0:.0f} s at {server.base_url}", err=True)
+        typer.echo(json.dumps(server.state().model_dump()))
+        if detach:
+            state_file.parent.mkdir(parents=True, exist_ok=True)
+            state_file.write_text(server.state().model_dump_json(indent=2))
+            return
+        try:
+            while not stop.requested and server.running:
+                time.sleep(0.5)
+            if not stop.requested:
+                from .vllm_server import log_tail
+
+                fail(
+                    f"vLLM exited unexpectedly; last lines of {server.log_path}:\n{log_tail(server.log_path)}"
+                )
+        finally:
+            server.stop()
+        typer.echo("vLLM stopped", err=True)
+    except VerdictError as e:
+        fail(str(e))
+
+
+@app.command("stop")
+def stop_cmd(
+    state_file: Path = typer.Option(..., help="state file written by `serve vllm --detach`"),
+) -> None:
+    """Stop a vLLM server started with --detach."""
+    from .vllm_server import ServerState, stop_process_group
+
+    try:
+        state = ServerState.model_validate_json(state_file.read_text())
+    except (OSError, ValueError) as e:
+        fail(f"cannot read state file {state_file}: {e}")
+    stop_process_group(state.pid)
+    state_file.unlink(missing_ok=True)
+    typer.echo(f"stopped vLLM (pid {state.pid})", err=True)
+
+
+def _formalizer_url(cfg, override: str | None, vllm_url: str | None = None) -> str:
+    if override:
+        return override
+    api = cfg.require("api")
+    if api.formalizer.base_url:
+        return api.formalizer.base_url
+    if vllm_url:
+        return vllm_url
+    v = cfg.require("vllm")
+    if not v.port:
+        fail(
+            "api.formalizer.base_url is unset and vllm.port is 0 (chosen at start): use `verdict serve up`, "
+            "or pass --formalizer-url"
+        )
+    return f"http://{v.host}:{v.port}/v1"
+
+
+@app.command("api")
+def api_cmd(
+    config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help=SET_HELP),
+    formalizer_url: Optional[str] = typer.Option(None, help="OpenAI-compatible base URL of the students"),
+    ready_file: Optional[Path] = typer.Option(None, help='write {"url": ...} here once listening'),
+) -> None:
+    """Run the matching API (FastAPI) in front of a running student server."""
+    from .api_server import run_api
+
+    try:
+        cfg = _config(config, set_)
+        run_api(
+            cfg.require("api"),
+            _formalizer_url(cfg, formalizer_url),
+            ready_file=str(ready_file) if ready_file else None,
+        )
+    except VerdictError as e:
+        fail(str(e))
+
+
+@app.command("up")
+def up_cmd(
+    config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help=SET_HELP),
+    ready_file: Optional[Path] = typer.Option(
+        None, help='write {"url": ..., "formalizer": ...} once serving'
+    ),
+) -> None:
+    """Start vLLM with the students, then the matching API in front of it; Ctrl-C stops both."""
+    from .api_server import run_api
+    from .vllm_server import VLLMServer
+
+    try:
+        cfg = _config(config, set_)
+        api = cfg.require("api")
+        server = VLLMServer(cfg.require("vllm"))
+        typer.echo(
+            f"starting vLLM with {', '.join(cfg.vllm.model_names())}; log: {server.log_path}", err=True
+        )
+        t0 = time.monotonic()
+        server.start(wait=False)
+        try:
+            server.wait_ready(on_progress=lambda m: typer.echo(m, err=True))
+            typer.echo(f"vLLM ready after {time.monotonic() - t0:.0f} s at {server.base_url}", err=True)
+            run_api(
+                api,
+                _formalizer_url(cfg, None, server.base_url),
+                ready_file=str(ready_file) if ready_file else None,
+                on_ready=lambda url: typer.echo(f"matching API at {url} (docs: {url}/docs)", err=True),
+            )
+        finally:
+            server.stop()
+            typer.echo("vLLM stopped", err=True)
+    except VerdictError as e:
+        fail(str(e))
+
+
+# ---- keys -------------------------------------------------------------------------------------------
+def _key_store(keys_file: Path | None, config: str | None):
+    from .api_keys import KeyStore
+
+    if keys_file is None and config is None:
+        fail("give --keys-file or --config (its api.api_keys)")
+    if keys_file is None:
+        keys_file = Path(_config(config, None).require("api").api_keys)
+    return KeyStore(keys_file)
+
+
+@keys_app.command("add")
+def keys_add(
+    name: str = typer.Option(..., help="who or what uses the key, e.g. 'ehr-integration'"),
+    role: list[str] = typer.Option(..., "--role", help="match | audit | admin (repeatable)"),
+    keys_file: Optional[Path] = typer.Option(None, help="key file (default: the config's api.api_keys)"),
+    config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+) -> None:
+    """Create a key. It is printed once (stdout) and stored only as a hash."""
+    try:
+        store = _key_store(keys_file, config)
+        key, entry = store.add(name, role)
+    except VerdictError as e:
+        fail(str(e))
+    typer.echo(
+        f"key id {entry.id} ({entry.name}, roles {', '.join(entry.roles)}) added to {store.path}", err=True
+    )
+    typer.echo(key)
+
+
+@keys_app.command("list")
+def keys_list(
+    keys_file: Optional[Path] = typer.Option(None),
+    config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+) -> None:
+    """List key ids, names and roles (never the keys)."""
+    try:
+        for k in _key_store(keys_file, config).load().keys:
+            state = "revoked" if k.revoked else "active"
+            typer.echo(f"{k.id}\t{state}\t{','.join(k.roles)}\t{k.name}")
+    except VerdictError as e:
+        fail(str(e))
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: str = typer.Argument(..., help="the key id (second part of vk_<id>_...)"),
+    keys_file: Optional[Path] = typer.Option(None),
+    config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+) -> None:
+    """Revoke a key (takes effect at once, also in a running service)."""
+    try:
+        entry = _key_store(keys_file, config).revoke(key_id)
+    except VerdictError as e:
+        fail(str(e))
+    typer.echo(f"revoked {entry.id} ({entry.name})", err=True)
+
+
+# ---- checks and schema ------------------------------------------------------------------------------
+@app.command("check-adapter")
+def check_adapter_cmd(
+    config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
+    golden: Path = typer.Option(
+        ..., help="golden set: JSONL of chat records ({messages: [...]}, SFT layout)"
+    ),
+    adapter: Optional[list[str]] = typer.Option(None, help="adapter name(s) to check (default: all)"),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help=SET_HELP),
+    base_url: Optional[str] = typer.Option(None, help="a running vLLM server (default: start one)"),
+    limit: Optional[int] = typer.Option(None, help="first N records only"),
+    max_tokens: int = typer.Option(512, help="tokens generated per record"),
+    min_agreement: float = typer.Option(1.0, help="exit 1 if an adapter agrees on fewer records than this"),
+    report: Optional[Path] = typer.Option(None, help="write the full report (JSON) here"),
+) -> None:
+    """Run a golden set through vLLM and through PEFT/transformers (greedy) and report agreement, so
+    an adapter that vLLM serves differently is caught before deployment."""
+    from .adapter_check import AdapterCheckConfig, run_adapter_check
+
+    try:
+        cfg = _config(config, set_).require("vllm")
+        check = AdapterCheckConfig(
+            golden=str(golden),
+            adapters=adapter or None,
+            limit=limit,
+            max_tokens=max_tokens,
+            min_agreement=min_agreement,
+            base_url=base_url,
+        )
+        result = run_adapter_check(cfg, check, progress=lambda m: typer.echo(m, err=True))
+    except VerdictError as e:
+        fail(str(e))
+    for a in result.adapters:
+        flag = "ok" if a.agreement >= min_agreement else "DISAGREES"
+        typer.echo(
+            f"{a.adapter}: {a.agree}/{a.total} records identical ({a.agreement:.1%}), "
+            f"{a.json_equal}/{a.total} same JSON, {a.teacher_match}/{a.total} match the reference  [{flag}]"
+        )
+        for r in a.records:
+            if not r.agree:
+                typer.echo(f"  {r.record_id}: first difference at character {r.first_difference}")
+    if report:
+        report.write_text(result.model_dump_json(indent=2))
+    raise typer.Exit(0 if result.passed else 1)
+
+
+@app.command("openapi")
+def openapi_cmd(out: Optional[Path] = typer.Option(None, help="write here instead of stdout")) -> None:
+    """Print the matching API's OpenAPI schema (no server, no model needed)."""
+    import tempfile
+
+    from .api_config import ApiConfig
+    from .app import create_app
+
+    with tempfile.TemporaryDirectory() as d:
+        cfg = ApiConfig(audit_db=str(Path(d) / "audit.sqlite"), api_keys=str(Path(d) / "keys.json"))
+        text = json.dumps(create_app(cfg, "http://127.0.0.1:1/v1").openapi(), indent=2)
+    if out:
+        out.write_text(text + "\n")
+    else:
+        sys.stdout.write(text + "\n")

@@ -1,0 +1,56 @@
+"""A serve config, `configs/serve/NAME.yaml`: one deployment, with a `vllm` section (the student
+server) and an `api` section (the matching service in front of it). Either may be absent: a site
+that runs vLLM on another host has only `api`, with `api.formalizer.base_url` set.
+
+Loaded with the project's one strict-config loader (`train.config_io`): unknown keys, in the file
+or in `--set a.b=value` overrides, are errors that name the key and suggest the closest one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from verdict_core.configs import find_config
+from verdict_core.errors import VerdictError
+
+from .api_config import ApiConfig
+from .errors import ServeConfigError
+from .vllm_config import VLLMConfig
+
+
+class ServeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = ""
+    description: str = ""
+    vllm: VLLMConfig | None = None
+    api: ApiConfig | None = None
+
+    @model_validator(mode="after")
+    def _api_has_a_formalizer(self):
+        if self.api is not None and self.api.formalizer.base_url is None and self.vllm is None:
+            raise ValueError("api.formalizer.base_url is required when the config has no vllm section")
+        return self
+
+    def require(self, section: str):
+        value = getattr(self, section)
+        if value is None:
+            raise ServeConfigError(f"serve config '{self.name}' has no '{section}' section")
+        return value
+
+
+def load_serve_config(name_or_path: str | Path, overrides: list[str] | None = None) -> ServeConfig:
+    """configs/serve/NAME.yaml (or a path), with `a.b=value` overrides applied."""
+    from train import config_io
+
+    try:
+        path = find_config("serve", name_or_path)
+        data = config_io.read_yaml(path)
+        data.setdefault("name", path.stem)
+        return config_io.build(ServeConfig, data, overrides, where=f"serve config {path.name}")
+    except ServeConfigError:
+        raise
+    except VerdictError as e:
+        raise ServeConfigError(e.summary, e.problems) from None

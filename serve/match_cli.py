@@ -1,0 +1,164 @@
+"""`verdict match ...`: site-wide screening from JSONL as a SLURM job array.
+
+    verdict match batch --config SERVE --patients P.jsonl --trials T.jsonl --shards 8 --out runs/match/x \\
+        --slurm configs/slurm/default.yaml --submit --wait
+    verdict match status --out runs/match/x
+    verdict match worker --out runs/match/x --shard 3        (what each array task runs)
+    verdict match merge --out runs/match/x                   (what the merge job runs)
+
+Keep module-level imports light: heavy stacks load inside commands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from verdict_core.errors import VerdictError
+
+app = typer.Typer(help="batch matching (site-wide screening as SLURM arrays)", no_args_is_help=True)
+
+
+def fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _say(msg: str) -> None:
+    typer.echo(msg, err=True)
+
+
+@app.command("batch")
+def batch_cmd(
+    config: str = typer.Option(..., "--config", "-c", help="serve config (its vllm and api sections)"),
+    patients: Path = typer.Option(..., help="patients JSONL ({_id, text})"),
+    trials: Path = typer.Option(..., help="trials JSONL (benchmark layout) or ClinicalTrials.gov study JSON"),
+    out: Path = typer.Option(..., help="batch folder (plan, shard results, merged results)"),
+    pairs: Optional[Path] = typer.Option(
+        None, help="pairs JSONL ({patient_id, nct_id}); default: every pair"
+    ),
+    policy: str = typer.Option("prescreen", help="policy name"),
+    shards: int = typer.Option(1, min=1, help="array tasks: one vLLM + worker per GPU job"),
+    slurm: str = typer.Option("default", help="slurm config (configs/slurm/NAME.yaml or a path)"),
+    name: Optional[str] = typer.Option(None, help="batch name (job names); default: the folder name"),
+    set_: Optional[list[str]] = typer.Option(
+        None, "--set", help="serve config override, e.g. vllm.dtype=float32"
+    ),
+    slurm_set: Optional[list[str]] = typer.Option(None, help="slurm config override"),
+    submit: bool = typer.Option(True, help="submit the array and the merge job (else: only render them)"),
+    wait: bool = typer.Option(False, help="wait for the jobs, showing progress, then print the summary"),
+    timeout: float = typer.Option(24 * 3600, help="with --wait: give up after this many seconds"),
+) -> None:
+    """Plan a batch, render its SLURM array (+ merge job) and submit it. Rerunning the same command on
+    the same folder resumes: finished pairs are never matched again."""
+    from .match_batch import merge_results, plan_batch, render_batch_jobs
+
+    try:
+        plan = plan_batch(
+            out,
+            name=name or out.resolve().name,
+            serve_config=config,
+            patients=patients,
+            trials=trials,
+            pairs=pairs,
+            policy=policy,
+            shards=shards,
+            overrides=set_ or [],
+        )
+        _say(
+            f"batch '{plan.name}': {plan.counts['pairs']} pairs ({plan.counts['patients']} patients x "
+            f"{plan.counts['trials']} trials) in {plan.shards} shard(s) -> {out}"
+        )
+        scripts = render_batch_jobs(out, slurm, slurm_set or [])
+        for p in scripts.values():
+            _say(f"rendered {p}")
+        if not submit:
+            return
+        from slurm.submit import sbatch, slurm_env, wait_for
+
+        env = slurm_env()
+        log_dir = _log_dir(scripts["match"])
+        if log_dir:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+        array = sbatch(scripts["match"], env=env)
+        # afterany: merge what finished even if a task failed (its pairs are reported missing)
+        merge = sbatch(scripts["match-merge"], dependency=f"afterany:{array}", env=env)
+        typer.echo(json.dumps({"array": array, "merge": merge}))
+        if not wait:
+            return
+        states = wait_for(
+            [array, merge],
+            timeout=timeout,
+            env=env,
+            on_change=lambda s: _say(f"jobs: {s}; " + _progress_line(out)),
+        )
+        summary = merge_results(out)
+        typer.echo(json.dumps({"jobs": states, "summary": summary}, indent=2))
+        if any(s != "COMPLETED" for s in states.values()) or summary["missing"]:
+            raise typer.Exit(1)
+    except VerdictError as e:
+        fail(str(e))
+
+
+def _log_dir(script: Path) -> str | None:
+    for line in script.read_text().splitlines():
+        if line.startswith("#SBATCH --output="):
+            return str(Path(line.split("=", 1)[1]).parent)
+    return None
+
+
+def _progress_line(out: Path) -> str:
+    from .match_batch import load_plan, read_results, result_path
+
+    plan = load_plan(out)
+    done = sum(len(read_results(result_path(out, i))) for i in range(plan.shards))
+    return f"{done}/{plan.counts.get('pairs', '?')} pairs done"
+
+
+@app.command("worker")
+def worker_cmd(
+    out: Path = typer.Option(..., help="batch folder"),
+    shard: int = typer.Option(..., help="shard index (SLURM_ARRAY_TASK_ID)"),
+    formalizer_url: Optional[str] = typer.Option(
+        None, help="use this running server instead of starting vLLM"
+    ),
+) -> None:
+    """Match one shard's pairs (only those without a result yet)."""
+    from .match_batch import run_shard
+
+    try:
+        counts = asyncio.run(run_shard(out, shard, formalizer_url=formalizer_url, progress=_say))
+    except VerdictError as e:
+        fail(str(e))
+    typer.echo(json.dumps(counts))
+
+
+@app.command("merge")
+def merge_cmd(out: Path = typer.Option(..., help="batch folder")) -> None:
+    """Merge the shards' results into out/results.jsonl (deduplicated) and out/summary.json."""
+    from .match_batch import merge_results
+
+    try:
+        typer.echo(json.dumps(merge_results(out), indent=2))
+    except VerdictError as e:
+        fail(str(e))
+
+
+@app.command("status")
+def status_cmd(out: Path = typer.Option(..., help="batch folder")) -> None:
+    """Pairs done per shard."""
+    from .match_batch import _load_inputs, load_plan, read_results, result_path, shard_of
+
+    try:
+        plan = load_plan(out)
+        _, _, pairs = _load_inputs(plan)
+    except VerdictError as e:
+        fail(str(e))
+    for i in range(plan.shards):
+        total = sum(1 for _, t in pairs if shard_of(t, plan.shards) == i)
+        done = len({(r.patient_id, r.trial_id) for r in read_results(result_path(out, i))})
+        typer.echo(f"shard {i}: {done}/{total}")

@@ -1,0 +1,67 @@
+"""Prometheus metrics of the matching service: one registry per app (tests run several apps in one
+process). Labels are route templates, stage names, status codes and outcome words only: never ids
+or text from a request, so neither patient text nor unbounded label sets can reach a scrape.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+STAGES = ("parse", "miner_inclusion", "miner_exclusion", "resolve", "solve", "render", "audit")
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class ServiceMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "verdict_requests",
+            "HTTP requests by route template, method and status",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "verdict_request_seconds",
+            "HTTP request latency by route template",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.stage_seconds = Histogram(
+            "verdict_stage_seconds",
+            "latency of one pipeline stage",
+            ["stage"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "verdict_formalizer_tokens", "tokens used by formalizer calls", ["stage", "kind"], registry=r
+        )
+        self.trial_cache = Counter(
+            "verdict_trial_cache", "trial program lookups by parse-cache result", ["result"], registry=r
+        )
+        self.errors = Counter("verdict_errors", "failed requests by error code", ["code"], registry=r)
+        self.decisions = Counter("verdict_decisions", "decisions made", ["decision"], registry=r)
+        self.repairs = Counter(
+            "verdict_formalizer_repairs",
+            "formalizer outputs that needed the repair attempt",
+            ["stage", "outcome"],
+            registry=r,
+        )
+        self.in_flight = Gauge("verdict_matches_in_flight", "matches being computed now", registry=r)
+
+    def observe_stage(self, stage: str, seconds: float) -> None:
+        self.stage_seconds.labels(stage).observe(seconds)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

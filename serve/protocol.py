@@ -1,0 +1,214 @@
+"""Request and response models of the matching API (the OpenAPI schema is generated from these).
+
+Strict (`extra="forbid"`), with limits on every text field, so that a malformed request is a 422
+naming each invalid field, never a 500. Patient notes come in `PatientInput.note` only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from verdict_core.decision import Decision
+from verdict_core.patient import PolicyRef, ResolvedPatient
+from verdict_core.program import Id, TrialProgram
+
+# Policy *names* only: a path would let a caller read files of the server.
+POLICY_NAME = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$"
+MAX_NOTE_CHARS = 100_000
+MAX_CRITERIA_CHARS = 60_000
+MAX_BATCH_PATIENTS = 1000
+MAX_BATCH_TRIALS = 200
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---- errors -------------------------------------------------------------------------------------
+class Problem(BaseModel):
+    field: str = Field(description="where, e.g. 'patient.note' or 'program.cohorts.0.inclusion.1.formula'")
+    message: str
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="machine-readable code, e.g. invalid_request, formalizer_unavailable")
+    message: str
+    problems: list[Problem] = Field(default_factory=list)
+
+
+# ---- trials -------------------------------------------------------------------------------------
+class TrialText(_Strict):
+    """Eligibility criteria as text: one `criteria` block, or `inclusion` and/or `exclusion`."""
+
+    trial_id: Id | None = Field(None, description="e.g. an NCT id; default: derived from the text")
+    title: str = Field("", max_length=1000)
+    criteria: str | None = Field(None, min_length=1, max_length=MAX_CRITERIA_CHARS)
+    inclusion: str | None = Field(None, min_length=1, max_length=MAX_CRITERIA_CHARS)
+    exclusion: str | None = Field(None, min_length=1, max_length=MAX_CRITERIA_CHARS)
+
+    @model_validator(mode="after")
+    def _some_text(self):
+        if self.criteria is None and self.inclusion is None and self.exclusion is None:
+            raise ValueError("give `criteria`, or `inclusion` and/or `exclusion`")
+        if self.criteria is not None and (self.inclusion is not None or self.exclusion is not None):
+            raise ValueError("give either `criteria` or `inclusion`/`exclusion`, not both")
+        return self
+
+
+class TrialRequest(_Strict):
+    """Exactly one of: criteria text, a ClinicalTrials.gov study record, a reviewed program."""
+
+    text: TrialText | None = None
+    ctgov_study: dict[str, Any] | None = Field(
+        None, description="a ClinicalTrials.gov study record (API v2 JSON, or the classic API's layout)"
+    )
+    # A plain object here, checked by the core's TrialProgram model in the service (422s name
+    # `program.<path>`): its recursive formula schema is documented by `verdict schema program`, and
+    # inlined in the request schema it makes generated clients and API fuzzers crawl.
+    program: dict[str, Any] | None = Field(
+        None,
+        description="a reviewed trial program (admin role), format verdict.trial_program/v1: see "
+        "`verdict schema program`",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        given = [k for k in ("text", "ctgov_study", "program") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of `text`, `ctgov_study`, `program` (got {given or 'none'})")
+        return self
+
+
+class TrialResponse(BaseModel):
+    trial_id: str
+    program_hash: str
+    origin: Literal["parser", "upload"]
+    cached: bool = Field(description="true when the program came from the parse cache (no model call)")
+    parser_model: str | None = None
+    prompt_version: str | None = None
+    created_at: float
+    program: TrialProgram
+
+
+# ---- matching -----------------------------------------------------------------------------------
+class PatientInput(_Strict):
+    patient_id: Id
+    note: str = Field(min_length=1, max_length=MAX_NOTE_CHARS, description="the patient note (stays on site)")
+
+
+class MatchRequest(_Strict):
+    trial_id: Id | None = Field(None, description="a trial registered with POST /v1/trials")
+    program_hash: str | None = Field(
+        None,
+        pattern=r"^sha256:[0-9a-f]{64}$",
+        description="pin a version of `trial_id` (default: the newest)",
+    )
+    trial: TrialText | None = Field(
+        None, description="or the criteria text inline (parsed once, then cached)"
+    )
+    patient: PatientInput
+    policy: str | None = Field(None, pattern=POLICY_NAME, description="policy name; default from the config")
+
+    @model_validator(mode="after")
+    def _one_trial(self):
+        if (self.trial_id is None) == (self.trial is None):
+            raise ValueError("give exactly one of `trial_id` and `trial`")
+        if self.program_hash is not None and self.trial_id is None:
+            raise ValueError("`program_hash` pins a version of `trial_id`")
+        return self
+
+
+class ModelIds(BaseModel):
+    parser: str | None = Field(
+        description="parser adapter that wrote the program; null for an uploaded program"
+    )
+    value_miner: str
+    base_model: str | None = Field(description="the adapters' base model as the server lists it")
+    endpoint: str = Field(description="formalizer server (scheme://host:port)")
+    prompts: dict[str, str] = Field(description="prompt template version per stage")
+
+
+class Links(BaseModel):
+    decision: str
+    page: str
+
+
+class MatchResponse(BaseModel):
+    decision_id: str
+    trial_id: str
+    program_hash: str
+    patient_id: str
+    policy: PolicyRef
+    decision: Decision
+    patient: ResolvedPatient = Field(description="resolved values with evidence quotes and imputations")
+    rationale: dict[str, Any] = Field(description="structured rationale (criteria, to confirm, would change)")
+    rationale_markdown: str
+    models: ModelIds
+    timings_ms: dict[str, float]
+    trial_cached: bool
+    links: Links
+
+
+class BatchRequest(_Strict):
+    """Every patient against every trial (registered trial ids)."""
+
+    patients: list[PatientInput] = Field(min_length=1, max_length=MAX_BATCH_PATIENTS)
+    trial_ids: list[Id] = Field(min_length=1, max_length=MAX_BATCH_TRIALS)
+    policy: str | None = Field(None, pattern=POLICY_NAME)
+
+    @model_validator(mode="after")
+    def _unique(self):
+        pids = [p.patient_id for p in self.patients]
+        dup = sorted({p for p in pids if pids.count(p) > 1})
+        if dup:
+            raise ValueError(f"duplicate patient_id(s): {', '.join(dup[:10])}")
+        return self
+
+
+class BatchLine(BaseModel):
+    """One line of the NDJSON stream of /v1/match/batch, in completion order."""
+
+    index: int = Field(description="position in patients x trial_ids (row-major)")
+    patient_id: str
+    trial_id: str
+    status: int = Field(description="the HTTP status this pair would have had alone")
+    result: MatchResponse | None = None
+    error: ErrorBody | None = None
+
+
+# ---- audit --------------------------------------------------------------------------------------
+class DecisionRecord(BaseModel):
+    decision_id: str
+    created_at: float
+    created_by: str = Field(description="API key id of the caller")
+    trial_id: str
+    program_hash: str
+    patient_id: str
+    note_sha256: str
+    patient_hash: str
+    policy: PolicyRef
+    engine_version: str
+    decision: str
+    models: dict[str, Any]
+    timings_ms: dict[str, float]
+    artifacts: dict[str, Any] = Field(
+        description="decision, resolved patient, value-miner outputs, rationale"
+    )
+    note_stored: bool
+
+
+# ---- health -------------------------------------------------------------------------------------
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class Readiness(BaseModel):
+    ready: bool
+    formalizer: str = Field(description="formalizer server (scheme://host:port)")
+    models: list[str] = Field(default_factory=list, description="models the formalizer server lists")
+    missing: list[str] = Field(
+        default_factory=list, description="adapters the service needs but the server lacks"
+    )
+    reason: str | None = None

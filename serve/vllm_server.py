@@ -1,0 +1,283 @@
+"""Start, watch and stop vLLM's OpenAI-compatible server for the students.
+
+The server runs in its own environment (its pins clash with the training stack), as a child
+process in its own process group, so stopping it also stops the engine processes it spawns.
+`start()` returns once `/v1/models` lists the base model and every adapter; if the process dies
+first, the error carries the tail of its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from .errors import VLLMServerError
+from .vllm_config import VLLMConfig
+
+LOG_TAIL_LINES = 40
+
+
+class ServerState(BaseModel):
+    """What a detached server leaves behind so that `verdict serve stop` can find it."""
+
+    pid: int
+    base_url: str
+    models: list[str]
+    log_file: str
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class VLLMServer:
+    """One vLLM server process. Use as a context manager, or start()/stop()."""
+
+    def __init__(self, config: VLLMConfig):
+        self.config = config
+        self.port = config.port or free_port(config.host)
+        self.log_path = (
+            Path(config.log_file)
+            if config.log_file
+            else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
+        )
+        self.process: subprocess.Popen | None = None
+
+    # -- what is run -----------------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+        return f"http://{host}:{self.port}/v1"
+
+    def command(self) -> list[str]:
+        c = self.config
+        python = c.interpreter()
+        cmd = [
+            str(python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(Path(c.model).resolve()),
+            "--served-model-name",
+            c.served_model_name,
+            "--host",
+            c.host,
+            "--port",
+            str(self.port),
+            "--max-model-len",
+            str(c.max_model_len),
+            "--dtype",
+            c.dtype,
+            "--seed",
+            str(c.seed),
+            "--structured-outputs-config",
+            json.dumps(c.structured_outputs.model_dump()),
+        ]
+        if c.max_num_seqs:
+            cmd += ["--max-num-seqs", str(c.max_num_seqs)]
+        if c.adapters:
+            # All adapters fit in one batch: parser and miner requests interleave under load.
+            cmd += [
+                "--enable-lora",
+                "--max-lora-rank",
+                str(c.lora_rank()),
+                "--max-loras",
+                str(len(c.adapters)),
+                "--lora-modules",
+                *(f"{name}={Path(p).resolve()}" for name, p in c.adapters.items()),
+            ]
+        if c.device == "cpu":
+            cmd += ["--enforce-eager"]  # no CUDA graphs on CPU
+        else:
+            cmd += [
+                "--gpu-memory-utilization",
+                str(c.gpu_memory_utilization),
+                "--tensor-parallel-size",
+                str(c.tensor_parallel_size),
+            ]
+        return cmd + list(c.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            {
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        # The project's venv must not leak into vLLM's (different transformers pin).
+        for var in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"):
+            env.pop(var, None)
+        if self.config.device == "cpu":
+            env["VLLM_TARGET_DEVICE"] = "cpu"
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.config.cpu_kvcache_space_gib)
+        return env
+
+    def check_paths(self) -> None:
+        c = self.config
+        python = c.interpreter()
+        if not python.exists():
+            raise VLLMServerError(
+                f"vLLM interpreter {python} not found: run scripts/setup.sh (creates .venv-vllm), or set "
+                "`python:` in the serve config or $VERDICT_VLLM_PYTHON"
+            )
+        if not (Path(c.model) / "config.json").is_file():
+            raise VLLMServerError(f"base model folder {c.model} has no config.json")
+        c.lora_rank()  # adapter folders exist and name a rank
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self, wait: bool = True) -> "VLLMServer":
+        if self.process is not None:
+            raise VLLMServerError("server already started")
+        self.check_paths()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        try:
+            self.process = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.environment(),
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        if wait:
+            try:
+                self.wait_ready()
+            except BaseException:
+                self.stop()
+                raise
+        return self
+
+    def models(self, timeout: float = 2.0) -> list[str] | None:
+        """Model ids `/v1/models` lists, or None when the server does not answer."""
+        try:
+            with urllib.request.urlopen(self.base_url + "/models", timeout=timeout) as r:
+                return [m["id"] for m in json.load(r)["data"]]
+        except (urllib.error.URLError, OSError, ValueError, KeyError):
+            return None
+
+    def wait_ready(self, timeout_s: float | None = None, on_progress=None) -> None:
+        deadline = time.monotonic() + (timeout_s or self.config.ready_timeout_s)
+        wanted = set(self.config.model_names())
+        start = time.monotonic()
+        last_note = start
+        while True:
+            rc = self.process.poll() if self.process else None
+            if rc is not None:
+                raise VLLMServerError(
+                    f"vLLM exited with code {rc} before it was ready; last lines of {self.log_path}:\n"
+                    + log_tail(self.log_path)
+                )
+            listed = self.models()
+            if listed is not None:
+                missing = wanted - set(listed)
+                if not missing:
+                    return
+                raise VLLMServerError(f"vLLM is up but does not list {sorted(missing)} (lists {listed})")
+            if time.monotonic() > deadline:
+                raise VLLMServerError(
+                    f"vLLM not ready after {time.monotonic() - start:.0f} s; last lines of {self.log_path}:\n"
+                    + log_tail(self.log_path)
+                )
+            if on_progress and time.monotonic() - last_note >= 10:
+                last_note = time.monotonic()
+                on_progress(f"waiting for vLLM ({last_note - start:.0f} s)")
+            time.sleep(0.5)
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM the whole process group, SIGKILL what is left after ``timeout_s``."""
+        if self.process is None:
+            return None
+        rc = stop_process_group(self.process.pid, timeout_s, popen=self.process)
+        self.process = None
+        return rc
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def state(self) -> ServerState:
+        assert self.process is not None
+        return ServerState(
+            pid=self.process.pid,
+            base_url=self.base_url,
+            models=self.config.model_names(),
+            log_file=str(self.log_path),
+        )
+
+    def __enter__(self) -> "VLLMServer":
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def stop_process_group(
+    pid: int, timeout_s: float = 30.0, popen: subprocess.Popen | None = None
+) -> int | None:
+    """Stop the process group led by ``pid`` (a server started with start_new_session): SIGTERM,
+    wait until every member is gone (engine processes shut down after the API server), SIGKILL
+    what is left after ``timeout_s``."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and _group_alive(pid, popen):
+        time.sleep(0.2)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    if popen is not None:
+        try:
+            return popen.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            return None
+    return None
+
+
+def _group_alive(pgid: int, popen: subprocess.Popen | None) -> bool:
+    if popen is not None:
+        popen.poll()  # reap the leader, or it stays a zombie member of the group
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # Only zombies left (children of someone else that has not reaped them yet) count as gone.
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False

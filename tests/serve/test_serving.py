@@ -1,0 +1,296 @@
+"""Serving behaviour that needs a formalizer answering on cue: the project's scripted
+OpenAI-compatible server (data_gen/scripted_server.py, real HTTP) stands in for the students where a
+test needs a chosen output, a delay or a failure. The happy path with the real vLLM students is in
+test_app.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from data_gen.scripted_server import Script, ScriptedServer
+from tests.serve.conftest import start_service
+from tests.support import need
+
+CHROMIUM = Path("/usr/bin/chromium")
+PROGRAM = {  # what the scripted parser answers for any criteria
+    "atoms": [
+        {
+            "name": "age_years",
+            "domain": "int",
+            "kind": "demographic",
+            "unit": "years",
+            "definition": "Age in years.",
+        },
+        {"name": "has_chest_pain", "domain": "bool", "kind": "diagnosis", "definition": "Has chest pain."},
+    ],
+    "cohorts": [
+        {
+            "id": "main",
+            "inclusion": [
+                {
+                    "id": "inc1",
+                    "text": "Adults",
+                    "formula": {"op": "cmp", "lhs": "age_years", "rel": "ge", "rhs": 18},
+                }
+            ],
+            "exclusion": [{"id": "exc1", "text": "Chest pain", "formula": "has_chest_pain"}],
+        }
+    ],
+}
+XSS_NOTE = (
+    "40 years old. <script>document.title='pwned'</script> Reports <b>chest pain</b> & "
+    "<img src=x onerror=alert(1)>."
+)
+INC_ATOMS = '"name": "age_years"'
+EXC_ATOMS = '"name": "has_chest_pain"'
+
+
+def values(*items) -> dict:
+    return {"content": {"values": [{"atom": a, "value": v, "evidence": e} for a, v, e in items]}}
+
+
+SCRIPT = {
+    "rules": [
+        # the markup note: evidence quotes that are markup themselves
+        {
+            "match": {"contains": ["<script>", INC_ATOMS]},
+            "responses": [values(("age_years", 40, "40 years old"))],
+        },
+        {
+            "match": {"contains": ["<script>", EXC_ATOMS]},
+            "responses": [values(("has_chest_pain", True, "<b>chest pain</b>"))],
+        },
+        # a hard program for the solver: w observed, the rest open
+        {
+            "match": {"contains": ["w is zero", '"name": "w"']},
+            "responses": [values(("w", 0, "w is zero"), ("x", None, ""), ("y", None, ""), ("z", None, ""))],
+        },
+        # the first answer quotes nothing from the note ("fifty"); the repair (which carries that
+        # answer back) gets it right
+        {
+            "match": {"contains": ["needs a repair", INC_ATOMS, "fifty"]},
+            "responses": [values(("age_years", 50, "50 years"))],
+        },
+        {
+            "match": {"contains": ["needs a repair", INC_ATOMS]},
+            "responses": [values(("age_years", 50, "fifty"))],
+        },
+        {
+            "match": {"contains": ["never right", INC_ATOMS]},
+            "responses": [values(("age_years", 50, "never right, at 50 years of age with a long quote"))],
+        },
+        {"match": {"contains": ["Patient note"]}, "responses": [{"auto": "nulls", "latency_s": 0.3}]},
+    ],
+    "default": {"content": PROGRAM, "latency_s": 0.5},
+}
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    srv = ScriptedServer(Script.model_validate(SCRIPT)).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory, scripted):
+    s = start_service(
+        tmp_path_factory.mktemp("scripted-service"),
+        scripted.url,
+        {
+            "formalizer": {"parser_model": "scripted", "value_miner_model": "scripted"},
+            "solver_timeout_ms": 300,
+            "limits": {"batch_concurrency": 2, "max_batch_pairs": 12},
+        },
+    )
+    yield s
+    s.stop()
+
+
+def register(c, criteria: str, trial_id: str = "T-SCRIPTED") -> dict:
+    r = c.post("/v1/trials", json={"text": {"trial_id": trial_id, "criteria": criteria}})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def parser_calls(srv: ScriptedServer) -> int:
+    return sum(1 for r in srv.requests if "Patient note" not in json.dumps(r.body))
+
+
+def test_concurrent_requests_for_a_new_trial_parse_it_once(svc, scripted):
+    before = parser_calls(scripted)
+    results, errors = [], []
+
+    def post():
+        with svc.client() as c:
+            try:
+                results.append(register(c, "Adults without chest pain. (single-flight test)", "T-ONCE"))
+            except AssertionError as e:
+                errors.append(e)
+
+    threads = [threading.Thread(target=post) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 8
+    assert parser_calls(scripted) - before == 1  # one model call for eight requests
+    assert sum(not r["cached"] for r in results) == 1 and len({r["program_hash"] for r in results}) == 1
+
+
+def test_solver_timeout_gives_undetermined_with_the_reason(svc):
+    cube = lambda v: {"op": "mul", "args": [v, v, v]}  # noqa: E731
+    program = {
+        "trial_id": "T-HARD",
+        "atoms": [
+            {"name": n, "domain": "int", "kind": "other", "definition": f"Quantity {n}."} for n in "wxyz"
+        ],
+        "cohorts": [
+            {
+                "id": "main",
+                "inclusion": [
+                    {
+                        "id": "inc1",
+                        "text": "x^3 + y^3 = z^3 + w",
+                        "formula": {
+                            "op": "cmp",
+                            "lhs": {"op": "add", "args": [cube("x"), cube("y")]},
+                            "rel": "eq",
+                            "rhs": {"op": "add", "args": [cube("z"), "w"]},
+                        },
+                    },
+                    *[
+                        {
+                            "id": f"pos_{v}",
+                            "text": f"{v} >= 1",
+                            "formula": {"op": "cmp", "lhs": v, "rel": "ge", "rhs": 1},
+                        }
+                        for v in "xyz"
+                    ],
+                ],
+            }
+        ],
+    }
+    with svc.client("admin") as admin:
+        assert admin.post("/v1/trials", json={"program": program}).status_code == 200
+        r = admin.post(
+            "/v1/match", json={"trial_id": "T-HARD", "patient": {"patient_id": "P-W", "note": "w is zero."}}
+        )
+    assert r.status_code == 200, r.text
+    d = r.json()["decision"]
+    assert d["decision"] == "undetermined" and "solver limit" in d["reason"] and "300 ms" in d["reason"]
+    assert "Reason: solver limit" in r.json()["rationale_markdown"]
+
+
+def test_one_repair_then_accepted_or_502(svc):
+    with svc.client() as c, svc.client("audit") as a:
+        register(c, "Adults. (repair test)", "T-REPAIR")
+        ok = c.post(
+            "/v1/match",
+            json={
+                "trial_id": "T-REPAIR",
+                "patient": {"patient_id": "P-R", "note": "needs a repair: 50 years"},
+            },
+        )
+        assert ok.status_code == 200 and ok.json()["patient"]["resolutions"][0]["value"] == 50
+        bad = c.post(
+            "/v1/match",
+            json={
+                "trial_id": "T-REPAIR",
+                "patient": {"patient_id": "P-N", "note": "never right, at 50 years of age"},
+            },
+        )
+        assert bad.status_code == 502 and bad.json()["error"] == "formalizer_output_invalid"
+        probs = bad.json()["problems"]
+        assert probs and {p["field"] for p in probs} == {"miner_inclusion"}
+        assert "never right" not in bad.text  # the note is not quoted back
+        metrics = a.get("/metrics").text
+    assert 'verdict_formalizer_repairs_total{outcome="accepted",stage="miner_inclusion"} 1.0' in metrics
+    assert 'verdict_formalizer_repairs_total{outcome="rejected",stage="miner_inclusion"} 1.0' in metrics
+
+
+def test_batch_streams_with_bounded_concurrency(svc, scripted):
+    with svc.client() as c:
+        register(c, "Adults. (batch test)", "T-BATCH")
+        patients = [{"patient_id": f"B{i}", "note": f"Patient {i}, no findings."} for i in range(6)]
+        scripted.reset()
+        t0, arrivals = time.monotonic(), []
+        with c.stream("POST", "/v1/match/batch", json={"patients": patients, "trial_ids": ["T-BATCH"]}) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line:
+                    arrivals.append(time.monotonic() - t0)
+                    assert json.loads(line)["status"] == 200
+        assert len(arrivals) == 6
+        # two pairs at a time, each with its two value-miner passes in parallel
+        assert 2 <= scripted.peak_in_flight <= 4
+        assert arrivals[-1] - arrivals[0] > 0.4  # results came as they finished, not all at the end
+        r = c.post(
+            "/v1/match/batch", json={"patients": patients, "trial_ids": ["T-BATCH", "T-ONCE", "T-REPAIR"]}
+        )
+        assert r.status_code == 422 and "limit is 12" in r.text  # 6 x 3 pairs over the configured limit
+        dup = c.post("/v1/match/batch", json={"patients": patients[:1] * 2, "trial_ids": ["T-BATCH"]})
+        assert dup.status_code == 422 and "duplicate patient_id" in dup.text
+
+
+def test_clinicaltrials_gov_study_json(svc):
+    study = {
+        "protocolSection": {
+            "identificationModule": {"nctId": "NCT09999999", "briefTitle": "A study"},
+            "eligibilityModule": {
+                "eligibilityCriteria": "Inclusion Criteria:\n* Adults\nExclusion Criteria:\n* Pain"
+            },
+        }
+    }
+    with svc.client() as c:
+        r = c.post("/v1/trials", json={"ctgov_study": study})
+    assert r.status_code == 200, r.text
+    assert r.json()["trial_id"] == "NCT09999999" and r.json()["program"]["title"] == "A study"
+
+
+def test_markup_in_a_note_stays_text_in_a_real_browser(svc):
+    need(CHROMIUM.exists(), "Chromium missing: apt-get install -y chromium")
+    playwright = pytest.importorskip("playwright.sync_api")
+    with svc.client() as c:
+        register(c, "Adults without chest pain. (page test)", "T-PAGE")
+        m = c.post(
+            "/v1/match", json={"trial_id": "T-PAGE", "patient": {"patient_id": "P-X", "note": XSS_NOTE}}
+        )
+    assert m.status_code == 200, m.text
+    assert m.json()["decision"]["decision"] == "ineligible"
+    with playwright.sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        try:
+            page = browser.new_context(extra_http_headers={"X-API-Key": svc.keys["audit"]}).new_page()
+            dialogs = []
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+            assert page.goto(svc.url + m.json()["links"]["page"]).status == 200
+            page.wait_for_timeout(300)
+            assert "pwned" not in page.title() and not dialogs
+            assert page.locator("#note script, #note img, #note b").count() == 0
+            assert page.locator("#note").inner_text().strip() == XSS_NOTE
+            assert [
+                page.locator("mark").nth(i).inner_text() for i in range(page.locator("mark").count())
+            ] == ["40 years old", "<b>chest pain</b>"]
+            assert page.locator("#decision").inner_text().lower() == "ineligible"
+            assert "chest pain" in page.locator("#change").inner_text().lower()
+        finally:
+            browser.close()

@@ -1,0 +1,200 @@
+"""VLLMServer: the command it runs, readiness, failing fast with the log, stopping the whole group.
+
+Lifecycle logic is exercised with small stand-in executables (real processes, real HTTP) so that it
+is fast and deterministic; the real CPU vLLM is started by `test_real_vllm_*` and the session fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from serve.errors import VLLMServerError
+from serve.vllm_config import VLLMConfig
+from serve.vllm_server import VLLMServer, _group_alive
+from tests.fixtures.vllm import vllm_available, vllm_python
+from tests.serve.test_vllm_config import write_adapter
+from tests.support import REPO, need
+
+
+def tiny_model_folder(tmp_path: Path) -> Path:
+    m = tmp_path / "model"
+    m.mkdir()
+    (m / "config.json").write_text("{}")
+    return m
+
+
+def executable(path: Path, body: str) -> Path:
+    path.write_text(body)
+    path.chmod(0o755)
+    return path
+
+
+def test_command_serves_base_and_adapters_with_structured_outputs(tmp_path):
+    a = write_adapter(tmp_path / "parser", 16)
+    b = write_adapter(tmp_path / "miner", 32)
+    cfg = VLLMConfig(
+        model=str(tmp_path / "m"),
+        adapters={"parser": str(a), "value_miner": str(b)},
+        port=8123,
+        max_model_len=1024,
+        python="/venv/bin/python",
+    )
+    cmd = VLLMServer(cfg).command()
+    assert cmd[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    args = " ".join(cmd)
+    assert f"--model {tmp_path / 'm'}" in args and "--served-model-name base" in args
+    assert "--port 8123" in args and "--max-model-len 1024" in args
+    assert "--enable-lora --max-lora-rank 32 --max-loras 2" in args
+    i = cmd.index("--lora-modules")
+    assert cmd[i + 1 : i + 3] == [f"parser={a}", f"value_miner={b}"]
+    so = json.loads(cmd[cmd.index("--structured-outputs-config") + 1])
+    assert so == {"backend": "xgrammar", "disable_any_whitespace": True}
+    assert "--enforce-eager" in cmd and "--gpu-memory-utilization" not in cmd
+    env = VLLMServer(cfg).environment()
+    assert env["VLLM_TARGET_DEVICE"] == "cpu" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert env["HF_HUB_OFFLINE"] == "1" and "PYTHONPATH" not in env
+
+    gpu = VLLMServer(cfg.model_copy(update={"device": "gpu", "adapters": {}, "tensor_parallel_size": 2}))
+    gcmd = gpu.command()
+    assert "--enforce-eager" not in gcmd and "--enable-lora" not in gcmd
+    assert gcmd[gcmd.index("--tensor-parallel-size") + 1] == "2"
+    assert "VLLM_TARGET_DEVICE" not in gpu.environment() or os.environ.get("VLLM_TARGET_DEVICE")
+
+
+def test_free_port_when_port_is_zero(tmp_path):
+    s = VLLMServer(VLLMConfig(model="m"))
+    assert s.port > 0 and s.base_url == f"http://127.0.0.1:{s.port}/v1"
+
+
+def test_a_process_that_dies_fails_fast_with_its_log(tmp_path):
+    py = executable(
+        tmp_path / "python",
+        "#!/bin/sh\necho 'loading model'\necho 'RuntimeError: boom in engine' >&2\nexit 3\n",
+    )
+    cfg = VLLMConfig(
+        model=str(tiny_model_folder(tmp_path)),
+        python=str(py),
+        log_file=str(tmp_path / "v.log"),
+        ready_timeout_s=60,
+    )
+    t0 = time.monotonic()
+    with pytest.raises(VLLMServerError) as e:
+        VLLMServer(cfg).start()
+    assert time.monotonic() - t0 < 10
+    assert "exited with code 3" in str(e.value) and "boom in engine" in str(e.value)
+
+
+def test_not_ready_in_time_stops_the_whole_group(tmp_path):
+    # The "server" forks a child that would outlive a plain kill of the leader.
+    py = executable(
+        tmp_path / "python", '#!/bin/sh\nsleep 300 &\necho $! > "$(dirname $0)/child.pid"\nsleep 300\n'
+    )
+    cfg = VLLMConfig(model=str(tiny_model_folder(tmp_path)), python=str(py), ready_timeout_s=1.5)
+    server = VLLMServer(cfg)
+    with pytest.raises(VLLMServerError, match="not ready after"):
+        server.start()
+    child = int((tmp_path / "child.pid").read_text())
+    assert (
+        not Path(f"/proc/{child}").exists()
+        or "Z" in Path(f"/proc/{child}/stat").read_text().split(")")[1][:3]
+    )
+    assert server.process is None
+
+
+STANDIN = """#!{python}
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1])
+names = [args[args.index("--served-model-name") + 1]]
+if "--lora-modules" in args:
+    names += [m.split("=")[0] for m in args[args.index("--lora-modules") + 1:]
+              if "=" in m and not m.startswith("-")]
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({{"data": [{{"id": n}} for n in names]}}).encode()
+        self.send_response(200); self.send_header("content-length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def test_ready_when_models_lists_every_adapter_then_stops(tmp_path):
+    py = executable(tmp_path / "python", STANDIN.format(python=sys.executable))
+    a = write_adapter(tmp_path / "parser", 8)
+    cfg = VLLMConfig(model=str(tiny_model_folder(tmp_path)), adapters={"parser": str(a)}, python=str(py))
+    with VLLMServer(cfg) as server:
+        assert server.running and sorted(server.models()) == ["base", "parser"]
+        pgid = server.process.pid
+    assert not _group_alive(pgid, None)
+    assert server.models() is None
+
+
+def test_missing_interpreter_or_model_is_a_clear_error(tmp_path):
+    with pytest.raises(VLLMServerError, match="not found: run scripts/setup.sh"):
+        VLLMServer(VLLMConfig(model=str(tmp_path), python=str(tmp_path / "nope"))).start()
+    with pytest.raises(VLLMServerError, match="has no config.json"):
+        VLLMServer(VLLMConfig(model=str(tmp_path), python=sys.executable)).start()
+
+
+def verdict(*args: str, **kw) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("verdict")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=REPO, **kw)
+
+
+def test_cli_print_command_and_errors(tmp_path):
+    cfg = tmp_path / "s.yaml"
+    a = write_adapter(tmp_path / "p", 8)
+    cfg.write_text(f"vllm:\n  model: {tmp_path}\n  adapters: {{parser: {a}}}\n  port: 8200\n")
+    r = verdict("serve", "vllm", "--config", str(cfg), "--print-command")
+    assert r.returncode == 0 and "--lora-modules parser=" in r.stdout and "--port 8200" in r.stdout
+    r = verdict("serve", "vllm", "--config", str(cfg), "--set", "vllm.prot=1")
+    assert (
+        r.returncode == 2
+        and "error: " in r.stderr
+        and "vllm.prot" in r.stderr
+        and "Traceback" not in r.stderr
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_real_vllm_detached_start_and_stop_through_the_cli(tmp_path, student_base_dir):
+    """`verdict serve vllm --detach` brings up a real CPU vLLM; `verdict serve stop` stops every process."""
+    need(vllm_available(), f"vLLM environment missing ({vllm_python()})")
+    a = write_adapter(tmp_path / "p", 8)
+    # A random (untrained) rank-8 adapter on the same base: real LoRA loading, real rank derivation.
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    get_peft_model(
+        AutoModelForCausalLM.from_pretrained(student_base_dir),
+        LoraConfig(r=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    ).save_pretrained(a)
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(
+        f"vllm:\n  model: {student_base_dir}\n  adapters: {{parser: {a}}}\n  max_model_len: 512\n"
+        f"  log_file: {tmp_path / 'vllm.log'}\n"
+    )
+    state = tmp_path / "state.json"
+    r = verdict("serve", "vllm", "--config", str(cfg), "--detach", "--state-file", str(state), timeout=400)
+    assert r.returncode == 0, r.stderr[-2000:]
+    info = json.loads(state.read_text())
+    try:
+        assert info["models"] == ["base", "parser"] and "vLLM ready after" in r.stderr
+        import httpx
+
+        listed = httpx.get(info["base_url"] + "/models", timeout=5).json()["data"]
+        assert {m["id"] for m in listed} == {"base", "parser"}
+        assert next(m for m in listed if m["id"] == "parser")["parent"] == "base"
+    finally:
+        r = verdict("serve", "stop", "--state-file", str(state), timeout=120)
+    assert r.returncode == 0 and not _group_alive(info["pid"], None)
