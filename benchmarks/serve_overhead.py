@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 ROUNDS = 3
-RECORDS = REPO / "tests" / "serve" / "data" / "teacher_records.json"  # the tests' recorded teacher outputs
+RECORDS = REPO / "examples" / "demo" / "teacher_records.json"  # the demo's recorded teacher outputs
 
 
 def build_students(work: Path, records: dict) -> tuple[Path, dict[str, Path]]:

@@ -30,6 +30,10 @@ PARTS = {
     "match": ("serve.match_cli:app", "Batch matching (site-wide screening as SLURM arrays)."),
     "bench": ("bench.cli:app", "Benchmarks: core latency, local vs API formalizers."),
 }
+# name -> "module:function" of single commands that live in a part.
+COMMANDS = {
+    "demo": "serve.demo:demo",  # the main job: the whole on-site story on bundled sample data
+}
 
 
 def _mount_parts() -> None:
@@ -40,6 +44,12 @@ def _mount_parts() -> None:
         except ModuleNotFoundError:
             continue  # a part not present in this checkout
         app.add_typer(sub, name=name, help=help_text)
+    for name, target in COMMANDS.items():
+        module, attr = target.split(":")
+        try:
+            app.command(name)(getattr(importlib.import_module(module), attr))
+        except ModuleNotFoundError:
+            continue
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -127,11 +137,11 @@ def policies() -> None:
 
 
 @app.command()
-def demo(
+def samples(
     cases_dir: Path = typer.Option(None, help="folder of sample cases (default: examples/cases)"),
     policy: str = typer.Option("prescreen"),
 ) -> None:
-    """Decide the bundled sample cases and print their rationales."""
+    """Decide the bundled sample cases with the core alone (no model) and print their rationales."""
     from .cases import load_case
     from .configs import REPO_ROOT
     from .engine import Engine

@@ -36,7 +36,7 @@ class CompiledCriterion:
     def pos(self) -> z3.BoolRef:
         return self.indicator
 
-    @property
+    @cached_property
     def neg(self) -> z3.BoolRef:
         return z3.Not(self.indicator)
 

@@ -1,7 +1,7 @@
 """A small hand-checkable benchmark scenario (synthetic, no patient data).
 
 Trials and notes are the recorded teacher outputs the tiny vLLM students memorize
-(`tests/serve/data/teacher_records.json`: 2 trials x 3 patients), plus a third trial whose
+(`examples/demo/teacher_records.json`: 2 trials x 3 patients), plus a third trial whose
 parser output stays invalid after the repair. The scripted server answers as that teacher
 (every call: 1000 prompt + 100 completion tokens, $2/$8 per million = $0.0028), and as a
 direct matcher with fixed verdicts. Under the prescreen policy the core decides:

@@ -61,8 +61,8 @@ def test_schema_export(tmp_path):
     assert r.returncode == 2 and "unknown schema" in r.stderr
 
 
-def test_demo_prints_rationales():
-    r = run("demo")
+def test_samples_prints_rationales():
+    r = run("samples")
     assert r.returncode == 0, r.stderr
     assert "**ELIGIBLE**" in r.stdout and "**INELIGIBLE**" in r.stdout
 
