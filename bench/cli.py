@@ -5,6 +5,8 @@ from typing import Optional
 
 import typer
 
+from verdict_core.cli_errors import fail, guarded
+
 app = typer.Typer(help="bench commands", no_args_is_help=True)
 
 
@@ -30,11 +32,6 @@ def core(
         raise typer.Exit(2)
     for line in report(result):
         typer.echo(line)
-
-
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
 
 
 EXIT_BUDGET = 3  # stopped cleanly at the budget (as `verdict teacher run`)
@@ -63,15 +60,15 @@ def run(
         runner = BenchRun(cfg, progress=progress, restart=restart)
         if report_only:
             if not (cfg.run_dir / "pairs.jsonl").exists():
-                _fail(f"{cfg.run_dir}: no recorded pairs yet (run without --report-only first)")
+                fail(f"{cfg.run_dir}: no recorded pairs yet (run without --report-only first)")
             files = runner.write_outputs()  # "complete" only if every backend decided every pair
             typer.echo(f"{files['report']}")
             return
         outcome = asyncio.run(runner.run())
     except VerdictError as e:
-        _fail(str(e))
+        fail(str(e))
     except KeyboardInterrupt:
-        _fail("interrupted; every pair finished so far is kept: run the same command to resume", 130)
+        fail("interrupted; every pair finished so far is kept: run the same command to resume", 130)
     o = outcome
     typer.echo(f"bench {cfg.name}: {o.status}: {o.done_now} pair results this session, {o.done_before} before; "
                f"paid ${o.paid_usd:.4f}; {o.elapsed_s:.1f} s")
@@ -98,7 +95,7 @@ def compare(
     try:
         text = compare_runs(run_a, run_b)
     except VerdictError as e:
-        _fail(str(e))
+        fail(str(e))
     typer.echo(text)
     if out is not None:
         out.write_text(text)
@@ -111,15 +108,7 @@ RECIPE_ARG = typer.Argument(..., help="recipe config: a name in configs/bench/re
 RECIPE_SET = typer.Option([], "--set", help="override a recipe key, e.g. --set split.heldout_per_class=50")
 
 
-def _recipe(fn):
-    from verdict_core.errors import VerdictError
-
-    try:
-        return fn()
-    except VerdictError as e:
-        _fail(str(e))
-    except OSError as e:
-        _fail(f"{getattr(e, 'filename', '') or ''}: {e.strerror or e}")
+_recipe = guarded
 
 
 @recipe_app.command("prepare")

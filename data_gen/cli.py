@@ -8,14 +8,11 @@ from typing import Optional
 
 import typer
 
+from verdict_core.cli_errors import fail
+
 app = typer.Typer(help="teacher commands", no_args_is_help=True, pretty_exceptions_enable=False)
 
 EXIT_BUDGET = 3  # the run stopped cleanly at its budget (not an error: raise the budget to go on)
-
-
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
 
 
 def _logging(verbose: bool) -> None:
@@ -50,7 +47,7 @@ def run(
 
     _logging(verbose)
     if budget_usd is not None and budget_usd < 0:
-        _fail("--budget-usd must be >= 0")
+        fail("--budget-usd must be >= 0")
     try:
         cfg = load_run_config(config)
         runner = TeacherRun(cfg, budget_usd=budget_usd, progress=progress)
@@ -60,9 +57,9 @@ def run(
             return
         summary = asyncio.run(runner.run())
     except VerdictError as e:
-        _fail(str(e))
+        fail(str(e))
     except KeyboardInterrupt:
-        _fail("interrupted; everything answered so far is kept: run the same command to resume", 130)
+        fail("interrupted; everything answered so far is kept: run the same command to resume", 130)
     s = summary
     typer.echo(f"run {s.run}: {s.status}: {s.records_total} records in all; this session: "
                f"{s.accepted} accepted, {s.rejected} rejected, {s.failed} failed, "
@@ -118,13 +115,13 @@ def export(
         if len(fractions) != 3:
             raise ValueError
     except ValueError:
-        _fail(f"--split needs three comma-separated fractions, e.g. 0.8,0.1,0.1 (got '{split}')")
+        fail(f"--split needs three comma-separated fractions, e.g. 0.8,0.1,0.1 (got '{split}')")
     try:
         dirs = [find_run(r, runs_dir) for r in runs]
         cards = export_datasets(dirs, out, seed=seed, fractions=fractions, split_by=split_by,  # type: ignore[arg-type]
                                 tasks=tuple(t.strip() for t in tasks.split(",") if t.strip()), overwrite=overwrite)
     except VerdictError as e:
-        _fail(str(e))
+        fail(str(e))
     for task, card in cards.items():
         c = card["counts"]
         typer.echo(f"{out / task}: train {c['train']}, validation {c['validation']}, test {c['test']} "
@@ -145,7 +142,7 @@ def stats(
     try:
         s = run_stats(find_run(run, runs_dir))
     except VerdictError as e:
-        _fail(str(e))
+        fail(str(e))
     typer.echo(json.dumps(s, indent=2, sort_keys=True) if as_json else render_stats(s))
 
 
@@ -165,7 +162,7 @@ def import_recorded(
     try:
         s = run_import(reference, patients, out_dir, name, prompt_version)
     except VerdictError as e:
-        _fail(str(e))
+        fail(str(e))
     typer.echo(f"{s.run_dir}: {s.files} reference files -> {s.accepted} accepted, {s.rejected} rejected value-miner "
                f"records" + (f" (reasons: {', '.join(f'{k} {v}' for k, v in s.reasons.items())})" if s.reasons else ""))
     for p in s.problems[:20]:

@@ -20,6 +20,8 @@ from typing import Optional
 
 import typer
 
+from verdict_core.cli_errors import fail
+
 from verdict_core.errors import VerdictError
 
 app = typer.Typer(help="serve commands", no_args_is_help=True)
@@ -28,11 +30,6 @@ app.add_typer(keys_app, name="keys")
 
 CONFIG_HELP = "serve config: NAME in configs/serve/ or a YAML path"
 SET_HELP = "override a config value, e.g. --set vllm.port=8011 (repeatable)"
-
-
-def fail(message: str, code: int = 2) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
 
 
 def _config(config: str, sets: list[str] | None):

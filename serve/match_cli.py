@@ -18,14 +18,11 @@ from typing import Optional
 
 import typer
 
+from verdict_core.cli_errors import fail
+
 from verdict_core.errors import VerdictError
 
 app = typer.Typer(help="batch matching (site-wide screening as SLURM arrays)", no_args_is_help=True)
-
-
-def fail(message: str, code: int = 2) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
 
 
 def _say(msg: str) -> None:

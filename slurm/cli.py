@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from verdict_core.cli_errors import fail, guarded
+
 app = typer.Typer(help="slurm commands", no_args_is_help=True)
 cluster_app = typer.Typer(
     help="a real one-node SLURM cluster in a folder (CI, tests, trying the scripts)", no_args_is_help=True
@@ -22,20 +24,7 @@ SET_SLURM = typer.Option(
 )
 
 
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _run(fn):
-    from verdict_core.errors import VerdictError
-
-    try:
-        return fn()
-    except VerdictError as e:
-        _fail(str(e))
-    except OSError as e:
-        _fail(f"{getattr(e, 'filename', '') or ''}: {e.strerror or e}")
+_run = guarded
 
 
 def _slurm_cfg(name: str, sets: list[str]):
@@ -105,7 +94,7 @@ def render_serve_cmd(
         from .render import render_job
 
         if (serve_config is None) == (command is None):
-            _fail("give exactly one of --serve-config or --command")
+            fail("give exactly one of --serve-config or --command")
         cmd = command or ["verdict", "serve", "vllm", "--config", str(serve_config.resolve())]
         typer.echo(str(render_job("serve", _slurm_cfg(slurm, set_), name, cmd, out)))
 
@@ -137,7 +126,7 @@ def submit_cmd(
         from .submit import submit_chain, wait_for
 
         if only not in (None, "train", "eval"):
-            _fail("--only must be 'train' or 'eval'")
+            fail("--only must be 'train' or 'eval'")
         scripts = _chain(slurm, set_, train, set_train, eval_config, set_eval, split, out)
         ids = submit_chain(scripts, only=only, after=after)
         result = {"jobs": ids, "scripts": _scripts_json(scripts)}
@@ -202,7 +191,7 @@ def cluster_stop(folder: Path = typer.Argument(...)) -> None:
 
         c = LocalCluster(folder)
         if not c.pids():
-            _fail(f"no running local cluster recorded in {folder}")
+            fail(f"no running local cluster recorded in {folder}")
         c.stop()
         typer.echo("stopped")
 

@@ -9,30 +9,18 @@ from typing import Optional
 
 import typer
 
+from verdict_core.cli_errors import fail, guarded
+
 app = typer.Typer(help="train commands", no_args_is_help=False, invoke_without_command=True)
 
 SET_HELP = "override a config key, e.g. --set lr=1e-4 --set lora.r=16 (repeatable)"
 
 
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
 def _run(fn):
     """Run a command body; bad input becomes 'error: ...' (exit 2), an interrupted run exit 3."""
-    from verdict_core.errors import VerdictError
-
     from .sft_trainer import TrainingInterrupted
 
-    try:
-        return fn()
-    except TrainingInterrupted as e:
-        _fail(str(e), 3)
-    except VerdictError as e:
-        _fail(str(e))
-    except OSError as e:
-        _fail(f"{getattr(e, 'filename', '') or ''}: {e.strerror or e}")
+    return guarded(fn, {TrainingInterrupted: 3})
 
 
 @app.callback()
@@ -48,7 +36,7 @@ def train_cmd(
     """Train a student: `verdict train --config configs/train/parser.yaml [--set KEY=VALUE ...]`."""
     if ctx.invoked_subcommand is not None:
         if config or set_ or overwrite or check:
-            _fail("--config/--set/--overwrite/--check belong to training; put them after the subcommand")
+            fail("--config/--set/--overwrite/--check belong to training; put them after the subcommand")
         return
     if config is None:
         typer.echo(ctx.get_help())

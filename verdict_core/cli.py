@@ -14,6 +14,7 @@ from typing import Optional
 
 import typer
 
+from .cli_errors import fail
 from .errors import VerdictError
 
 app = typer.Typer(
@@ -50,11 +51,6 @@ def _mount_parts() -> None:
             app.command(name)(getattr(importlib.import_module(module), attr))
         except ModuleNotFoundError:
             continue
-
-
-def fail(message: str, code: int = 2) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
 
 
 @app.command()

@@ -9,7 +9,6 @@ a tracker added inside push/pop), so one compiled program serves many patients (
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 

@@ -226,7 +226,6 @@ def to_ineligible(sess: Session, forced: dict, witness: z3.ModelRef, sides, alte
     """Single changes are tried in content order and the scan stops once the primary pivot and
     `alternatives` more are found: the result is the same as a full scan, at a fraction of the
     solver calls."""
-    cp = sess.cp
     admitting = [s.cohort for s in sides if s.admits]
     facts = {f.atom: f for f in sess.facts}
     singles: list[dict] = []

@@ -15,7 +15,6 @@ chemotherapy"). Both keep every formula in linear arithmetic over typed atoms.
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator

@@ -1,0 +1,30 @@
+"""How every `verdict` command reports bad input: one line `error: ...` and an exit code, never a
+traceback. Shared by the CLI modules of all parts."""
+
+from __future__ import annotations
+
+from typing import Callable, NoReturn, TypeVar
+
+import typer
+
+from .errors import VerdictError
+
+T = TypeVar("T")
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def guarded(fn: Callable[[], T], codes: dict[type[BaseException], int] | None = None) -> T:
+    """Run a command body: a VerdictError or an OS error becomes `error: ...` with exit 2; the
+    exception types in ``codes`` get their own exit codes (e.g. an interrupted run)."""
+    try:
+        return fn()
+    except tuple(codes or ()) as e:  # type: ignore[misc]
+        fail(str(e), next(c for t, c in (codes or {}).items() if isinstance(e, t)))
+    except VerdictError as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"{getattr(e, 'filename', '') or ''}: {e.strerror or e}")
