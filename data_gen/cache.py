@@ -78,6 +78,16 @@ class CallMeta:
     prompt: str
 
 
+def open_db(path: Path, schema: str | None = None) -> sqlite3.Connection:
+    """An autocommit SQLite connection in WAL mode, shareable across threads (callers lock)."""
+    db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+    if schema is not None:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(schema)
+    return db
+
+
 class CallCache:
     """Thread-safe. Writes go through one connection, reads through another: in WAL mode a read
     never waits for a write (and its sync), so an event loop can read while a thread writes."""
@@ -85,13 +95,9 @@ class CallCache:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        self._db = open_db(self.path, SCHEMA)
         self._lock = threading.RLock()
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(SCHEMA)
-        self._rdb = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        self._rdb = open_db(self.path)
         self._rlock = threading.RLock()
 
     def close(self) -> None:

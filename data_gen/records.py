@@ -8,12 +8,12 @@ each is written in one transaction, so none is ever half-written. The rows hold 
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cache import open_db
 from .protocol import StageResult
 from .teacher_config import TASK_OF_STAGE
 
@@ -65,12 +65,9 @@ class RecordStore:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        # derived data (rebuilt from the cache), so NORMAL sync: it survives a killed process
+        self._db = open_db(self.path, SCHEMA)
         self._lock = threading.RLock()
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")  # derived data: survives a killed process
-            self._db.executescript(SCHEMA)
 
     def close(self) -> None:
         with self._lock:
