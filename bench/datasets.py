@@ -121,11 +121,9 @@ def _read_lines(path: Path):
         raise BenchError(f"{path}: not UTF-8 text") from None
 
 
-@register_dataset("trec2021")
-def _trec(cfg: DatasetConfig, problems: list[str], dropped: dict[str, int]) -> list[LabeledPair]:
-    """The track's official scores: 2 eligible, 1 excluded (ineligible), 0 not relevant (dropped)."""
-    path = Path(cfg.pairs)
-    out = []
+def _json_rows(path: Path, problems: list[str]):
+    """(where, row, patient id, trial id) for each JSON-object line that names a pair; every other
+    line is reported in ``problems`` and skipped."""
     for n, line in _read_lines(path):
         where = f"{path.name}:{n}"
         try:
@@ -136,10 +134,20 @@ def _trec(cfg: DatasetConfig, problems: list[str], dropped: dict[str, int]) -> l
         if not isinstance(row, dict):
             problems.append(f"{where}: expected a JSON object")
             continue
-        pid, tid, score = row.get("patient_id"), row.get("nct_id") or row.get("trial_id"), row.get("score")
+        pid, tid = row.get("patient_id"), row.get("nct_id") or row.get("trial_id")
         if not isinstance(pid, str) or not pid or not isinstance(tid, str) or not tid:
-            problems.append(f"{where}: needs 'patient_id' and 'nct_id'")
+            problems.append(f"{where}: needs 'patient_id' and 'trial_id' (or 'nct_id')")
             continue
+        yield where, row, pid, tid
+
+
+@register_dataset("trec2021")
+def _trec(cfg: DatasetConfig, problems: list[str], dropped: dict[str, int]) -> list[LabeledPair]:
+    """The track's official scores: 2 eligible, 1 excluded (ineligible), 0 not relevant (dropped)."""
+    path = Path(cfg.pairs)
+    out = []
+    for where, row, pid, tid in _json_rows(path, problems):
+        score = row.get("score")
         if score == 0 and not isinstance(score, bool):
             dropped["score 0 (not relevant)"] = dropped.get("score 0 (not relevant)", 0) + 1
             continue
@@ -181,20 +189,7 @@ def _sigir(cfg: DatasetConfig, problems: list[str], dropped: dict[str, int]) -> 
 def _site(cfg: DatasetConfig, problems: list[str], dropped: dict[str, int]) -> list[LabeledPair]:
     path = Path(cfg.pairs)
     out = []
-    for n, line in _read_lines(path):
-        where = f"{path.name}:{n}"
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            problems.append(f"{where}: not valid JSON ({e.msg})")
-            continue
-        if not isinstance(row, dict):
-            problems.append(f"{where}: expected a JSON object")
-            continue
-        pid, tid = row.get("patient_id"), row.get("trial_id") or row.get("nct_id")
-        if not isinstance(pid, str) or not pid or not isinstance(tid, str) or not tid:
-            problems.append(f"{where}: needs 'patient_id' and 'trial_id'")
-            continue
+    for where, row, pid, tid in _json_rows(path, problems):
         label = _label(row.get("label"))
         if label is None:
             problems.append(f"{where}: 'label' must be eligible/ineligible (or true/false)")

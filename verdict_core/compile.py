@@ -15,7 +15,7 @@ from functools import cached_property
 import z3
 
 from .formula import atoms_in, numeric_in_complex_terms, simple_comparisons
-from .patient import Bounds
+from .patient import Bounds, in_interval
 from .program import Atom, Criterion, TrialProgram
 from .smtlib import SORT, Writer, num, sym
 
@@ -55,7 +55,7 @@ class Cell:
     guard: z3.BoolRef
 
     def contains(self, x: float) -> bool:
-        return Bounds.contains(self, x)  # type: ignore[arg-type]
+        return in_interval(self, x)
 
     def representative(self, integer: bool) -> float | int | None:
         lo, hi = self.lo, self.hi
@@ -102,6 +102,7 @@ class CompiledProgram:
     solver: z3.Solver
     smt_text: str = ""  # the program as SMT-LIB, kept for baselines and debugging
     _settled: dict = field(default_factory=dict)
+    _fact_exprs: dict = field(default_factory=dict)
 
     # Pure-atom formulas, built only when an artifact needs to substitute into them.
     @cached_property
@@ -143,6 +144,17 @@ class CompiledProgram:
         if key not in self._settled:
             self._settled[key] = not check(cc.neg if holds else cc.pos)
         return self._settled[key]
+
+    def fact_expr(self, atom: str, value=None, bounds: Bounds | None = None) -> z3.BoolRef:
+        """The constraint a resolved value puts on an atom, built once per program and value:
+        the same facts recur across the patients screened against one trial."""
+        key = (atom, type(value).__name__, value, bounds.model_dump_json() if bounds is not None else None)
+        expr = self._fact_exprs.get(key)
+        if expr is None:
+            if len(self._fact_exprs) > 50_000:  # bounded: numeric values vary without end
+                self._fact_exprs.clear()
+            expr = self._fact_exprs[key] = value_expr(self.vars[atom], value, bounds)
+        return expr
 
     @property
     def content_hash(self) -> str:
@@ -306,11 +318,11 @@ def bounds_expr(var, lo, hi, lo_strict, hi_strict) -> z3.BoolRef:
     ctx = var.ctx
     parts = []
     if lo is not None and hi is not None and lo == hi:
-        return var == _num(lo, var)
+        return var == num_val(var, lo)
     if lo is not None:
-        parts.append(var > _num(lo, var) if lo_strict else var >= _num(lo, var))
+        parts.append(var > num_val(var, lo) if lo_strict else var >= num_val(var, lo))
     if hi is not None:
-        parts.append(var < _num(hi, var) if hi_strict else var <= _num(hi, var))
+        parts.append(var < num_val(var, hi) if hi_strict else var <= num_val(var, hi))
     return z3.And(parts) if parts else z3.BoolVal(True, ctx)
 
 
@@ -320,14 +332,13 @@ def value_expr(var, value=None, bounds: Bounds | None = None) -> z3.BoolRef:
         return bounds_expr(var, bounds.lo, bounds.hi, bounds.lo_strict, bounds.hi_strict)
     if isinstance(value, bool):
         return var if value else z3.Not(var)
-    return var == _num(value, var)
+    return var == num_val(var, value)
 
 
-def _num(x, like):
+def num_val(like, x):
+    """A numeral of the atom's sort (an int atom compared with a fraction is compared in the reals)."""
     if z3.is_int(like) and float(x).is_integer():
         return z3.IntVal(int(x), like.ctx)
-    if z3.is_int(like):  # int atom compared with a fraction: compare in the reals
-        return z3.RealVal(x, like.ctx)
     return z3.RealVal(x, like.ctx)
 
 

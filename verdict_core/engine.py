@@ -11,6 +11,8 @@ limit on d gives ``undetermined`` with the reason, a limit on a later artifact i
 
 from __future__ import annotations
 
+import atexit
+import gc
 import threading
 from collections import OrderedDict
 from typing import Callable
@@ -42,44 +44,58 @@ class Engine:
         self._cache: OrderedDict[str, CompiledProgram] = OrderedDict()
         self._cache_size = cache_size
         # All engines of a process share one Z3 context: creating one costs ~5 ms, and destroying
-        # a context while Python still holds objects of it crashes z3. Contexts are not
-        # thread-safe, so work on it is serialized; run worker processes for parallelism.
+        # a context while Python still holds objects of it crashes z3. A context is not
+        # thread-safe - releasing a term included - so every z3 object is made, used and released
+        # under this lock (see _shared_context); run worker processes for parallelism.
         self.ctx, self._lock = _shared_context()
+
+    def __del__(self):
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            with lock:  # the compiled programs are released here, not in some other thread's call
+                self._cache.clear()
 
     # -- programs ----------------------------------------------------------------------------------
     def compiled(self, program: TrialProgram) -> CompiledProgram:
+        """The compiled program (cached). Hold it only while holding the engine's lock, or in a
+        single-threaded process."""
+        with self._lock:
+            return self._compiled(program)
+
+    def _compiled(self, program: TrialProgram) -> CompiledProgram:
         key = f"{program.content_hash or program.compute_hash()}@{self.timeout_ms}"
-        with self._lock:
-            cp = self._cache.get(key)
-            if cp is not None:
-                self._cache.move_to_end(key)
-                return cp
-        with self._lock:
-            cp = compile_program(program, self.timeout_ms, ctx=self.ctx)
-            self._cache[key] = cp
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+        cp = self._cache.get(key)
+        if cp is not None:
+            self._cache.move_to_end(key)
+            return cp
+        cp = compile_program(program, self.timeout_ms, ctx=self.ctx)
+        self._cache[key] = cp
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
         return cp
 
     def check_satisfiable(self, program: TrialProgram) -> None:
         """Raise ProgramError if no patient could ever satisfy the program (or a cohort of it)."""
-        cp = self.compiled(program)
         with self._lock:
-            s = cp.solver
-            problems = []
-            r = s.check(cp.phi_guard)
-            if r == z3.unsat:
-                problems.append("no patient can satisfy the definitions and any cohort together")
-            for cid in cp.cohort_ids:
-                if s.check(cp.cohort_guard[cid]) == z3.unsat:
-                    problems.append(f"cohort '{cid}': its criteria contradict each other or the definitions")
-            for cc in cp.criteria:
-                if s.check(cc.pos) == z3.unsat:
-                    problems.append(f"criterion '{cc.key}': can never be met ({cc.side})")
-            if r == z3.unknown:
-                problems.append(f"satisfiability unknown within {self.timeout_ms} ms ({s.reason_unknown()})")
+            problems = self._unsatisfiable(self._compiled(program))
         if problems:
             raise ProgramError(f"trial program '{program.trial_id}' cannot be satisfied", problems)
+
+    def _unsatisfiable(self, cp: CompiledProgram) -> list[str]:
+        s = cp.solver
+        problems = []
+        r = s.check(cp.phi_guard)
+        if r == z3.unsat:
+            problems.append("no patient can satisfy the definitions and any cohort together")
+        for cid in cp.cohort_ids:
+            if s.check(cp.cohort_guard[cid]) == z3.unsat:
+                problems.append(f"cohort '{cid}': its criteria contradict each other or the definitions")
+        for cc in cp.criteria:
+            if s.check(cc.pos) == z3.unsat:
+                problems.append(f"criterion '{cc.key}': can never be met ({cc.side})")
+        if r == z3.unknown:
+            problems.append(f"satisfiability unknown within {self.timeout_ms} ms ({s.reason_unknown()})")
+        return problems
 
     # -- deciding ----------------------------------------------------------------------------------
     def decide(self, program: TrialProgram, patient: ResolvedPatient, policy: Policy | None = None,
@@ -87,13 +103,17 @@ class Engine:
         check_patient(program, patient)
         if policy is not None:
             patient = apply_policy(program, patient, policy)
-        cp = self.compiled(program)
         with self._lock:
-            cp.solver.push()
-            try:
-                return self._decide(cp, program, patient, arbiter)
-            finally:
-                cp.solver.pop()
+            return self._decide_compiled(self._compiled(program), program, patient, arbiter)
+
+    def _decide_compiled(self, cp: CompiledProgram, program, patient, arbiter) -> Decision:
+        # A helper frame, so that its reference to cp (and the session's objects) is dropped
+        # before decide() releases the lock.
+        cp.solver.push()
+        try:
+            return self._decide(cp, program, patient, arbiter)
+        finally:
+            cp.solver.pop()
 
     def _decide(self, cp: CompiledProgram, program: TrialProgram, patient: ResolvedPatient, arbiter) -> Decision:
         base = dict(
@@ -176,7 +196,35 @@ _CONTEXT: tuple[z3.Context, threading.RLock] | None = None
 def _shared_context() -> tuple[z3.Context, threading.RLock]:
     global _CONTEXT
     if _CONTEXT is None:
-        _CONTEXT = (z3.Context(), threading.RLock())
+        ctx, lock = z3.Context(), threading.RLock()
+        _CONTEXT = (ctx, lock)
+
+        # A z3 context is not thread-safe, and that includes releasing its terms. Python frees an
+        # object that sits in a reference cycle whenever the garbage collector runs, in whichever
+        # thread triggered it - possibly while another thread is inside a solver call (servers
+        # and benchmarks decide in worker threads). So a collection waits for the context.
+        # (Nothing under the lock waits for another thread, so a collection waits at most for
+        # one solver call sequence to finish.)
+        held = threading.local()
+
+        def gc_guard(phase: str, _info: dict) -> None:
+            if phase == "start":
+                lock.acquire()
+                held.depth = getattr(held, "depth", 0) + 1
+            elif getattr(held, "depth", 0):  # a guard added mid-collection never took the lock
+                held.depth -= 1
+                lock.release()
+
+        gc.callbacks.append(gc_guard)
+
+        # At exit, leave the context to the OS instead of freeing it while module teardown still
+        # releases terms of it (a crash, or a long hang): z3's finalizers skip a context whose
+        # handle is gone, and a context it does not own is not deleted.
+        @atexit.register
+        def _forget() -> None:
+            if gc_guard in gc.callbacks:
+                gc.callbacks.remove(gc_guard)
+            ctx.owner, ctx.ctx = False, None
     return _CONTEXT
 
 

@@ -48,11 +48,7 @@ class Bounds(_Model):
         return self
 
     def contains(self, x: float) -> bool:
-        if self.lo is not None and (x < self.lo or (self.lo_strict and x == self.lo)):
-            return False
-        if self.hi is not None and (x > self.hi or (self.hi_strict and x == self.hi)):
-            return False
-        return True
+        return in_interval(self, x)
 
     def text(self, name: str) -> str:
         parts = []
@@ -197,3 +193,11 @@ def value_type_problems(domain: str, value, bounds: Bounds | None) -> list[str]:
     if domain == "int" and isinstance(value, float) and not value.is_integer():
         return [f"value {value!r} is not an integer (atom domain is int)"]
     return []
+
+
+def in_interval(iv, x: float) -> bool:
+    """Whether x lies in an interval given by lo/hi/lo_strict/hi_strict (None = unbounded):
+    one definition for patient bounds, numeric cells and requirement intervals."""
+    if iv.lo is not None and (x < iv.lo or (iv.lo_strict and x == iv.lo)):
+        return False
+    return not (iv.hi is not None and (x > iv.hi or (iv.hi_strict and x == iv.hi)))

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import z3
 
-from .decision import PivotalCondition, PivotalSet, Pivotal
+from .compile import fast_or, num_val
+from .decision import Pivotal, PivotalCondition, PivotalSet
 from .formula import Unknown, evaluate
-from .session import FactLit, Session, SolverLimit, py_value
+from .session import FactLit, Session, SolverLimit, py_value, true_in
 
 CEGAR_ITERATIONS = 400
 
@@ -53,7 +54,7 @@ def _numeric_region(sess: Session, atom: str, base: list[z3.BoolRef], flips_when
     chosen = []
     phi_base = [cp.phi_guard] + base
     for c in cp.cells[atom]:
-        if current is not None and _cell_has(c, current):
+        if current is not None and not isinstance(current, bool) and c.contains(current):
             continue
         if flips_when_sat:
             if sess.check(*phi_base, c.guard):
@@ -72,25 +73,9 @@ def _numeric_region(sess: Session, atom: str, base: list[z3.BoolRef], flips_when
     return None if target is None else (target, intervals)
 
 
-def _cell_has(c, x) -> bool:
-    if isinstance(x, bool):
-        return False
-    if c.lo is not None and (x < c.lo or (c.lo_strict and x == c.lo)):
-        return False
-    if c.hi is not None and (x > c.hi or (c.hi_strict and x == c.hi)):
-        return False
-    return True
-
-
 def _fix(sess: Session, atom: str, value) -> z3.BoolRef:
-    var = sess.cp.vars[atom]
-    if isinstance(value, bool):
-        return var if value else z3.Not(var)
-    return sess.guard(var == _z3num(var, value), "fix")
-
-
-def _z3num(var, value):
-    return z3.IntVal(int(value), var.ctx) if z3.is_int(var) and float(value).is_integer() else z3.RealVal(value, var.ctx)
+    expr = sess.cp.fact_expr(atom, value)
+    return expr if isinstance(value, bool) else sess.guard(expr, "fix")
 
 
 def _first_raw(sess: Session, sets: list[dict], alternatives: int) -> list[dict]:
@@ -180,17 +165,18 @@ def _maxsmt_sets(sess: Session, cap: int) -> tuple[list[dict], bool]:
     if r != z3.sat:
         raise SolverLimit(f"MaxSMT did not finish ({opt.reason_unknown()})")
     m = opt.model()
-    first = [f for f in sess.facts if not z3.is_true(m.eval(f.expr, model_completion=True))]
+    first = [f for f in sess.facts if not true_in(m, f.expr)]
     sets = [{f.atom: sess.value_in(m, f.atom) for f in first}]
     k = len(first)
     s2 = z3.Solver(ctx=sess.ctx)
     s2.set("timeout", sess.timeout_ms)
     s2.add(cp.aux, cp.phi_req)
     relax = {f.atom: z3.FreshBool("!relax", sess.ctx) for f in sess.facts}
+    ctx = sess.ctx
     for f in sess.facts:
-        s2.add(z3.Or(relax[f.atom], f.expr))
+        s2.add(fast_or(ctx, [relax[f.atom], f.expr]))
     s2.add(z3.AtMost(*relax.values(), k))
-    s2.add(z3.Or([f.expr for f in first]))
+    s2.add(fast_or(ctx, [f.expr for f in first]))
     while len(sets) < cap:
         sess.checks += 1
         r = s2.check()
@@ -199,9 +185,9 @@ def _maxsmt_sets(sess: Session, cap: int) -> tuple[list[dict], bool]:
         if r != z3.sat:
             return sets, False
         m = s2.model()
-        dropped = [f for f in sess.facts if not z3.is_true(m.eval(f.expr, model_completion=True))]
+        dropped = [f for f in sess.facts if not true_in(m, f.expr)]
         sets.append({f.atom: sess.value_in(m, f.atom) for f in dropped})
-        s2.add(z3.Or([f.expr for f in dropped]))
+        s2.add(fast_or(ctx, [f.expr for f in dropped]))
     return sets, False
 
 
@@ -311,7 +297,7 @@ def _cegar_sets(sess: Session, witness: z3.ModelRef, cap: int) -> tuple[list[dic
     for a in atoms:  # new numeric values range over cell representatives: exact for simple atoms, finite
         if cp.atoms[a].domain != "bool":
             reps = [r for c in cp.cells[a] if (r := c.representative(cp.atoms[a].domain == "int")) is not None]
-            opt.add(z3.Or([nv[a] == _z3num(nv[a], r) for r in reps]))
+            opt.add(z3.Or([nv[a] == num_val(nv[a], r) for r in reps]))
         if a in exact and isinstance(exact[a].resolution.value, bool):
             opt.add(z3.Implies(ch[a], nv[a] == z3.BoolVal(not exact[a].resolution.value, ctx)))
 
@@ -373,4 +359,4 @@ def _cegar_sets(sess: Session, witness: z3.ModelRef, cap: int) -> tuple[list[dic
 def _const(var, value):
     if isinstance(value, bool):
         return z3.BoolVal(value, var.ctx)
-    return _z3num(var, value)
+    return num_val(var, value)

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import z3
 
-from .compile import Cell, CompiledProgram, value_expr
+from .compile import Cell, CompiledProgram
 from .decision import Fact, Interval, Requirement
 from .formula import fmt_number as _fmt
-from .patient import Resolution
+from .patient import Resolution, in_interval
 
 
 class SolverLimit(Exception):
@@ -48,8 +48,7 @@ class Session:
 
     # -- facts -------------------------------------------------------------------------------------
     def _fact(self, r: Resolution) -> FactLit:
-        var = self.cp.vars[r.atom]
-        expr = value_expr(var, r.value, r.bounds)
+        expr = self.cp.fact_expr(r.atom, r.value, r.bounds)
         if isinstance(r.value, bool):
             return FactLit(r.atom, r, expr, expr)  # a bool fact is its own assumption literal
         return FactLit(r.atom, r, self.guard(expr, f"fact:{r.atom}"), expr)
@@ -121,15 +120,7 @@ class Session:
 
     def lazy_env(self, m: z3.ModelRef, overrides: dict) -> dict:
         """Atom values of a model, read on demand (most evaluations touch a few atoms)."""
-        sess = self
-
-        class _Env(dict):
-            def __missing__(self, atom):
-                v = sess.value_in(m, atom)
-                self[atom] = v
-                return v
-
-        return _Env(overrides)
+        return _ModelEnv(self, m, overrides)
 
     def env(self, m: z3.ModelRef) -> dict:
         """Atom values of a model as Python values (model completion for atoms it leaves out)."""
@@ -148,10 +139,14 @@ class Session:
     def seen(self, expr: z3.BoolRef, admitting: bool = False) -> tuple[bool, bool]:
         """Whether some kept model makes ``expr`` true / false."""
         t = f = False
+        ctx, a, out = self.ctx.ref(), expr.as_ast(), (z3.Ast * 1)()
         for m in self.admitting if admitting else self.models:
-            v = m.eval(expr, model_completion=True)
-            t |= z3.is_true(v)
-            f |= z3.is_false(v)
+            # low-level: ModelRef.eval wraps and type-checks every result in Python
+            if not z3.Z3_model_eval(ctx, m.model, a, True, out):
+                continue
+            v = z3.Z3_get_bool_value(ctx, out[0])
+            t |= v == z3.Z3_L_TRUE
+            f |= v == z3.Z3_L_FALSE
             if t and f:
                 break
         return t, f
@@ -161,7 +156,7 @@ class Session:
 
     # -- numeric regions ---------------------------------------------------------------------------
     def cell_of(self, atom: str, x: float) -> Cell:
-        return next(c for c in self.cp.cells[atom] if _in_cell(c, x))
+        return next(c for c in self.cp.cells[atom] if c.contains(x))
 
     def region(self, atom: str, cells: list[Cell]) -> list[Interval]:
         """Merge chosen cells (in order) into maximal intervals."""
@@ -205,6 +200,25 @@ class Session:
         return None if best is None else best[1]
 
 
+class _ModelEnv(dict):
+    # A plain class, not one made per call: a class is a reference cycle, and a cycle holding z3
+    # objects is freed by the garbage collector at an arbitrary moment (see engine._gc_guard).
+    def __init__(self, sess: Session, m: z3.ModelRef, overrides: dict):
+        super().__init__(overrides)
+        self.sess, self.m = sess, m
+
+    def __missing__(self, atom):
+        v = self[atom] = self.sess.value_in(self.m, atom)
+        return v
+
+
+def true_in(m: z3.ModelRef, expr: z3.BoolRef) -> bool:
+    """Whether a model (completed) makes a Boolean term true, through the low-level API."""
+    ctx, out = m.ctx.ref(), (z3.Ast * 1)()
+    return bool(z3.Z3_model_eval(ctx, m.model, expr.as_ast(), True, out)) and \
+        z3.Z3_get_bool_value(ctx, out[0]) == z3.Z3_L_TRUE
+
+
 def py_value(v: z3.ExprRef):
     """A Z3 value as bool / int / float (None if it is not a value)."""
     if z3.is_true(v):
@@ -218,14 +232,6 @@ def py_value(v: z3.ExprRef):
     if z3.is_algebraic_value(v):
         return float(v.approx(12).as_decimal(12).rstrip("?"))
     return None
-
-
-def _in_cell(c: Cell, x: float) -> bool:
-    if c.lo is not None and (x < c.lo or (c.lo_strict and x == c.lo)):
-        return False
-    if c.hi is not None and (x > c.hi or (c.hi_strict and x == c.hi)):
-        return False
-    return True
 
 
 def interval_text(name: str, iv: Interval, integer: bool = False) -> str:
@@ -257,7 +263,7 @@ def _pick(iv: Interval, current: float | None, integer: bool):
             cands.append(lo + step if iv.lo_strict else lo)
         if hi is not None:
             cands.append(hi - step if iv.hi_strict else hi)
-        if current is not None and _inside(iv, current):
+        if current is not None and in_interval(iv, current):
             cands.append(current)
         if not cands:
             cands = [0.0]
@@ -265,20 +271,13 @@ def _pick(iv: Interval, current: float | None, integer: bool):
         ints = []
         for c in cands:
             ints += [math.floor(c), math.ceil(c)]
-        cands = [float(c) for c in ints if _inside(iv, c)]
+        cands = [float(c) for c in ints if in_interval(iv, c)]
         if not cands and lo is not None and hi is not None:
             k = math.floor(lo) + 1
-            cands = [float(k)] if _inside(iv, k) else []
-    cands = [c for c in cands if _inside(iv, c)]
+            cands = [float(k)] if in_interval(iv, k) else []
+    cands = [c for c in cands if in_interval(iv, c)]
     if not cands:
         return None
     best = min(cands, key=lambda c: abs(c - current)) if current is not None else cands[0]
     return int(best) if integer else best
 
-
-def _inside(iv: Interval, x: float) -> bool:
-    if iv.lo is not None and (x < iv.lo or (iv.lo_strict and x == iv.lo)):
-        return False
-    if iv.hi is not None and (x > iv.hi or (iv.hi_strict and x == iv.hi)):
-        return False
-    return True

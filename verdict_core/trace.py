@@ -17,26 +17,19 @@ def side_statuses(sess: Session) -> list[SideStatus]:
     cp = sess.cp
     lits = sess.lits()
 
-    def sat(guard, expr) -> bool:
-        for m in sess.models:
-            if z3.is_true(m.eval(expr, model_completion=True)):
-                return True
+    def sat(guard) -> bool:
+        # kept models come from the program's solver, so they give its indicators their meaning
+        if sess.seen(guard)[0]:
+            return True
         if sess.check(guard, *lits):
             sess.model()
             return True
         return False
 
-    out = []
-    for cid in cp.cohort_ids:
-        inc = [cc.requirement for cc in cp.criteria if cc.cohort == cid and cc.side == "inclusion"]
-        exc = [cc.requirement for cc in cp.criteria if cc.cohort == cid and cc.side == "exclusion"]
-        true = z3.BoolVal(True, sess.ctx)
-        out.append(SideStatus(
-            cohort=cid, admits=sat(cp.cohort_guard[cid], cp.cohort_req[cid]),
-            inclusion_satisfiable=sat(cp.side_guard[(cid, "inclusion")], z3.And(inc) if inc else true),
-            exclusion_satisfiable=sat(cp.side_guard[(cid, "exclusion")], z3.And(exc) if exc else true),
-        ))
-    return out
+    return [SideStatus(cohort=cid, admits=sat(cp.cohort_guard[cid]),
+                       inclusion_satisfiable=sat(cp.side_guard[(cid, "inclusion")]),
+                       exclusion_satisfiable=sat(cp.side_guard[(cid, "exclusion")]))
+            for cid in cp.cohort_ids]
 
 
 def eligible_trace(sess: Session, sides: list[SideStatus], labels: list[CriterionLabel], support,

@@ -101,6 +101,15 @@ class Backend:
         """Why this backend cannot decide the pair at all (it is then left out of its scores)."""
         return None
 
+    def missing_texts(self, pair: LabeledPair) -> str | None:
+        """For backends that read the texts: the criteria or the note the dataset lacks."""
+        ds = self.ctx.dataset
+        if pair.trial_id not in ds.trials:
+            return "no criteria text for the trial"
+        if pair.patient_id not in ds.patients:
+            return "no note for the patient"
+        return None
+
     async def decide(self, pair: LabeledPair, repeat: int) -> PairResult:
         raise NotImplementedError
 

@@ -70,12 +70,7 @@ class FormalizerBackend(Backend):
                               via_proxy=self.miner_ep.proxy)
 
     def unavailable(self, pair: LabeledPair) -> str | None:
-        ds = self.ctx.dataset
-        if pair.trial_id not in ds.trials:
-            return "no criteria text for the trial"
-        if pair.patient_id not in ds.patients:
-            return "no note for the patient"
-        return None
+        return self.missing_texts(pair)
 
     def formalizer(self, repeat: int, role: str):
         key = (repeat, role)

@@ -111,12 +111,7 @@ class LlmMatchBackend(Backend):
                               what=f"backend '{self.name}' (endpoint '{self.endpoint.name}')", via_proxy=self.endpoint.proxy)
 
     def unavailable(self, pair: LabeledPair) -> str | None:
-        ds = self.ctx.dataset
-        if pair.trial_id not in ds.trials:
-            return "no criteria text for the trial"
-        if pair.patient_id not in ds.patients:
-            return "no note for the patient"
-        return None
+        return self.missing_texts(pair)
 
     def matcher(self, repeat: int):
         if repeat not in self._matchers:

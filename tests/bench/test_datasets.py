@@ -42,7 +42,7 @@ def test_trec_scores_map_like_the_paper_and_bad_rows_are_reported(tmp_path, text
     assert "pairs.jsonl:4: 'score' must be 0, 1 or 2 (got 3)" in text
     assert "pairs.jsonl:5: 'score' must be 0, 1 or 2" in text
     assert "pairs.jsonl:6: not valid JSON" in text
-    assert "pairs.jsonl:7: needs 'patient_id' and 'nct_id'" in text
+    assert "pairs.jsonl:7: needs 'patient_id' and 'trial_id' (or 'nct_id')" in text
     assert "pairs.jsonl:8: pair 'p0__NCT0' repeats an earlier row" in text
     assert "pairs.jsonl:9: pair 'p1__NCT9': no criteria text for trial 'NCT9'" in text
     assert len(ds.problems) == 6 and ds.summary()["skipped"] == 6

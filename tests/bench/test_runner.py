@@ -91,7 +91,7 @@ def test_malformed_rows_are_reported_and_never_scored(tmp_path, server):
     s = json.loads((out.run_dir / "results.json").read_text())
     assert s["dataset"]["pairs"] == 7 and s["dataset"]["skipped"] == 3
     assert s["dataset"]["problems"] == ["pairs.jsonl:4: 'label' must be eligible/ineligible (or true/false)",
-                                        "pairs.jsonl:5: needs 'patient_id' and 'trial_id'",
+                                        "pairs.jsonl:5: needs 'patient_id' and 'trial_id' (or 'nct_id')",
                                         "pairs.jsonl:6: not valid JSON (Expecting property name enclosed in double "
                                         "quotes)"]
     scored = {r.pair_id for r in pair_results(out.run_dir)}

@@ -115,3 +115,82 @@ def test_pivotal_flip_rate_is_one_in_both_directions():
     rates, outcomes = pivotal_flip_rate(ENGINE, cases)
     assert {r.direction: (r.cases > 0, r.rate) for r in rates} == {"to_eligible": (True, 1.0), "to_ineligible": (True, 1.0)}
     assert all(o.flipped for o in outcomes)
+
+
+# ---- threads: servers and benchmarks decide in worker threads ----------------------------------
+def _reference_cases(n: int):
+    from tests.support import REFERENCE_V6, need
+    from verdict_core.cases import load_case
+    from verdict_core.policy import load_policy
+
+    need(REFERENCE_V6.is_dir(), f"reference corpus at {REFERENCE_V6}")
+    policy = load_policy("prescreen")
+    out = []
+    for f in sorted(REFERENCE_V6.glob("*/*__full.json"))[:n]:
+        case = load_case(f)
+        out.append((case.program, case.patient_under(policy)))
+    return out
+
+
+def test_deciding_leaves_no_z3_object_in_a_reference_cycle():
+    """A cycle is freed by the garbage collector in whichever thread triggers it, which may be in
+    the middle of another thread's solver call on the same (not thread-safe) context."""
+    import gc
+
+    import z3
+
+    cases = _reference_cases(30)
+    kinds = set()
+    gc.collect()
+    flags = gc.get_debug()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for prog, p in cases:
+            d = ENGINE.decide(prog, p)
+            kinds.add(d.decision)
+            if d.pivotal is not None and d.pivotal.conditions:
+                ENGINE.decide(prog, apply_pivotal(p, d.pivotal.conditions))
+        gc.collect()
+        leaked = [type(o).__name__ for o in gc.garbage
+                  if isinstance(o, (z3.AstRef, z3.ModelRef, z3.Solver, z3.Optimize, z3.AstVector))]
+    finally:
+        gc.set_debug(flags)
+        gc.garbage.clear()
+    assert kinds == {"eligible", "ineligible"}  # both artifact paths ran
+    assert leaked == []
+
+
+def test_threads_with_garbage_collection_decide_like_one_thread():
+    import gc
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import z3
+
+    cases = _reference_cases(24)
+    expected = [ENGINE.decide(prog, p).model_dump_json() for prog, p in cases]
+    stop = threading.Event()
+
+    def collect():
+        # Another thread (as an event loop would) leaves z3 terms in a reference cycle and
+        # triggers a collection: the collector must not release them during a solver call.
+        junk_engine = Engine()
+        while not stop.is_set():
+            with junk_engine._lock:
+                xs = [z3.Int(f"junk{i}", junk_engine.ctx) for i in range(30)]
+                solver = z3.Solver(ctx=junk_engine.ctx)
+                solver.add([x + i > y for i, (x, y) in enumerate(zip(xs, xs[1:]))])
+                node = {"terms": xs, "solver": solver}
+                node["self"] = node
+            del node
+            gc.collect(0)
+
+    collector = threading.Thread(target=collect)
+    collector.start()
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(lambda c: Engine().decide(*c).model_dump_json(), cases * 3))
+    finally:
+        stop.set()
+        collector.join()
+    assert got == expected * 3

@@ -61,10 +61,10 @@ def test_decision_labels_and_assumptions_match_brute_force(data):
             if table[a.atom].domain == "bool":
                 assert allowed == {a.value}
             else:  # the stated requirement is exactly the admissible region
-                from verdict_core.session import _inside
+                from verdict_core.patient import in_interval
 
                 for v in {w.env[a.atom] for w in oracle.worlds}:
-                    assert (v in allowed) == any(_inside(iv, v) for iv in a.requirement.intervals), (a, v)
+                    assert (v in allowed) == any(in_interval(iv, v) for iv in a.requirement.intervals), (a, v)
         else:
             assert len(allowed) > 1
             assert oracle.depends(facts, a.atom) == (a.cls == "alternative"), a
