@@ -268,7 +268,7 @@ def _parse_program(lines: list[str]):
     decls: dict[str, str] = {}
     macros: dict[str, tuple[str, object]] = {}
     asserts: list[tuple[str, object]] = []
-    text = "\n".join(l for l in lines if not l.lstrip().startswith(";"))
+    text = "\n".join(line for line in lines if not line.lstrip().startswith(";"))
     for form in _sexprs(text):
         if not isinstance(form, list) or not form:
             continue

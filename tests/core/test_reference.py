@@ -144,7 +144,7 @@ def test_cross_check_decision_with_plain_z3():
         sat = {}
         for side in ("inclusion", "exclusion"):
             s = z3.Solver()
-            s.from_string("\n".join(l for l in raw[side]["raw"]["smt_program_lines"] if not l.startswith(";")))
+            s.from_string("\n".join(line for line in raw[side]["raw"]["smt_program_lines"] if not line.startswith(";")))
             for r in patient.resolutions:
                 if r.resolved and r.value is not None and ("declare-const " + r.atom + " ") in " ".join(raw[side]["raw"]["smt_program_lines"]):
                     v = z3.Bool(r.atom) if isinstance(r.value, bool) else z3.Real(r.atom)
