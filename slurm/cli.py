@@ -22,6 +22,13 @@ SLURM_OPT = typer.Option(
 SET_SLURM = typer.Option(
     [], "--set", help="override a cluster config key, e.g. --set jobs.train.time=2:00:00"
 )
+# the train -> eval chain's options, shared by render and submit
+TRAIN_OPT = typer.Option(..., "--train", "-t", help="train config (name in configs/train or YAML path)")
+SET_TRAIN = typer.Option([], "--set-train", help="override a train config key (repeatable)")
+EVAL_CONFIG_OPT = typer.Option("eval", "--eval-config", help="eval config (name in configs/train or path)")
+SET_EVAL = typer.Option([], "--set-eval", help="override an eval config key (repeatable)")
+SPLIT_OPT = typer.Option("test", help="split the eval job scores")
+CHAIN_OUT_OPT = typer.Option(None, help="folder for the scripts (default: <output_dir>/<name>.slurm)")
 
 
 _run = guarded
@@ -53,18 +60,14 @@ def _scripts_json(s) -> dict:
 
 @app.command("render")
 def render_cmd(
-    train: str = typer.Option(..., "--train", "-t", help="train config (name in configs/train or YAML path)"),
+    train: str = TRAIN_OPT,
     slurm: str = SLURM_OPT,
     set_: list[str] = SET_SLURM,
-    set_train: list[str] = typer.Option([], "--set-train", help="override a train config key (repeatable)"),
-    eval_config: str = typer.Option(
-        "eval", "--eval-config", help="eval config (name in configs/train or path)"
-    ),
-    set_eval: list[str] = typer.Option([], "--set-eval", help="override an eval config key (repeatable)"),
-    split: str = typer.Option("test", help="split the eval job scores"),
-    out: Optional[Path] = typer.Option(
-        None, help="folder for the scripts (default: <output_dir>/<name>.slurm)"
-    ),
+    set_train: list[str] = SET_TRAIN,
+    eval_config: str = EVAL_CONFIG_OPT,
+    set_eval: list[str] = SET_EVAL,
+    split: str = SPLIT_OPT,
+    out: Optional[Path] = CHAIN_OUT_OPT,
 ) -> None:
     """Render train.sbatch and eval.sbatch (+ eval_report.sbatch for sharded eval) for one run."""
     _run(
@@ -103,18 +106,14 @@ def render_serve_cmd(
 
 @app.command("submit")
 def submit_cmd(
-    train: str = typer.Option(..., "--train", "-t", help="train config (name in configs/train or YAML path)"),
+    train: str = TRAIN_OPT,
     slurm: str = SLURM_OPT,
     set_: list[str] = SET_SLURM,
-    set_train: list[str] = typer.Option([], "--set-train", help="override a train config key (repeatable)"),
-    eval_config: str = typer.Option(
-        "eval", "--eval-config", help="eval config (name in configs/train or path)"
-    ),
-    set_eval: list[str] = typer.Option([], "--set-eval", help="override an eval config key (repeatable)"),
-    split: str = typer.Option("test", help="split the eval job scores"),
-    out: Optional[Path] = typer.Option(
-        None, help="folder for the scripts (default: <output_dir>/<name>.slurm)"
-    ),
+    set_train: list[str] = SET_TRAIN,
+    eval_config: str = EVAL_CONFIG_OPT,
+    set_eval: list[str] = SET_EVAL,
+    split: str = SPLIT_OPT,
+    out: Optional[Path] = CHAIN_OUT_OPT,
     only: Optional[str] = typer.Option(None, help="submit only 'train' or only 'eval'"),
     after: Optional[str] = typer.Option(None, help="start after this job id completes (afterok)"),
     wait: bool = typer.Option(False, help="wait for the jobs and report their final states"),

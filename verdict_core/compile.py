@@ -148,7 +148,8 @@ class CompiledProgram:
     def fact_expr(self, atom: str, value=None, bounds: Bounds | None = None) -> z3.BoolRef:
         """The constraint a resolved value puts on an atom, built once per program and value:
         the same facts recur across the patients screened against one trial."""
-        key = (atom, type(value).__name__, value, bounds.model_dump_json() if bounds is not None else None)
+        key = (atom, type(value).__name__, value,
+               None if bounds is None else (bounds.lo, bounds.hi, bounds.lo_strict, bounds.hi_strict))
         expr = self._fact_exprs.get(key)
         if expr is None:
             if len(self._fact_exprs) > 50_000:  # bounded: numeric values vary without end

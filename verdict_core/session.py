@@ -139,12 +139,8 @@ class Session:
     def seen(self, expr: z3.BoolRef, admitting: bool = False) -> tuple[bool, bool]:
         """Whether some kept model makes ``expr`` true / false."""
         t = f = False
-        ctx, a, out = self.ctx.ref(), expr.as_ast(), (z3.Ast * 1)()
         for m in self.admitting if admitting else self.models:
-            # low-level: ModelRef.eval wraps and type-checks every result in Python
-            if not z3.Z3_model_eval(ctx, m.model, a, True, out):
-                continue
-            v = z3.Z3_get_bool_value(ctx, out[0])
+            v = bool_in(m, expr)
             t |= v == z3.Z3_L_TRUE
             f |= v == z3.Z3_L_FALSE
             if t and f:
@@ -202,7 +198,7 @@ class Session:
 
 class _ModelEnv(dict):
     # A plain class, not one made per call: a class is a reference cycle, and a cycle holding z3
-    # objects is freed by the garbage collector at an arbitrary moment (see engine._gc_guard).
+    # objects is freed by the garbage collector at an arbitrary moment (see engine._shared_context).
     def __init__(self, sess: Session, m: z3.ModelRef, overrides: dict):
         super().__init__(overrides)
         self.sess, self.m = sess, m
@@ -212,11 +208,17 @@ class _ModelEnv(dict):
         return v
 
 
-def true_in(m: z3.ModelRef, expr: z3.BoolRef) -> bool:
-    """Whether a model (completed) makes a Boolean term true, through the low-level API."""
+def bool_in(m: z3.ModelRef, expr: z3.BoolRef) -> int:
+    """A Boolean term's value in a model (completed): Z3_L_TRUE / Z3_L_FALSE / Z3_L_UNDEF. Low-level,
+    because ModelRef.eval wraps and type-checks every result in Python (hot on the warm path)."""
     ctx, out = m.ctx.ref(), (z3.Ast * 1)()
-    return bool(z3.Z3_model_eval(ctx, m.model, expr.as_ast(), True, out)) and \
-        z3.Z3_get_bool_value(ctx, out[0]) == z3.Z3_L_TRUE
+    if not z3.Z3_model_eval(ctx, m.model, expr.as_ast(), True, out):
+        return z3.Z3_L_UNDEF
+    return z3.Z3_get_bool_value(ctx, out[0])
+
+
+def true_in(m: z3.ModelRef, expr: z3.BoolRef) -> bool:
+    return bool_in(m, expr) == z3.Z3_L_TRUE
 
 
 def py_value(v: z3.ExprRef):

@@ -19,6 +19,17 @@ from tests.fixtures.vllm import STUDENT_MAX_TOKENS
 from tests.support import REPO
 
 ROLES = {"match": ["match"], "audit": ["audit"], "admin": ["admin"]}
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's package, installed by .ci/run
+
+
+def launch_chromium(pw):
+    """Headless Chromium through Playwright, with nothing reaching outside the machine."""
+    return pw.chromium.launch(
+        executable_path=str(CHROMIUM),
+        headless=True,
+        args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+    )
 
 
 @dataclass

@@ -17,12 +17,11 @@ import pytest
 
 from data_gen.client import quotes_any
 from tests.fixtures.vllm import teacher_programs, teacher_values, trial_text
-from tests.serve.conftest import RunningService, start_service
+from tests.serve.conftest import CHROMIUM, RunningService, launch_chromium, start_service
 from tests.support import need
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-CHROMIUM = Path("/usr/bin/chromium")
 # Every response body with an error status, for the final scan.
 ERROR_BODIES: list[str] = []
 SERVICES: list[RunningService] = []
@@ -290,19 +289,7 @@ def test_clinician_page_in_headless_chromium(svc, trials, student_records):
             "/v1/match", json=match_body(t["trial_id"], p, program_hash=trials[t["trial_id"]]["program_hash"])
         ).json()
     with playwright.sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
+        browser = launch_chromium(pw)
         try:
             ctx = browser.new_context(extra_http_headers={"Authorization": f"Bearer {svc.keys['audit']}"})
             page = ctx.new_page()

@@ -140,6 +140,12 @@ def test_shards_resume_after_a_crash_and_merge_without_duplicates(
     assert _run(out, busy, url)["matched"] == 0  # nothing left to do
 
 
+def batch_command(cfg: Path, inputs: dict[str, Path], out: Path, *extra: str) -> list[str]:
+    """`verdict match batch` over the inputs in 3 shards on the local SLURM cluster."""
+    return [*verdict_command(), "match", "batch", "--config", str(cfg), "--patients", str(inputs["patients"]),
+            "--trials", str(inputs["trials"]), "--out", str(out), "--shards", "3", "--slurm", "local", *extra]
+
+
 def _run(out: Path, shard: int, url: str) -> dict:
     import asyncio
 
@@ -156,30 +162,8 @@ def test_batch_as_a_job_array_on_the_real_slurm_cluster(
     inputs = write_inputs(tmp_path / "in", student_records)
     cfg = write_serve_config(tmp_path, student_base_dir, student_adapters)
     out = tmp_path / "batch"
-    cmd = [
-        *verdict_command(),
-        "match",
-        "batch",
-        "--config",
-        str(cfg),
-        "--patients",
-        str(inputs["patients"]),
-        "--trials",
-        str(inputs["trials"]),
-        "--out",
-        str(out),
-        "--shards",
-        "3",
-        "--slurm",
-        "local",
-        "--slurm-set",
-        f"log_dir={tmp_path / 'slurm-logs'}",
-        "--slurm-set",
-        "jobs.serve.mem=5G",
-        "--wait",
-        "--timeout",
-        "1500",
-    ]
+    cmd = batch_command(cfg, inputs, out, "--slurm-set", f"log_dir={tmp_path / 'slurm-logs'}",
+                        "--slurm-set", "jobs.serve.mem=5G", "--wait", "--timeout", "1500")
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=slurm_cluster.env(), timeout=1800)
     logs = "\n".join(p.read_text()[-3000:] for p in (tmp_path / "slurm-logs").glob("*.out"))
     assert r.returncode == 0, r.stderr[-3000:] + logs
@@ -204,24 +188,7 @@ def test_render_only_writes_the_array_and_the_merge_job(tmp_path, student_record
     inputs = write_inputs(tmp_path / "in", student_records)
     cfg = write_serve_config(tmp_path, tmp_path, {})
     out = tmp_path / "batch"
-    cmd = [
-        *verdict_command(),
-        "match",
-        "batch",
-        "--config",
-        str(cfg),
-        "--patients",
-        str(inputs["patients"]),
-        "--trials",
-        str(inputs["trials"]),
-        "--out",
-        str(out),
-        "--shards",
-        "3",
-        "--slurm",
-        "local",
-        "--no-submit",
-    ]
+    cmd = batch_command(cfg, inputs, out, "--no-submit")
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "6 pairs (3 patients x 2 trials) in 3 shard(s)" in r.stderr

@@ -9,15 +9,13 @@ from __future__ import annotations
 import json
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from data_gen.scripted_server import Script, ScriptedServer
-from tests.serve.conftest import start_service
+from tests.serve.conftest import CHROMIUM, launch_chromium, start_service
 from tests.support import need
 
-CHROMIUM = Path("/usr/bin/chromium")
 PROGRAM = {  # what the scripted parser answers for any criteria
     "atoms": [
         {
@@ -265,19 +263,7 @@ def test_markup_in_a_note_stays_text_in_a_real_browser(svc):
     assert m.status_code == 200, m.text
     assert m.json()["decision"]["decision"] == "ineligible"
     with playwright.sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
+        browser = launch_chromium(pw)
         try:
             page = browser.new_context(extra_http_headers={"X-API-Key": svc.keys["audit"]}).new_page()
             dialogs = []
