@@ -82,6 +82,12 @@ class TeacherConfig(_Strict):
     )
     strict_schema: bool = Field(False, description="send json_schema with strict=true (OpenAI strict mode)")
     max_tokens: StageTokens = Field(default_factory=StageTokens)
+    context_tokens: int | None = Field(
+        None, gt=0, description="the model's context (prompt + completion; vLLM max_model_len): each call's prompt "
+        "must fit context_tokens - max_tokens[stage]; null: no prompt limit (large API models)")
+    tokenizer: str | None = Field(
+        None, description="tokenizer.json (or a model folder holding one) to count prompt tokens exactly; "
+        "null: a deliberately high byte estimate")
     max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
     temperature: float | None = Field(0.0, ge=0, le=2, description="null for models that reject it")
     seed: int | None = None

@@ -1,266 +1,36 @@
-"""The one implementation of a formalizer stage: render the prompt -> call an OpenAI-compatible
-endpoint with structured output -> validate strictly with verdict_core -> one repair attempt with
-the problems fed back -> accepted, or rejected with its reason.
-
-Teachers (API models) and students (vLLM adapters) go through the same code:
-
-    fz = Formalizer(load_teacher("gpt-4.1"), cache=CallCache(path), ledger=..., egress=...)
-    res = await fz.parse_trial(trial)                         # StageResult, res.output: TrialProgram
-    inc = await fz.mine_values(res.output, patient, "inclusion")  # res.output: list[MinedValue]
-
-Checks (an output becomes a record only if all pass): valid JSON, not cut off at max_tokens; the
-core's schema; the program compiles (`check_program`: every atom used is declared, types, ids);
-it is satisfiable by some patient (`check_satisfiable`); a miner output names exactly the atoms
-asked, with values of the atom's type, and every evidence quote occurs in the note after
-whitespace normalization (pieces joined by "..." must each occur, in order).
+"""The formalizer runtime: one endpoint (a teacher or a student), the shared stage loop (call ->
+validate -> one repair), the request cache with single flight, the ledger and the egress check.
+The stages themselves live beside it: `parser.py` (trial parser), `miner.py` (value miner); the
+arbiter and verbalizer stages are here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
-import functools
-import json
 import logging
 import re
-from dataclasses import dataclass
 from typing import Callable
 
 from pydantic import ValidationError
 
-from verdict_core.errors import ProgramError, describe_validation_error
+from verdict_core.errors import describe_validation_error
 from verdict_core.formula import render
-from verdict_core.patient import MinedValue, ValueMinerOutput, value_type_problems
-from verdict_core.program import ParsedTrial, Provenance, TrialProgram, check_program
+from verdict_core.patient import value_type_problems
+from verdict_core.program import TrialProgram
 
-from .cache import CachedCall, CallCache, CallMeta, canonical_key
-from .client import EndpointClient, build_request
-from .egress import EgressPolicy
-from .ledger import Ledger, worst_case_cost
-from .prompt_templates import PromptTemplate, load_prompt, stage_prompt
-from .protocol import (
-    ArbiterOutput,
-    Attempt,
-    PatientDoc,
-    StageResult,
-    TrialDoc,
-    Usage,
-    VerbalizerOutput,
-)
-from .teacher_config import TeacherConfig
+from ..cache import CachedCall, CallCache, CallMeta, canonical_key
+from ..client import EndpointClient, build_request
+from ..egress import EgressPolicy
+from ..ledger import Ledger, worst_case_cost
+from ..prompt_templates import PromptTemplate, load_prompt, stage_prompt
+from ..protocol import ArbiterOutput, Attempt, PatientDoc, StageResult, TrialDoc, Usage, VerbalizerOutput
+from ..teacher_config import TeacherConfig
+from .budget import TokenCounter, counter_for
+from .checks import Check, compact, parse_json, quote_in_note, with_atom_enum
+from .miner import miner_messages
+from .parser import parser_messages
 
 log = logging.getLogger("data_gen.formalizer")
-
-# Rejection categories, most fundamental first: a result's reason is its first problem's category.
-REASONS = ("empty", "truncated", "json", "schema", "undeclared_atom", "program", "unsatisfiable", "coverage",
-           "type", "evidence", "consistency", "decision", "unsupported_number")
-SIDES = ("inclusion", "exclusion")
-
-
-@functools.lru_cache(maxsize=8)
-def core_schema(name: str) -> dict:
-    """The core's JSON Schema for structured outputs ("parsed-trial" | "value-miner"); the core
-    writes it in a form xgrammar compiles. Shared: do not mutate."""
-    try:
-        from verdict_core.schemas import json_schema
-
-        return json_schema(name)
-    except ImportError:  # older core without schemas.py: the same models' schemas
-        model = {"parsed-trial": ParsedTrial, "value-miner": ValueMinerOutput}[name]
-        return model.model_json_schema(by_alias=True)
-
-
-def normalize_ws(text: str) -> str:
-    return " ".join(text.split())
-
-
-_ELLIPSIS = re.compile(r"\s*(?:\.\.\.|…)\s*")
-
-
-_QUOTE_MARKS = "\"'“”‘’"
-
-
-def quote_in_note(quote: str, note: str) -> bool:
-    """A verbatim quote after whitespace normalization; pieces joined by '...' must occur in order.
-    One pair of quotation marks around the whole quote is not part of it."""
-    quote = quote.strip()
-    if len(quote) >= 2 and quote[0] in _QUOTE_MARKS and quote[-1] in _QUOTE_MARKS:
-        quote = quote[1:-1]
-    hay = normalize_ws(note)
-    pos = 0
-    pieces = [normalize_ws(p) for p in _ELLIPSIS.split(quote)]
-    pieces = [p for p in pieces if p]
-    if not pieces:
-        return False
-    for p in pieces:
-        i = hay.find(p, pos)
-        if i < 0:
-            return False
-        pos = i + len(p)
-    return True
-
-
-def side_atoms(program: TrialProgram, side: str) -> list[str]:
-    """The atoms a value-miner pass asks about: those the side's criteria use (through definitions too)."""
-    sides = program.atom_sides()
-    return [a.name for a in program.atoms if side in sides.get(a.name, set())]
-
-
-def render_atoms(program: TrialProgram, names: list[str]) -> str:
-    table = program.atom_table()
-    lines = []
-    for n in names:
-        a = table[n]
-        d = {"name": a.name, "type": a.domain, "kind": a.kind}
-        if a.unit:
-            d["unit"] = a.unit
-        d["definition"] = a.definition
-        if a.time_scope:
-            d["time_scope"] = a.time_scope.model_dump(exclude_none=True)
-        lines.append(json.dumps(d, ensure_ascii=False))
-    return "\n".join(lines)
-
-
-def with_atom_enum(schema: dict, names: list[str]) -> dict:
-    """The value-miner schema with `atom` restricted to this pass's atoms (xgrammar enforces it)."""
-    out = copy.deepcopy(schema)
-
-    def walk(node):
-        if isinstance(node, dict):
-            props = node.get("properties")
-            if isinstance(props, dict) and "atom" in props and "value" in props:
-                props["atom"] = {"type": "string", "enum": list(names)}
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(out)
-    return out
-
-
-def compact(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
-@dataclass
-class Check:
-    """Outcome of validating one output."""
-
-    problems: list[tuple[str, str]]  # (category, message)
-    output: object = None
-    output_json: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    @property
-    def reason(self) -> str | None:
-        if not self.problems:
-            return None
-        return min((c for c, _ in self.problems), key=lambda c: REASONS.index(c) if c in REASONS else len(REASONS))
-
-    @property
-    def messages(self) -> list[str]:
-        return [m for _, m in self.problems]
-
-
-def parse_json(content: str | None, finish_reason: str | None, max_tokens: int) -> tuple[object, list[tuple[str, str]]]:
-    text = (content or "").strip()
-    problems: list[tuple[str, str]] = []
-    if finish_reason == "length":
-        problems.append(("truncated", f"the output was cut off at the token limit ({max_tokens}); "
-                                      "return a complete, shorter JSON object"))
-    if not text:
-        return None, problems or [("empty", "the output was empty")]
-    if text.startswith("```"):  # models sometimes fence JSON; the content inside is what counts
-        text = re.sub(r"^```[a-zA-Z]*\s*|\s*```$", "", text)
-    try:
-        return json.loads(text), problems
-    except ValueError as e:
-        return None, problems or [("json", f"not valid JSON: {getattr(e, 'msg', e)} at character {getattr(e, 'pos', '?')}")]
-
-
-# ---- prompts and checks (shared by the Formalizer, the recorded teacher and dry runs) ------------------
-def parser_messages(trial: TrialDoc, version: str = "v1") -> list[dict[str, str]]:
-    return stage_prompt("parser", version).render(TRIAL_ID=trial.trial_id, TITLE=trial.title or "(untitled)",
-                                                  CRITERIA=trial.criteria_text())
-
-
-def miner_messages(program: TrialProgram, note: str, side: str, names: list[str], version: str = "v1") -> list[dict[str, str]]:
-    return stage_prompt(f"miner_{side}", version).render(NOTE=note.strip(), ATOMS=render_atoms(program, names))
-
-
-def check_parser_output(content: str | None, finish_reason: str | None, trial: TrialDoc, *, model: str, teacher: str,
-                        prompt: str, max_tokens: int) -> Check:
-    """JSON -> ParsedTrial schema -> check_program -> check_satisfiable. Output: the TrialProgram."""
-    obj, problems = parse_json(content, finish_reason, max_tokens)
-    if problems:
-        return Check(problems)
-    try:
-        parsed = ParsedTrial.model_validate(obj)
-    except ValidationError as e:
-        return Check([("schema", p) for p in describe_validation_error(e, "output")])
-    try:
-        program = check_program(TrialProgram(
-            trial_id=trial.trial_id, title=trial.title, **parsed.model_dump(by_alias=True),
-            provenance=Provenance(source=f"parser:{model}", details={"teacher": teacher, "prompt": prompt}),
-        ))
-    except ValidationError as e:  # e.g. a trial id the core does not accept
-        return Check([("schema", p) for p in describe_validation_error(e, "program")])
-    except ProgramError as e:
-        return Check([("undeclared_atom" if "undeclared atom" in p else "program", p) for p in e.problems]
-                     or [("program", e.summary)])
-    try:
-        _check_satisfiable(program)
-    except ProgramError as e:
-        return Check([("unsatisfiable", p) for p in e.problems] or [("unsatisfiable", e.summary)])
-    return Check([], program, compact(parsed.model_dump(mode="json", by_alias=True, exclude_defaults=True)))
-
-
-def check_miner_output(content: str | None, finish_reason: str | None, program: TrialProgram, names: list[str],
-                       note: str, *, max_tokens: int) -> Check:
-    """JSON -> ValueMinerOutput schema -> exactly the asked atoms, typed, with verbatim evidence.
-    Output: the values in the prompt's atom order (the canonical training target)."""
-    obj, problems = parse_json(content, finish_reason, max_tokens)
-    if problems:
-        return Check(problems)
-    try:
-        out = ValueMinerOutput.model_validate(obj)
-    except ValidationError as e:
-        return Check([("schema", p) for p in describe_validation_error(e, "output")])
-    table = program.atom_table()
-    asked = set(names)
-    got: dict[str, MinedValue] = {}
-    for i, mv in enumerate(out.values):
-        where = f"values[{i}] '{mv.atom}'"
-        if mv.atom not in table:
-            problems.append(("undeclared_atom", f"{where}: not an atom of the trial program"))
-            continue
-        if mv.atom not in asked:
-            problems.append(("coverage", f"{where}: not asked in this pass"))
-            continue
-        if mv.atom in got:
-            problems.append(("coverage", f"{where}: reported twice"))
-            continue
-        got[mv.atom] = mv
-        problems += [("type", f"{where}: {p}") for p in value_type_problems(table[mv.atom].domain, mv.value, mv.bounds)]
-        if mv.value is not None and mv.bounds is not None:
-            problems.append(("type", f"{where}: give a value or bounds, not both"))
-        has_value = mv.value is not None or mv.bounds is not None
-        if has_value and not mv.evidence.strip():
-            problems.append(("evidence", f"{where}: a value needs an evidence quote from the note"))
-        elif mv.evidence.strip() and not quote_in_note(mv.evidence, note):
-            # the message names the atom, never the quote: problems end up in logs and records
-            problems.append(("evidence", f"{where}: evidence is not a verbatim quote from the note"))
-    missing = [n for n in names if n not in got]
-    if missing:
-        problems.append(("coverage", f"atoms missing from the output: {', '.join(missing)}"))
-    ordered = [got[n] for n in names if n in got]
-    target = {"values": [mv.model_dump(mode="json", exclude_defaults=True) | {"value": mv.value} for mv in ordered]}
-    return Check(problems, ordered, compact(target))
 
 
 class Formalizer:
@@ -279,6 +49,21 @@ class Formalizer:
         # Single flight: identical requests in flight at once (e.g. the same exclusion atoms for
         # one patient across trials) share one call instead of both missing the cache.
         self._pending: dict[str, asyncio.Future] = {}
+        self._tokens: TokenCounter | None = None
+
+    @property
+    def tokens(self) -> TokenCounter:
+        """Counts prompt tokens the way this endpoint's model does (or an upper estimate)."""
+        if self._tokens is None:
+            self._tokens = counter_for(self.endpoint.tokenizer)
+        return self._tokens
+
+    def prompt_budget(self, stage: str) -> int | None:
+        """The most prompt tokens a call of this stage may carry; None: no limit configured."""
+        t = self.endpoint
+        if t.context_tokens is None:
+            return None
+        return t.context_tokens - t.max_tokens.for_stage(stage)
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -304,40 +89,17 @@ class Formalizer:
 
     # -- stages ------------------------------------------------------------------------------------
     async def parse_trial(self, trial: TrialDoc) -> StageResult:
-        """Criteria text -> checked TrialProgram. Trial text is public: no egress restriction."""
-        messages = self.parser_messages(trial)
-        t = self.endpoint
+        """Criteria text -> checked TrialProgram (see `parser.py`)."""
+        from .parser import parse_trial
 
-        def validate(call: CachedCall) -> Check:
-            return check_parser_output(call.content, call.finish_reason, trial, model=t.model, teacher=t.name,
-                                       prompt=self.prompt("parser").ident, max_tokens=t.max_tokens.parser)
-
-        return await self._stage("parser", messages, core_schema("parsed-trial"), "parsed_trial", validate,
-                                 patient_text=False, data_class="public", ids=f"trial={trial.trial_id}", solver=True)
+        return await parse_trial(self, trial)
 
     async def mine_values(self, program: TrialProgram, note: PatientDoc | str, side: str, *,
                           data_class: str | None = None) -> StageResult:
-        """Patient note + the side's atoms -> checked values with evidence (one value-miner pass)."""
-        if side not in SIDES:
-            raise ValueError(f"side must be inclusion or exclusion (got '{side}')")
-        text = note.text if isinstance(note, PatientDoc) else note
-        pid = note.patient_id if isinstance(note, PatientDoc) else "-"
-        dclass = data_class or (note.data_class if isinstance(note, PatientDoc) else "private")
-        names = side_atoms(program, side)
-        stage = f"miner_{side}"
-        messages = self.miner_messages(program, text, side, names)
-        if not names:  # nothing to ask: no call, an empty (trivially valid) answer
-            return StageResult(stage=stage, status="accepted", teacher=self.endpoint.name, model=self.endpoint.model,
-                               prompt_version=self.prompt(stage).ident, messages=messages,
-                               output_json=compact({"values": []}), output=[])
-        schema = with_atom_enum(core_schema("value-miner"), names)
+        """Patient note + the side's atoms -> checked values with evidence (see `miner.py`)."""
+        from .miner import mine_values
 
-        def validate(call: CachedCall) -> Check:
-            return check_miner_output(call.content, call.finish_reason, program, names, text,
-                                      max_tokens=self.endpoint.max_tokens.for_stage(stage))
-
-        return await self._stage(stage, messages, schema, "value_miner_output", validate, patient_text=True,
-                                 data_class=dclass, ids=f"trial={program.trial_id} patient={pid}", sensitive=(text,))
+        return await mine_values(self, program, note, side, data_class=data_class)
 
     async def arbitrate(self, program: TrialProgram, note: PatientDoc | str, patient, conflicts) -> StageResult:
         """Re-read the chart for atoms whose values contradict definitions; output: list[Override]."""
@@ -521,12 +283,6 @@ _NUMBER = re.compile(r"(?<![A-Za-z_])\d+(?:\.\d+)?")
 
 def _num(x: str) -> float:
     return float(x)
-
-
-def _check_satisfiable(program: TrialProgram) -> None:
-    from verdict_core.engine import check_satisfiable
-
-    check_satisfiable(program)
 
 
 def _still_conflicting(program: TrialProgram, patient, overrides) -> list[tuple[str, str]]:
