@@ -70,24 +70,94 @@ class Layout:
 
 # ---- prepare: split + generated configs ----------------------------------------------------------
 def split_pairs(recipe: RecipeConfig) -> dict:
-    """Held-out pairs (class-balanced sample) and the training side: trials of no held-out pair."""
+    """Held-out pairs and the training side (trials of no held-out pair): `seeded` samples the
+    held-out pairs class-balanced; `paper` splits by trial (`paper_split`)."""
     from .datasets import DatasetConfig, SampleConfig, load_dataset, sample_pairs
 
     c = recipe.corpus
-    ds = load_dataset(DatasetConfig(kind="trec2021", pairs=c.pairs, patients=c.patients, trials=c.trials,
-                                    data_class="public"))
     s = recipe.split
-    heldout = sample_pairs(ds.pairs, SampleConfig(per_class=s.heldout_per_class, seed=s.seed))
-    held_trials = {p.trial_id for p in heldout}
-    train_trials = sorted({p.trial_id for p in ds.pairs} - held_trials)
+    # The paper's split is over every judged pair: a test trial without criteria text is parse-limited.
+    ds = load_dataset(DatasetConfig(kind="trec2021", pairs=c.pairs, patients=c.patients, trials=c.trials,
+                                    data_class="public", require_text=s.method != "paper"))
+    extra: dict = {}
+    if s.method == "paper":
+        ps = paper_split(ds, s.test_every, parse_limited_reason(recipe))
+        heldout, extra = ps.pop("heldout"), ps
+        held_trials = set(ps.pop("test_trials"))
+        usable = [p for p in ds.pairs if p.patient_id in ds.patients and p.trial_id in ds.trials]
+    else:
+        heldout = sample_pairs(ds.pairs, SampleConfig(per_class=s.heldout_per_class, seed=s.seed))
+        held_trials = {p.trial_id for p in heldout}
+        usable = ds.pairs
+    train_trials = sorted({p.trial_id for p in usable} - held_trials)
     if s.max_train_trials is not None and len(train_trials) > s.max_train_trials:
         train_trials = sorted(random.Random(s.seed).sample(train_trials, s.max_train_trials))
     keep = set(train_trials)
-    train = [p for p in ds.pairs if p.trial_id in keep]
+    train = [p for p in usable if p.trial_id in keep]
     if not train:
         raise BenchError("no training pairs left after holding out the evaluation trials: lower "
                          "split.heldout_per_class or use a larger corpus")
-    return {"heldout": heldout, "train": train, "train_trials": train_trials, "dataset": ds}
+    return {"heldout": heldout, "train": train, "train_trials": train_trials, "dataset": ds, **extra}
+
+
+def paper_split(ds, every: int, limited) -> dict:
+    """The paper's split by trial: sort the unique NCT ids of the judged pairs, every `every`-th
+    (the 5th, 10th, ... : 80/20) is a test trial; its pairs are the test side. Then the test pairs
+    with no usable program are dropped and counted: `limited(trial_id)` names why a trial has
+    none ('parse-limited'), None when it has one. A test pair without a note is dropped too."""
+    ids = sorted({p.trial_id for p in ds.pairs})
+    test_trials = [t for i, t in enumerate(ids, 1) if i % every == 0]
+    held = set(test_trials)
+    test = [p for p in ds.pairs if p.trial_id in held]
+    reasons = {t: limited(t) for t in test_trials}
+    parse_limited: dict[str, int] = {}
+    heldout, no_note = [], 0
+    for p in test:
+        if reasons[p.trial_id]:
+            parse_limited[reasons[p.trial_id]] = parse_limited.get(reasons[p.trial_id], 0) + 1
+        elif p.patient_id not in ds.patients:
+            no_note += 1
+        else:
+            heldout.append(p)
+    return {"heldout": heldout, "test_trials": test_trials,
+            "paper_split": {"trials": len(ids), "test_trials": len(test_trials), "test_pairs": _label_counts(test),
+                            "parse_limited": sum(parse_limited.values()), "parse_limited_reasons": parse_limited,
+                            "no_note": no_note, "heldout": _label_counts(heldout)}}
+
+
+def _label_counts(pairs) -> dict:
+    return {"pairs": len(pairs), "eligible": sum(p.label == "eligible" for p in pairs),
+            "ineligible": sum(p.label == "ineligible" for p in pairs)}
+
+
+def parse_limited_reason(recipe: RecipeConfig):
+    """Whether a trial can get a usable program from the students' parser, decided before any model
+    runs: it needs criteria text, at least one criterion, and every criterion within the parser's
+    prompt budget (`students.limits`; split as the parser splits). Returns trial id -> reason|None."""
+    from data_gen.formalizer.budget import load_limits
+    from data_gen.formalizer.criteria import split_trial
+    from data_gen.formalizer.parser import criterion_messages
+    from data_gen.sources import load_trials
+
+    trials: dict = {}
+    for path in recipe.corpus.trials:
+        for t in load_trials(path).items:
+            trials.setdefault(t.trial_id, t)
+    lim = load_limits(recipe.students.limits)
+    counter, budget = lim.counter(), lim.prompt_budget("parser")
+
+    def reason(trial_id: str) -> str | None:
+        trial = trials.get(trial_id)
+        if trial is None:
+            return "no criteria text"
+        sp = split_trial(trial, lambda c: counter.count_messages(criterion_messages(c)) <= budget)
+        if not sp.criteria:
+            return "no criteria found"
+        if sp.oversize:
+            return "a criterion exceeds the parser's prompt budget"
+        return None
+
+    return reason
 
 
 def _score(label: str) -> int:
@@ -122,8 +192,9 @@ def prepare(recipe: RecipeConfig) -> dict:
     (lay.data / "train_trials.jsonl").write_text("".join(rows[t] for t in sp["train_trials"] if t in rows))
     counts = lambda ps: {"pairs": len(ps), "eligible": sum(p.label == "eligible" for p in ps),  # noqa: E731
                          "trials": len({p.trial_id for p in ps}), "patients": len({p.patient_id for p in ps})}
-    summary = {"recipe": recipe.name, "seed": recipe.split.seed, "corpus": recipe.corpus.model_dump(),
-               "heldout": counts(sp["heldout"]), "train": counts(sp["train"]),
+    summary = {"recipe": recipe.name, "split": recipe.split.method, "seed": recipe.split.seed,
+               "corpus": recipe.corpus.model_dump(), "heldout": counts(sp["heldout"]), "train": counts(sp["train"]),
+               **({"paper_split": sp["paper_split"]} if "paper_split" in sp else {}),
                "dataset_problems": sp["dataset"].problems, "dropped": sp["dataset"].dropped}
     (lay.data / "split.json").write_text(json.dumps(summary, indent=2))
     teacher_run = _teacher_run_config(recipe, lay)
@@ -153,9 +224,10 @@ def _teacher_run_config(recipe: RecipeConfig, lay: Layout) -> dict:
 
 
 def _student_endpoint(recipe: RecipeConfig, name: str, model: str) -> dict:
+    st = recipe.students
+    limits = {"limits": st.limits} if st.limits else {"max_tokens": dict(st.max_tokens)}
     return {"name": name, "base_url": STUDENT_PLACEHOLDER_URL, "model": model, "structured_output": "vllm",
-            "temperature": 0.0, "max_tokens": dict(recipe.students.max_tokens), "timeout_s": 900, "concurrency": 16,
-            "max_retries": 2}
+            "temperature": 0.0, **limits, "timeout_s": 900, "concurrency": 16, "max_retries": 2}
 
 
 def _bench_config(recipe: RecipeConfig, lay: Layout) -> dict:

@@ -10,8 +10,9 @@ value (the shared subset on these machines, the full track corpus at a site).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from slurm.job_config import JobResources
 from verdict_core.program import Id
@@ -32,8 +33,15 @@ class Corpus(_Strict):
 
 
 class SplitSettings(_Strict):
-    heldout_per_class: int = Field(100, ge=1, description="held-out evaluation pairs per label (class-balanced)")
-    seed: int = 0
+    """How held-out pairs are chosen: `seeded` (a class-balanced seeded sample; every trial of a
+    held-out pair is held out with it) or `paper` (the paper's 80/20 split by trial: the sorted
+    unique NCT ids, every `test_every`-th to the test side; then test pairs without a usable
+    program are dropped and counted as parse-limited). `split: paper` is short for `{method: paper}`."""
+
+    method: Literal["seeded", "paper"] = Field("seeded", description="seeded sampling or the paper's split by trial")
+    heldout_per_class: int = Field(100, ge=1, description="seeded: held-out evaluation pairs per label (class-balanced)")
+    seed: int = Field(0, description="seeded: the sample's seed (and the cap on training trials)")
+    test_every: int = Field(5, ge=2, description="paper: every N-th of the sorted NCT ids is a test trial (5: 80/20)")
     max_train_trials: int | None = Field(None, ge=1, description="cap the teacher's training trials (cost)")
 
 
@@ -44,12 +52,23 @@ class StudentSettings(_Strict):
     train_overrides: list[str] = Field(default_factory=list, description="--set for both trainings")
     eval_config: str = "eval"
     eval_overrides: list[str] = Field(default_factory=list, description="--set for both evaluations")
+    limits: str | None = Field(None, description="configs/limits/NAME.yaml (e.g. paper): max_tokens, vllm.max_model_len "
+                               "and the students' context and tokenizer derive from it")
     max_tokens: dict[str, int] = Field(default_factory=lambda: {"parser": 3072, "miner_inclusion": 3072,
                                                                 "miner_exclusion": 3072},
                                        description="output limits of the students' calls in the benchmark")
     llm_match_max_tokens: int = Field(3072, gt=0, description="output limit of the direct matcher on base Qwen")
     vllm: dict = Field(default_factory=lambda: {"device": "gpu", "max_model_len": 8192},
                        description="more serve.vllm_config.VLLMConfig keys for the benchmark's vLLM server")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_limits(cls, data):
+        from data_gen.formalizer.budget import STUDENT_STAGES, apply_limits
+
+        return apply_limits(data, "recipe students", lambda lim: {
+            **{("max_tokens", s): lim.stage_tokens(s) for s in STUDENT_STAGES},
+            ("vllm", "max_model_len"): lim.max_length})
 
 
 def _cpu(time: str, mem: str, cpus: int) -> JobResources:
@@ -71,6 +90,11 @@ class RecipeConfig(_Strict):
     cache: str = Field("runs/teacher-cache.sqlite", description="call cache shared with every teacher run")
     corpus: Corpus = Field(default_factory=Corpus)
     split: SplitSettings = Field(default_factory=SplitSettings)
+
+    @field_validator("split", mode="before")
+    @classmethod
+    def _split_by_name(cls, v):
+        return {"method": v} if isinstance(v, str) else v
     teacher: str = Field(description="the API teacher: configs/teachers name or path")
     teacher_budget_usd: float | None = Field(None, ge=0)
     bench_budget_usd: float | None = Field(None, ge=0)

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/serve_overhead.py [--work runs/bench-serve] [--requests 60]
         [--concurrency 1,6,32] [--formalizer-url URL --service-url URL --key KEY]
+    .venv/bin/python benchmarks/serve_overhead.py --edge     # no vLLM: the HTTP edge and the event loop
 
 By default it builds the tiny CPU students the tests use (tiny Qwen2 base, two LoRA adapters trained
 through `train/` on the recorded teacher outputs; kept in --work, so a rerun skips training),
@@ -17,6 +18,13 @@ Printed, all from the same run:
   same concurrency, for comparison, with vLLM's own request count per match. The recorded set has 6
   distinct pairs: above 6 in flight, identical requests coalesce in the formalizer (single flight),
   so the service makes fewer vLLM calls than the direct side and the ratio is no longer like for like.
+
+`--edge` needs no model (the scripted formalizer answers at once) and prints:
+- per-request latency on one reused (keep-alive) connection: GET /healthz and POST /v1/match - what
+  the edge adds (a socket without TCP_NODELAY adds ~40 ms here);
+- /healthz latency (median, max) while the solver works: during a program upload whose 40 criteria
+  are hard (x^3 + y^3 + z^3 = k) and during a match whose decision runs into the solver limit, with
+  how long each took (one limit per request, not one per criterion).
 """
 
 from __future__ import annotations
@@ -170,6 +178,76 @@ async def measure(
             )
 
 
+def edge(work: Path, requests: int) -> None:
+    """The HTTP edge and the event loop, with the scripted formalizer (no model needed)."""
+    import shutil
+    import threading
+
+    import httpx
+
+    from data_gen.scripted_server import Script, ScriptedServer
+    from tests.serve.conftest import start_service
+    from tests.serve.test_security import CONFIG, SCRIPT, cubes, fermat, program
+
+    limit_ms = CONFIG["solver_timeout_ms"]
+    srv = ScriptedServer(Script.model_validate(SCRIPT)).start()
+    shutil.rmtree(work / "edge-service", ignore_errors=True)
+    svc = start_service(work / "edge-service", srv.url, CONFIG)
+    try:
+        with svc.client("admin") as c:
+            for prog in (program("T-AGE", "age_years"), fermat("T-FERMAT")):
+                c.post("/v1/trials", json={"program": prog}).raise_for_status()
+            patient = {"patient_id": "P1", "note": "Patient note: 40 years old."}
+            body = {"trial_id": "T-AGE", "patient": patient}
+            c.post("/v1/match", json=body).raise_for_status()
+            print(f"\nper request on one reused connection ({requests} each):")
+            for name, send in (("GET /healthz", lambda: c.get("/healthz")),
+                               ("POST /v1/match", lambda: c.post("/v1/match", json=body))):
+                lat = []
+                for _ in range(requests):
+                    t0 = time.perf_counter()
+                    send().raise_for_status()
+                    lat.append(time.perf_counter() - t0)
+                med, p90 = statistics.median(lat) * 1000, _p90(lat) * 1000
+                print(f"  {name:16s} median {med:7.1f} ms   p90 {p90:7.1f} ms")
+
+        print(f"\n/healthz while the solver works (solver limit {limit_ms} ms):")
+        slow = {
+            "idle (for comparison)": lambda c: time.sleep(1.0),
+            "upload, 40 hard criteria": lambda c: c.post(
+                "/v1/trials", json={"program": cubes("T-CUBES", 40)}),
+            "match, decision at the limit": lambda c: c.post(
+                "/v1/match",
+                json={"trial_id": "T-FERMAT", "patient": {"patient_id": "P2", "note": "w is zero."}}),
+        }
+        for name, call in slow.items():
+            lat, stop = [], threading.Event()
+
+            def poll():
+                while not stop.is_set():
+                    t0 = time.perf_counter()
+                    httpx.get(svc.url + "/healthz", timeout=300, trust_env=False)
+                    lat.append(time.perf_counter() - t0)
+                    time.sleep(0.02)
+
+            th = threading.Thread(target=poll)
+            th.start()
+            time.sleep(0.2)
+            with svc.client("admin", timeout=600) as c:
+                t0 = time.perf_counter()
+                r = call(c)
+                took = time.perf_counter() - t0
+            stop.set()
+            th.join()
+            status = f"HTTP {r.status_code}" if r is not None else "-"
+            print(f"  {name:30s} took {took:6.2f} s ({status});  /healthz median "
+                  f"{statistics.median(lat) * 1000:6.1f} ms, max {max(lat) * 1000:7.1f} ms "
+                  f"({len(lat)} polls)")
+    finally:
+        svc.stop()
+        srv.stop()
+
+
 def _p90(xs: list[float]) -> float:
     return sorted(xs)[max(0, int(round(0.9 * len(xs))) - 1)]
 
@@ -183,7 +261,13 @@ def main() -> None:
     ap.add_argument("--service-url")
     ap.add_argument("--key")
     ap.add_argument("--records", type=Path, help="teacher records JSON (default: the tests' recorded set)")
+    ap.add_argument("--edge", action="store_true",
+                    help="no vLLM: edge latency and /healthz under solver load")
     a = ap.parse_args()
+    if a.edge:
+        a.work.mkdir(parents=True, exist_ok=True)
+        edge(a.work, min(a.requests, 200))
+        return
     from serve.students import load_teacher_records, student_vllm_config, trial_text
 
     records = load_teacher_records(a.records or RECORDS)

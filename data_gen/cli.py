@@ -153,20 +153,102 @@ def import_recorded(
     out_dir: Path = typer.Option(Path("runs"), help="runs folder"),
     name: str = typer.Option("recorded-v6", help="run name for the imported records"),
     prompt_version: str = typer.Option("v1", help="value-miner prompt version to pair the records with"),
+    trials: list[Path] = typer.Option(
+        [Path("../shared/data/benchmarks/trials.jsonl"), Path("../shared/data/benchmarks/trials_judged0_only.jsonl")],
+        "--trials", help="trial files with the criteria text the parser records are aligned with (repeatable)"),
+    parser_prompt_version: str = typer.Option("v1", help="criterion-parser prompt version of the parser records"),
 ) -> None:
-    """Import the paper authors' recorded value-miner outputs as teacher records (no API calls)."""
+    """Import the paper authors' recorded outputs as per-criterion parser records and value-miner
+    records (no API calls)."""
     from verdict_core.errors import VerdictError
 
     from .recorded import import_recorded as run_import
 
     try:
-        s = run_import(reference, patients, out_dir, name, prompt_version)
+        s = run_import(reference, patients, out_dir, name, prompt_version, trials_path=[p for p in trials if p.exists()],
+                       parser_prompt_version=parser_prompt_version)
     except VerdictError as e:
         fail(str(e))
     typer.echo(f"{s.run_dir}: {s.files} reference files -> {s.accepted} accepted, {s.rejected} rejected value-miner "
                f"records" + (f" (reasons: {', '.join(f'{k} {v}' for k, v in s.reasons.items())})" if s.reasons else ""))
+    typer.echo(f"parser: {s.parser_accepted} accepted, {s.parser_rejected} rejected per-criterion records"
+               + (f" (reasons: {', '.join(f'{k} {v}' for k, v in s.parser_reasons.items())})" if s.parser_reasons else "")
+               + f"; {s.requirements} recorded requirements, {s.requirements_unaligned} not aligned with a criterion, "
+               f"{s.criteria_without_requirement} criteria without a requirement, {s.no_trial_text} files without "
+               f"trial text (alignment: {', '.join(f'{k} {v}' for k, v in sorted(s.alignment.items())) or '-'})")
+    missing = [str(p) for p in trials if not p.exists()]
+    if missing:
+        typer.echo(f"  note: trial files not found, no parser records from them: {', '.join(missing)}", err=True)
     for p in s.problems[:20]:
         typer.echo(f"  problem: {p}", err=True)
+
+
+@app.command("budget")
+def budget(
+    trials: Optional[list[Path]] = typer.Option(None, "--trials", help="trials JSONL (default: the shared trials.jsonl "
+                                                "+ trials_judged0_only.jsonl); parser prompts per criterion"),
+    notes: Optional[list[Path]] = typer.Option(None, "--notes", help="patients JSONL whose notes make the long "
+                                               "records (default: the SIGIR + TREC patients)"),
+    recorded: Optional[Path] = typer.Option(None, "--recorded", help="recorded outputs <patient>/<trial>__full.json "
+                                            "(default: ../shared/data/reference/v6)"),
+    recorded_notes: Optional[Path] = typer.Option(None, "--recorded-notes", help="the recorded corpus' notes "
+                                                  "(default: the SIGIR patients)"),
+    limits: str = typer.Option("paper", "--limits", help="configs/limits/NAME.yaml (or a path)"),
+    note_tokens: str = typer.Option("500,2000,8000", "--note-tokens", help="sizes of the long records (tokens); "
+                                    "empty: none"),
+) -> None:
+    """Do the stage calls fit a student's limits? Prompt and completion tokens per stage (real
+    tokenizer), and the share that fits; the last line sums up the recorded corpus."""
+    from verdict_core.errors import VerdictError
+
+    from .budget_report import budget_report, format_report
+
+    try:
+        sizes = tuple(int(x) for x in note_tokens.split(",") if x.strip())
+    except ValueError:
+        fail(f"--note-tokens must be comma-separated integers (got '{note_tokens}')")
+    try:
+        report = budget_report(trials or None, notes or None, recorded, recorded_notes, limits, sizes)
+    except VerdictError as e:
+        fail(str(e))
+    typer.echo(format_report(report))
+
+
+@app.command()
+def criteria(
+    trials: list[Path] = typer.Option(
+        [Path("../shared/data/benchmarks/trials.jsonl"), Path("../shared/data/benchmarks/trials_judged0_only.jsonl")],
+        "--trials", help="trial files (JSONL or ctgov); repeat the option for several"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    top: int = typer.Option(10, help="how many of the most repeated criteria to list"),
+    recorded: Optional[Path] = typer.Option(None, help="also assemble the recorded programs of this reference "
+                                            "folder per requirement and count merges (e.g. ../shared/data/reference/v6)"),
+) -> None:
+    """Split every trial into criteria; print distinct criteria and the share of parser calls the
+    criterion cache saves."""
+    from verdict_core.errors import VerdictError
+
+    from .stats import criteria_figures, render_criteria_figures
+
+    try:
+        f = criteria_figures(trials, top=top)
+        if recorded is not None:
+            from .recorded import assembly_figures
+
+            f["assembly"] = assembly_figures(recorded)
+    except (VerdictError, OSError) as e:
+        fail(str(e))
+    for p in f["problems"][:20]:
+        typer.echo(f"  input problem: {p}", err=True)
+    if as_json:
+        typer.echo(json.dumps(f, indent=2))
+        return
+    typer.echo(render_criteria_figures(f))
+    if "assembly" in f:
+        a = f["assembly"]
+        typer.echo(f"assembly: files={a['files']} assembled={a['assembled']} requirements={a['requirements']} "
+                   f"atom_declarations={a['atom_declarations']} atoms={a['atoms']} merged={a['merged']} "
+                   f"renamed={a['renamed']} near_duplicates={a['near_duplicates']} refused={a['refused']}")
 
 
 @app.command("scripted-server")

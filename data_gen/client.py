@@ -152,7 +152,9 @@ class EndpointClient:
             except openai.APIStatusError as e:
                 status = e.status_code
                 retryable = status in (408, 409, 429) or status >= 500
-                problem = f"HTTP {status}: {_server_message(e, sensitive)}"
+                private = carries_patient_text and data_class not in ("public", "synthetic")
+                # A server's message can echo any fragment of a private note, too short to recognize.
+                problem = f"HTTP {status}: " + (PRIVATE_WITHHELD if private else _server_message(e, sensitive))
                 retry_after = _retry_after(e.response.headers) if e.response is not None else None
             except openai.APITimeoutError:
                 status, retryable, problem = None, True, f"no answer within {t.timeout_s:g} s"
@@ -220,6 +222,9 @@ def _retry_after(headers) -> float | None:
             return max(0.0, when.timestamp() - time.time())
         except (TypeError, ValueError):
             return None
+
+
+PRIVATE_WITHHELD = "[server message withheld: the request carries private patient text]"
 
 
 def _server_message(e, sensitive: tuple[str, ...]) -> str:

@@ -3,7 +3,11 @@
 `<out>/<task>/` holds a `datasets.DatasetDict` (`save_to_disk`; splits train, validation, test),
 `<split>.jsonl` copies, `dataset_card.json` and `README.md`. Each row: `messages` (system, user,
 assistant = the exact compact JSON the student must emit), `task`, `record_id`, `trial_id`,
-`patient_id` (null for the parser), `stage`, `teacher`, `prompt_version`.
+`patient_id` (null for the parser), `stage`, `teacher`, `prompt_version`. One row per accepted stage
+call: the parser's rows are per criterion (record id `parser:<trial>#<criterion id>`), a chunked
+miner pass gives one row per chunk; the assembled program of a trial is not a training example.
+The same prompt twice (a criterion that recurs across trials) is kept once, in the split of the
+first trial that has it.
 
 Splits are by trial id: every record of a trial (parser and value-miner, every teacher, every
 recorded variant) lands in the same split, so no trial is in two splits. `split_by="trial+patient"`

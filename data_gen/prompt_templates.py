@@ -23,7 +23,7 @@ PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 _SLOT = re.compile(r"\{\{([A-Z_]+)\}\}")
 # Which template each stage uses.
 STAGE_TEMPLATE = {
-    "parser": "trial_parser",
+    "parser": "criterion_parser",  # one criterion per call; trial_parser (whole trial) is kept for old records
     "miner_inclusion": "miner_inclusion",
     "miner_exclusion": "miner_exclusion",
     "arbiter": "arbiter",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from verdict_core.formula import AtomName
 from verdict_core.patient import Value
@@ -43,12 +43,42 @@ class TrialDoc(_Model):
         return self.criteria.strip()
 
 
+class NoteDocument(_Model):
+    """One document of a patient record (a discharge summary, a lab report, ...)."""
+
+    id: str = Field(min_length=1, description="the document's id; every evidence quote names it")
+    text: str = Field(min_length=1)
+    date: str | None = Field(None, description="when the document was written (ISO date), if known")
+    kind: str | None = Field(None, description="e.g. discharge_summary, radiology, lab")
+
+
+SINGLE_NOTE_ID = "note"  # the document id of a patient given as one text
+
+
 class PatientDoc(_Model):
-    """A patient note. Its text never goes to logs; log `patient_id` or `text_hash` instead."""
+    """A patient note, or several documents. Its text never goes to logs; log `patient_id` or
+    `text_hash` instead. Given `documents` only, `text` is their texts joined by blank lines."""
 
     patient_id: str
-    text: str
+    text: str = ""
+    documents: list[NoteDocument] | None = Field(None, description="several documents (default: `text` as one)")
     data_class: Literal["private", "public", "synthetic"] = "private"
+
+    @model_validator(mode="after")
+    def _text_or_documents(self):
+        if self.documents:
+            ids = [d.id for d in self.documents]
+            if len(set(ids)) != len(ids):
+                raise ValueError("document ids must be unique")
+            if not self.text:
+                self.text = "\n\n".join(d.text for d in self.documents)
+        elif not self.text:
+            raise ValueError("give `text` or `documents`")
+        return self
+
+    def note_documents(self) -> list[NoteDocument]:
+        """The record as documents: `documents`, or `text` as the one document 'note'."""
+        return list(self.documents) if self.documents else [NoteDocument(id=SINGLE_NOTE_ID, text=self.text)]
 
     @property
     def text_hash(self) -> str:
@@ -112,6 +142,13 @@ class StageResult(_Model):
     output: Any = None
     attempts: list[Attempt] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
+    item: str | None = Field(None, description="which part of the stage's input one call covers (a criterion "
+                             "id, a miner chunk); None for a whole-input result")
+    calls: list["StageResult"] = Field(default_factory=list, description="a stage made of several calls "
+                                       "(per criterion, per chunk): one result per call, each with its "
+                                       "`item`; `usage` is then their sum")
+    assembly: dict[str, Any] | None = Field(None, description="what combining the calls did: merges, "
+                                            "near-duplicates, failed or out-of-scope parts (ids, no patient text)")
 
     @property
     def accepted(self) -> bool:

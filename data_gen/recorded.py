@@ -1,4 +1,5 @@
-"""The recorded teacher: the paper authors' recorded formalizer outputs as value-miner records.
+"""The recorded teacher: the paper authors' recorded formalizer outputs as per-criterion parser
+records and value-miner records.
 
 `../shared/data/reference/v6/<patient>/<NCT id>[variant]__full.json` holds, per patient-trial
 variant, the program the authors' trial parser wrote and the values their value miner (GPT-4.1
@@ -6,6 +7,18 @@ era) read from the SIGIR note. `verdict_core.reference` turns a file into a Tria
 resolved patient; here each side becomes one value-miner record: our miner prompt for that side's
 atoms and the note, with the recorded values as the teacher's answer, checked like any teacher
 output (an evidence quote that is not in the note rejects the record). No API is called.
+
+Parser records. The authors' SMT asserts are named `REQk_COMPONENTj_*` (criteria) and
+`REQk_AUXILIARYj` (definitions): one REQk per requirement of a side. `requirement_outputs`
+re-expresses each requirement as our per-criterion output (its components' formulas joined: `and`
+on the inclusion side, where each must hold, `or` on the exclusion side, where each excludes; the
+atoms they use; the definitions that belong to them). Alignment with the criterion text (the
+trial's criteria in `trials.jsonl`, split by `criteria.py`), per side: when the side has as many
+criteria as requirements, REQk is the (k+1)-th criterion ("index"); otherwise each requirement goes
+to the criterion whose text shares most of the words of its atom names (at least half of them;
+"overlap"), and requirements that land on one criterion are joined. A requirement that aligns with
+no criterion, and a criterion no requirement aligns with (the authors leave consent and logistics
+out), make no record and are counted in the summary, never dropped silently.
 
 Mapping of values: observed -> the value (or bounds) with its evidence; imputed by the authors'
 silence default or unresolved -> null, since our miner reports only what the note establishes and
@@ -20,6 +33,9 @@ from pathlib import Path
 
 from verdict_core.errors import VerdictError
 
+from verdict_core.formula import atoms_in
+from verdict_core.program import ParsedCriterion, TrialProgram
+
 from .formalizer import (
     check_miner_output,
     compact,
@@ -27,9 +43,12 @@ from .formalizer import (
     quote_in_note,
     side_atoms,
 )
-from .protocol import StageResult
+from .formalizer.assembly import criterion_outputs
+from .formalizer.criteria import CriterionText, split_trial
+from .formalizer.parser import check_criterion_output, criterion_messages
+from .protocol import StageResult, TrialDoc, Usage
 from .records import RecordStore
-from .sources import load_patients
+from .sources import load_patients, load_trials
 
 TEACHER = "recorded-v6"
 MODEL = "gpt-4.1 (recorded by the paper authors)"
@@ -43,6 +62,141 @@ class RecordedSummary:
     rejected: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    parser_accepted: int = 0
+    parser_rejected: int = 0
+    parser_reasons: dict[str, int] = field(default_factory=dict)
+    requirements: int = 0
+    requirements_unaligned: int = 0
+    criteria_without_requirement: int = 0
+    alignment: dict[str, int] = field(default_factory=dict)  # method -> sides aligned that way
+    no_trial_text: int = 0  # files whose trial is not in the trials file
+
+
+@dataclass
+class Requirement:
+    """One recorded requirement (REQk of a side) as our per-criterion parser output."""
+
+    side: str
+    req: str  # "REQ3"
+    criteria: list[str]  # the program's criterion ids (components)
+    output: ParsedCriterion
+
+
+_REQ = re.compile(r"^(inc|exc)\.(REQ\d+)_")
+_STOP = {"patient", "has", "have", "is", "of", "the", "a", "an", "and", "or", "now", "diagnosis", "value",
+         "any", "inthehistory", "in", "with", "to", "for", "on", "by", "at", "be", "not", "no"}
+
+
+def requirement_outputs(program: TrialProgram) -> list[Requirement]:
+    """Each recorded requirement re-expressed as our per-criterion output, in program order."""
+    per_criterion = criterion_outputs(program)
+    groups: dict[tuple[str, str], list[str]] = {}
+    for _, side, cr in program.criteria():
+        m = _REQ.match(cr.id)
+        key = (side, m.group(2) if m else cr.id)
+        if cr.id not in groups.setdefault(key, []):
+            groups[key].append(cr.id)
+    return [Requirement(side=side, req=req, criteria=ids,
+                        output=join_outputs([per_criterion[i] for i in ids], side))
+            for (side, req), ids in groups.items()]
+
+
+def join_outputs(outputs: list[ParsedCriterion], side: str) -> ParsedCriterion:
+    """Several outputs as one criterion's: formulas joined (inclusion: and; exclusion: or)."""
+    if len(outputs) == 1:
+        return outputs[0]
+    atoms, defs, seen = {}, [], set()
+    for o in outputs:
+        for a in o.atoms:
+            atoms.setdefault(a.name, a)
+        for d in o.definitions:
+            if d.id not in seen:
+                seen.add(d.id)
+                defs.append(d)
+    op = "and" if side == "inclusion" else "or"
+    args = [o.formula if isinstance(o.formula, str) else o.formula.model_dump(by_alias=True) for o in outputs]
+    labels = sorted({x for o in outputs for x in o.cohorts})
+    return ParsedCriterion.model_validate({
+        "in_scope": True, "atoms": [a.model_dump() for a in atoms.values()], "formula": {"op": op, "args": args},
+        "definitions": [d.model_dump(by_alias=True) for d in defs], "cohorts": labels})
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in re.split(r"[^a-z0-9]+", text.lower()) if len(w) > 1 and w not in _STOP}
+
+
+Aligned = list[tuple[CriterionText, list[Requirement]]]
+
+
+def align_requirements(reqs: list[Requirement], criteria: list[CriterionText]) -> tuple[
+        Aligned, list[Requirement], list[CriterionText], dict[str, int]]:
+    """(aligned criterion -> its requirements, unaligned requirements, criteria without one,
+    method counts); see the module docstring for the rule."""
+    aligned: dict[str, list[Requirement]] = {}
+    unaligned: list[Requirement] = []
+    methods: dict[str, int] = {}
+    by_id = {c.id: c for c in criteria}
+    for side in ("inclusion", "exclusion"):
+        rs = [r for r in reqs if r.side == side]
+        cs = [c for c in criteria if c.side == side]
+        if not rs:
+            continue
+        if len(rs) == len(cs):
+            methods["index"] = methods.get("index", 0) + 1
+            for r, c in zip(rs, cs):
+                aligned.setdefault(c.id, []).append(r)
+            continue
+        methods["overlap"] = methods.get("overlap", 0) + 1
+        words = {c.id: _words(c.text) for c in cs}
+        for r in rs:
+            names = atoms_in(r.output.formula) if r.output.formula is not None else set()
+            rw = set().union(*(_words(n.replace("@@", " ")) for n in names))
+            best = max(cs, key=lambda c: len(rw & words[c.id]), default=None)
+            if best is None or not rw or len(rw & words[best.id]) < max(1, len(rw) / 2):
+                unaligned.append(r)
+                continue
+            aligned.setdefault(best.id, []).append(r)
+    pairs = [(by_id[cid], rs) for cid, rs in aligned.items()]
+    pairs.sort(key=lambda p: criteria.index(p[0]))
+    uncovered = [c for c in criteria if c.id not in aligned]
+    return pairs, unaligned, uncovered, methods
+
+
+def recorded_parser_result(program: TrialProgram, trial: TrialDoc, prompt_version: str = "v1",
+                           out: RecordedSummary | None = None) -> StageResult:
+    """The recorded program as a parser result made of per-criterion calls (one per aligned
+    criterion, each checked like a live call); `output` is the recorded program."""
+    out = out if out is not None else RecordedSummary(run_dir="")
+    reqs = requirement_outputs(program)
+    split = split_trial(trial)
+    pairs, unaligned, uncovered, methods = align_requirements(reqs, split.criteria)
+    out.requirements += len(reqs)
+    out.requirements_unaligned += len(unaligned)
+    out.criteria_without_requirement += len(uncovered)
+    for k, v in methods.items():
+        out.alignment[k] = out.alignment.get(k, 0) + v
+    calls = []
+    for c, rs in pairs:
+        answer = compact(join_outputs([r.output for r in rs], c.side).model_dump(mode="json", by_alias=True,
+                                                                                   exclude_defaults=True))
+        check = check_criterion_output(answer, "stop", c, max_tokens=0)
+        calls.append(StageResult(
+            stage="parser", status="accepted" if check.ok else "rejected", reason=check.reason,
+            problems=check.messages, teacher=TEACHER, model=MODEL,
+            prompt_version=f"criterion_parser@{prompt_version}", messages=criterion_messages(c, prompt_version),
+            output_json=check.output_json if check.ok else None, output=check.output if check.ok else None,
+            item=c.id))
+        if check.ok:
+            out.parser_accepted += 1
+        else:
+            out.parser_rejected += 1
+            out.parser_reasons[check.reason or "?"] = out.parser_reasons.get(check.reason or "?", 0) + 1
+    report = {"requirements": len(reqs), "aligned": [c.id for c, _ in pairs],
+              "unaligned_requirements": [f"{r.side}:{r.req}" for r in unaligned],
+              "criteria_without_requirement": [c.id for c in uncovered], "alignment": methods}
+    return StageResult(stage="parser", status="accepted", teacher=TEACHER, model=MODEL,
+                       prompt_version=f"criterion_parser@{prompt_version}", messages=[], output=program,
+                       calls=calls, usage=Usage(), assembly=report)
 
 
 _QUOTED = re.compile(r'"([^"]{3,})"|“([^”]{3,})”|‘([^’]{3,})’|(?<![A-Za-z])\'([^\']{3,})\'(?![A-Za-z])')
@@ -74,7 +228,9 @@ def recorded_answer(case, side: str, names: list[str], note: str) -> str:
 
 
 def import_recorded(reference_dir: str | Path, patients_path: str | Path, out_dir: str | Path = "runs",
-                    name: str = "recorded-v6", prompt_version: str = "v1") -> RecordedSummary:
+                    name: str = "recorded-v6", prompt_version: str = "v1",
+                    trials_path: str | Path | list[str | Path] | None = None,
+                    parser_prompt_version: str = "v1") -> RecordedSummary:
     from verdict_core.reference import load_reference
 
     ref = Path(reference_dir)
@@ -86,9 +242,17 @@ def import_recorded(reference_dir: str | Path, patients_path: str | Path, out_di
     run_dir = Path(out_dir) / name
     store = RecordStore(run_dir / "records.sqlite")
     out = RecordedSummary(run_dir=str(run_dir), problems=list(patients.problems))
+    trials: dict[str, TrialDoc] = {}
+    trial_files = [] if trials_path is None else list(trials_path) if isinstance(trials_path, list) else [trials_path]
+    for tf in trial_files:  # the first file that has a trial gives its text
+        loaded = load_trials(tf)
+        out.problems += loaded.problems
+        for t in loaded.items:
+            trials.setdefault(t.trial_id, t)
     try:
         store.set_meta("config", {"name": name, "recorded": True, "reference_dir": str(reference_dir),
-                                  "patients": str(patients_path), "teachers": {"miner": TEACHER}})
+                                  "patients": str(patients_path), "trials": [str(x) for x in trial_files],
+                                  "teachers": {"parser": TEACHER, "miner": TEACHER}})
         for f in files:
             out.files += 1
             patient_id, stem = f.parent.name, f.name.split("__")[0]
@@ -103,6 +267,12 @@ def import_recorded(reference_dir: str | Path, patients_path: str | Path, out_di
             except VerdictError as e:
                 out.problems.append(f"{f.parent.name}/{f.name}: {e.summary}")
                 continue
+            trial = trials.get(trial_id)
+            if trial is not None:
+                parsed = recorded_parser_result(case.program, trial, parser_prompt_version, out)
+                store.put(parsed, trial_id, item=stem)
+            elif trial_files:
+                out.no_trial_text += 1
             for side in ("inclusion", "exclusion"):
                 names = side_atoms(case.program, side)
                 if not names:
@@ -127,3 +297,38 @@ def import_recorded(reference_dir: str | Path, patients_path: str | Path, out_di
     finally:
         store.close()
     return out
+
+
+def assembly_figures(reference_dir: str | Path) -> dict:
+    """The assembly on the reference corpus: each recorded program re-expressed per requirement
+    (`requirement_outputs`) and assembled again; merges, renames and near-duplicates counted."""
+    from verdict_core.reference import load_reference
+
+    from .formalizer.assembly import assemble
+
+    f = {"files": 0, "refused": 0, "requirements": 0, "atom_declarations": 0, "atoms": 0, "merged": 0,
+         "renamed": 0, "near_duplicates": 0, "assembled": 0}
+    for path in sorted(Path(reference_dir).glob("*/*__full.json")):
+        f["files"] += 1
+        try:
+            program = load_reference(path).program
+        except VerdictError:
+            f["refused"] += 1
+            continue
+        n = {"inclusion": 0, "exclusion": 0}
+        criteria, outputs = [], {}
+        for r in requirement_outputs(program):
+            n[r.side] += 1
+            c = CriterionText(f"{r.side[:3]}-{n[r.side]}", r.side, r.req)  # type: ignore[arg-type]
+            criteria.append(c)
+            outputs[c.id] = r.output
+        asm = assemble(program.trial_id, program.title, criteria, outputs, {})
+        f["requirements"] += len(criteria)
+        f["atom_declarations"] += sum(len(o.atoms) for o in outputs.values())
+        f["merged"] += len(asm.report["merged"])
+        f["renamed"] += len(asm.report["renamed"])
+        f["near_duplicates"] += len(asm.report["near_duplicates"])
+        if asm.program is not None:
+            f["assembled"] += 1
+            f["atoms"] += len(asm.program.atoms)
+    return f

@@ -1,4 +1,5 @@
-"""A run's records: one row per stage item (accepted or rejected), in `<run dir>/records.sqlite`.
+"""A run's records: one row per stage item (accepted or rejected), in `<run dir>/records.sqlite`;
+an item made of several calls (a trial parsed per criterion) also has one row per call.
 
 A record is derived from cached calls, so one lost to a crash is rebuilt at no cost on resume;
 each is written in one transaction, so none is ever half-written. The rows hold patient text
@@ -32,8 +33,18 @@ CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
 """
 
 
+# The task of a result made of several calls (a trial's assembled program, a merged miner pass):
+# its calls are the training examples (one row each, `<record id>#<item>`), it is not one itself.
+ASSEMBLED = "assembled"
+
+
 def record_id(stage: str, trial_id: str, patient_id: str | None = None) -> str:
     return f"{stage}:{trial_id}" + (f":{patient_id}" if patient_id else "")
+
+
+def call_record_id(rid: str, item: str) -> str:
+    """The record of one call of a multi-call result (a criterion, a miner chunk)."""
+    return f"{rid}#{item}"
 
 
 @dataclass(frozen=True)
@@ -75,21 +86,28 @@ class RecordStore:
 
     def put(self, result: StageResult, trial_id: str, patient_id: str | None = None, item: str | None = None) -> str:
         """Record a stage result. ``item`` names the input when several share a trial id (the
-        recorded teacher's variants a, b, ... of one trial); splits still group by ``trial_id``."""
+        recorded teacher's variants a, b, ... of one trial); splits still group by ``trial_id``.
+        A result made of several calls (`result.calls`: the parser's criteria, miner chunks) is
+        one row of task `assembled` (the program, for resuming and mining) plus one row per call
+        (`<record id>#<item>`, the stage's task): the calls are the SFT examples. All rows of a
+        result are written in one transaction."""
         rid = record_id(result.stage, item or trial_id, patient_id)
         program_json = None
         if result.accepted and result.stage == "parser" and result.output is not None:
             program_json = result.output.model_dump_json(by_alias=True)
-        u = result.usage
+        task = ASSEMBLED if result.calls else TASK_OF_STAGE.get(result.stage, result.stage)
+        rows = [_row(rid, result, task, trial_id, patient_id, program_json)]
+        rows += [_row(call_record_id(rid, c.item or str(k)), c, TASK_OF_STAGE.get(c.stage, c.stage), trial_id,
+                      patient_id, None) for k, c in enumerate(result.calls)]
         with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO records VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (rid, result.stage, TASK_OF_STAGE.get(result.stage, result.stage), trial_id, patient_id, result.status,
-                 result.reason, json.dumps(result.problems), result.teacher, result.model, result.prompt_version,
-                 json.dumps(result.messages, ensure_ascii=False), result.output_json, program_json, u.prompt_tokens,
-                 u.completion_tokens, u.cost_usd, u.calls_paid, u.cache_hits, len(result.attempts),
-                 int(result.repaired), time.time()),
-            )
+            self._db.execute("BEGIN")  # autocommit connection: one explicit transaction for all rows
+            try:
+                self._db.executemany("INSERT OR REPLACE INTO records VALUES "
+                                     "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
         return rid
 
     def done_ids(self) -> set[str]:
@@ -110,7 +128,7 @@ class RecordStore:
         """trial_id -> accepted program JSON."""
         with self._lock:
             rows = self._db.execute("SELECT trial_id, program_json FROM records WHERE stage = 'parser' "
-                                    "AND status = 'accepted'").fetchall()
+                                    "AND status = 'accepted' AND program_json IS NOT NULL").fetchall()
         return {t: p for t, p in rows}
 
     def set_meta(self, key: str, value) -> None:
@@ -121,6 +139,15 @@ class RecordStore:
         with self._lock:
             row = self._db.execute("SELECT v FROM meta WHERE k = ?", (key,)).fetchone()
         return json.loads(row[0]) if row else default
+
+
+def _row(rid: str, result: StageResult, task: str, trial_id: str, patient_id: str | None,
+         program_json: str | None) -> tuple:
+    u = result.usage
+    return (rid, result.stage, task, trial_id, patient_id, result.status, result.reason, json.dumps(result.problems),
+            result.teacher, result.model, result.prompt_version, json.dumps(result.messages, ensure_ascii=False),
+            result.output_json, program_json, u.prompt_tokens, u.completion_tokens, u.cost_usd, u.calls_paid,
+            u.cache_hits, len(result.attempts), int(result.repaired), time.time())
 
 
 def _record(r) -> Record:

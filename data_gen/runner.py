@@ -3,8 +3,9 @@
     run = TeacherRun(load_run_config("sigir-subset"), budget_usd=5.0)
     summary = asyncio.run(run.run())          # or run.dry_run() to estimate first
 
-Work: the parser stage for each trial; for each accepted program, the value-miner inclusion and
-exclusion passes for each of the trial's pairs. Items run concurrently (bounded per teacher) and
+Work: the parser stage for each trial (one call per criterion, assembled into the trial's program;
+a criterion that recurs across trials is one call); for each accepted program, the value-miner
+inclusion and exclusion passes for each of the trial's pairs. Items run concurrently (bounded per teacher) and
 each result is recorded as soon as it is checked, so a run interrupted at any moment (`kill -9`
 included) resumes where it stopped: recorded items are skipped, answered calls come from the
 cache, and only calls whose answer never arrived are sent again.
@@ -218,8 +219,10 @@ class TeacherRun:
         for trial in plan.trials:
             if "parser" in self.config.stages and record_id("parser", trial.trial_id) not in done:
                 fz = fzs[self.config.teacher_for("parser")]
-                msgs = fz.parser_messages(trial)
-                count("parser", msgs, fz.request_key("parser", msgs, core_schema("parsed-trial"), "parsed_trial"))
+                for c in fz.trial_criteria(trial).criteria:  # one call per criterion; repeats share one
+                    msgs = fz.criterion_messages(c)
+                    count("parser", msgs, fz.request_key("parser", msgs, core_schema("parsed-criterion"),
+                                                         "parsed_criterion"))
             for pair in plan.pairs_of(trial.trial_id):
                 for side in ("inclusion", "exclusion"):
                     stage = f"miner_{side}"

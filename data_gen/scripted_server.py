@@ -18,7 +18,9 @@ Script (YAML/JSON, or the `Script` model)::
     default: {auto: nulls}                  # unmatched requests; without it: HTTP 404
 
 `auto: nulls` answers a value-miner request with every atom null, reading the atom names from the
-request's structured-output schema. The server keeps a log of requests (hashes, not content).
+request's structured-output schema; `auto_values: {atom: {value, evidence}}` answers those of its
+atoms the request asks (a script then fits any atom chunking). The server keeps a log of requests
+(hashes, not content).
 
 Run standalone: `python -m data_gen.scripted_server --script FILE [--port 0]` prints `READY <url>`.
 """
@@ -48,6 +50,9 @@ class _Strict(BaseModel):
 class ScriptedResponse(_Strict):
     content: str | dict | list | None = None
     auto: Literal["nulls"] | None = None
+    auto_values: dict[str, dict] = Field(
+        default_factory=dict, description="with auto nulls: atom -> its value line ({value, evidence, bounds?}) "
+        "for the atoms the request asks (the others null), so a script fits any atom chunking")
     fault: Literal["status", "timeout", "truncated", "malformed_content", "malformed_body", "cut_body"] | None = None
     status: int = 500
     retry_after: float | None = None
@@ -287,7 +292,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
             return
         if resp.auto == "nulls":
-            content = json.dumps(auto_nulls(body))
+            values = auto_nulls(body)["values"]
+            content = json.dumps({"values": [{"atom": v["atom"], **resp.auto_values.get(v["atom"], v)}
+                                             for v in values]})
         elif isinstance(resp.content, (dict, list)):
             content = json.dumps(resp.content)
         else:

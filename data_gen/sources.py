@@ -18,6 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Iterator, TypeVar
 
+from pydantic import ValidationError
+
+from verdict_core.errors import describe_validation_error
+
 from .errors import SourceError
 from .protocol import Pair, PatientDoc, TrialDoc
 
@@ -179,8 +183,15 @@ def load_patients(path: str | Path, ids: list[str] | None = None, limit: int | N
             continue
         pid = row.get("_id", row.get("patient_id")) if isinstance(row, dict) else None
         text = row.get("text") if isinstance(row, dict) else None
+        docs = row.get("documents") if isinstance(row, dict) else None
         if not isinstance(pid, str) or not pid:
             out.problems.append(f"{p.name}:{n}: no '_id'")
+        elif docs is not None and text is None:  # several documents: [{"id", "text", "date"?, "kind"?}]
+            try:
+                items.append(PatientDoc(patient_id=pid, documents=docs, data_class=data_class))
+            except ValidationError as e:
+                why = "; ".join(describe_validation_error(e, "patient")[:3])
+                out.problems.append(f"{p.name}:{n}: patient '{pid}' has invalid 'documents' ({why})")
         elif not isinstance(text, str) or not text.strip():
             out.problems.append(f"{p.name}:{n}: patient '{pid}' has no 'text'")
         else:

@@ -81,6 +81,9 @@ class TeacherConfig(_Strict):
         "json_object: JSON mode only; none: prompt only. Every response is validated strictly either way.",
     )
     strict_schema: bool = Field(False, description="send json_schema with strict=true (OpenAI strict mode)")
+    limits: str | None = Field(
+        None, description="configs/limits/NAME.yaml of a local student: max_tokens (its stages), "
+        "context_tokens and tokenizer derive from it; setting them to other values too is an error")
     max_tokens: StageTokens = Field(default_factory=StageTokens)
     context_tokens: int | None = Field(
         None, gt=0, description="the model's context (prompt + completion; vLLM max_model_len): each call's prompt "
@@ -100,6 +103,14 @@ class TeacherConfig(_Strict):
     backoff_max_s: float = Field(60.0, ge=0)
     proxy: str | None = Field(None, description="HTTP proxy URL; environment proxies are never used")
     prices: Prices = Field(default_factory=Prices)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_limits(cls, data):
+        from .formalizer.budget import limits_of, student_limit_keys
+
+        limits = limits_of(data)
+        return data if limits is None else student_limit_keys(data, (), limits, "teacher config")
 
     @field_validator("base_url", "proxy")
     @classmethod

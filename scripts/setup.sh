@@ -45,4 +45,7 @@ if [ "$VLLM" = 1 ]; then
     echo "$PKG" > "$STAMP"
   fi
 fi
+if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 && ! command -v pg_ctl >/dev/null; then
+  echo "note: PostgreSQL is not installed: the PostgreSQL audit-store tests skip (apt-get install postgresql)"
+fi
 say "environments ready"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from data_gen.teacher_config import EgressConfig, StageTokens, TeacherConfig
 
@@ -19,12 +19,22 @@ class _Strict(BaseModel):
 
 
 class FormalizerConfig(_Strict):
-    """The students behind the service: one OpenAI-compatible server (vLLM) with two adapters."""
+    """The students behind the service: OpenAI-compatible servers (vLLM) with two adapters."""
 
     base_url: str | None = Field(
         None,
         description="e.g. http://127.0.0.1:8011/v1; default: the `vllm` section of the same serve config",
     )
+    base_urls: list[str] = Field(
+        default_factory=list,
+        description="several servers with the same adapters (one vLLM per GPU or node), instead of "
+        "base_url: least-busy healthy one first, one failover to another on a connection error, "
+        "timeout or 5xx",
+    )
+    health_check_interval_s: float = Field(
+        5.0, gt=0, le=3600, description="how often an endpoint marked down is checked again (GET /models)"
+    )
+    health_check_timeout_s: float = Field(3.0, gt=0, le=60, description="one health check's time limit")
     parser_model: str = Field("parser", description="model (adapter) name of the trial parser")
     value_miner_model: str = Field("value_miner", description="model (adapter) name of the value miner")
     api_key_env: str | None = Field(
@@ -36,10 +46,32 @@ class FormalizerConfig(_Strict):
     max_tokens: StageTokens = Field(
         default_factory=lambda: StageTokens(parser=2048, miner_inclusion=1024, miner_exclusion=1024)
     )
+    context_tokens: int | None = Field(
+        None, gt=0, description="the students' context (vLLM max_model_len): each call's prompt must fit "
+        "context_tokens - max_tokens[stage]; set by the serve config's `limits`")
+    tokenizer: str | None = Field(
+        None, description="what counts prompt tokens: qwen2.5 or a tokenizer.json / model folder; set by `limits`")
+    warm_up_grammars: bool = Field(
+        False, description="before /readyz says ready, send each server one constrained request per stage schema "
+        "(xgrammar builds its tokenizer data on the first structured request: ~1.1 s with a 152k vocabulary); "
+        "a failed warm-up is retried at the next readiness check")
     timeout_s: float = Field(60.0, gt=0, description="a call slower than this answers 503 (formalizer slow)")
     concurrency: int = Field(
         16, ge=1, le=1024, description="requests in flight towards the server, all stages"
     )
+
+    @model_validator(mode="after")
+    def _one_way_to_name_servers(self):
+        if self.base_url and self.base_urls:
+            raise ValueError("give either base_url or base_urls, not both")
+        if len({u.rstrip("/") for u in self.base_urls}) != len(self.base_urls):
+            raise ValueError("base_urls lists the same server twice")
+        return self
+
+    @property
+    def configured_urls(self) -> list[str]:
+        """The servers this config names (empty: taken from the `vllm` section at start)."""
+        return list(self.base_urls) or ([self.base_url] if self.base_url else [])
 
     def endpoint(self, stage_model: str, base_url: str) -> TeacherConfig:
         """The data_gen endpoint config of one adapter. No retries here: a down or slow formalizer is
@@ -51,6 +83,8 @@ class FormalizerConfig(_Strict):
             api_key_env=self.api_key_env,
             structured_output="vllm",
             max_tokens=self.max_tokens,
+            context_tokens=self.context_tokens,
+            tokenizer=self.tokenizer,
             temperature=0.0,
             timeout_s=self.timeout_s,
             concurrency=self.concurrency,
@@ -64,23 +98,79 @@ class Limits(_Strict):
     batch_concurrency: int = Field(8, ge=1, description="pairs of one batch computed at the same time")
 
 
+class AuthLimits(_Strict):
+    """Failed API keys: after `max_failures` within `window_s` from one client address, or for one
+    key id, that address or key id is refused (429) for `lockout_s`, the right key included."""
+
+    max_failures: int = Field(
+        10, ge=1, description="wrong keys allowed per window, per client address and per key id"
+    )
+    window_s: float = Field(60.0, gt=0, description="the window (seconds) failed attempts are counted in")
+    lockout_s: float = Field(300.0, gt=0, description="how long an address or key id is refused after that")
+
+
+class TlsConfig(_Strict):
+    """TLS in uvicorn itself (the other way: terminate TLS at the site's reverse proxy)."""
+
+    certfile: str | None = Field(None, description="PEM certificate (chain) file; with keyfile, serve HTTPS")
+    keyfile: str | None = Field(None, description="PEM private key file of the certificate")
+
+    @model_validator(mode="after")
+    def _both_or_neither(self):
+        if bool(self.certfile) != bool(self.keyfile):
+            raise ValueError("give both certfile and keyfile, or neither")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.certfile)
+
+
 class ApiConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535, description="0 = a free port")
     formalizer: FormalizerConfig = Field(default_factory=FormalizerConfig)
     egress: EgressConfig = Field(default_factory=EgressConfig, description="where patient text may go")
-    audit_db: str = Field("runs/serve/audit.sqlite", description="append-only audit store (SQLite)")
+    audit_db: str = Field(
+        "runs/serve/audit.sqlite",
+        description="append-only audit store: a SQLite file (one node), or a postgresql://USER@HOST:PORT/DB "
+        "URL (several replicas; no password in the URL: see audit_password_env)",
+    )
+    audit_password_env: str | None = Field(
+        None, description="environment variable with the PostgreSQL audit store's password (or PGPASSWORD)"
+    )
     store_notes: bool = Field(
         True,
         description="keep notes in the audit store (for evidence in context); false keeps only their hash",
     )
     api_keys: str = Field("runs/serve/api_keys.json", description="hashed API keys (verdict serve keys add)")
     default_policy: str = "prescreen"
-    solver_timeout_ms: int = Field(5000, ge=1, description="per solver call; a timeout gives `undetermined`")
+    solver_timeout_ms: int = Field(
+        5000,
+        ge=1,
+        description="solver time per request, all its solver calls together: a decision over it is "
+        "`undetermined`, an uploaded program's satisfiability check over it answers 422",
+    )
     alternatives: int = Field(2, ge=0, description="extra minimum pivotal sets to enumerate")
     retry_after_s: int = Field(30, ge=1, description="Retry-After sent with 503 when the formalizer is down")
     limits: Limits = Field(default_factory=Limits)
     log_file: str | None = Field(None, description="service log; default: stderr")
+    auth: AuthLimits = Field(default_factory=AuthLimits, description="rate limit and lockout on failed keys")
+    tls: TlsConfig = Field(default_factory=TlsConfig, description="HTTPS in the service itself")
+    docs: bool = Field(
+        False, description="serve /openapi.json (any valid key needed; no Swagger UI or ReDoc pages)"
+    )
+
+    @field_validator("audit_db")
+    @classmethod
+    def _no_password_in_url(cls, v: str) -> str:
+        from urllib.parse import urlsplit
+
+        if v.startswith(("postgresql://", "postgres://")) and urlsplit(v).password:
+            raise ValueError(
+                "the URL carries a password: remove it and name a variable in audit_password_env"
+            )
+        return v
 
     @field_validator("default_policy")
     @classmethod

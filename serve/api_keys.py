@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import secrets
 import threading
@@ -24,8 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from verdict_core.errors import describe_validation_error
 
-from .errors import ServeConfigError
+from .errors import KeysUnavailable, ServeConfigError
 
+log = logging.getLogger("serve.auth")
 Role = Literal["match", "audit", "admin"]
 ROLES: tuple[str, ...] = ("match", "audit", "admin")
 PREFIX = "vk_"
@@ -40,9 +42,13 @@ class KeyEntry(BaseModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     created_at: float
     revoked: bool = False
+    expires_at: float | None = Field(None, description="unix time the key is refused from; None: never")
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.expires_at is not None and (now or time.time()) >= self.expires_at
 
     def allows(self, role: str) -> bool:
-        return not self.revoked and ("admin" in self.roles or role in self.roles)
+        return not self.revoked and not self.expired() and ("admin" in self.roles or role in self.roles)
 
 
 class KeyFile(BaseModel):
@@ -64,6 +70,7 @@ class KeyStore:
         self._lock = threading.Lock()
         self._mtime: int | None = None
         self._by_id: dict[str, KeyEntry] = {}
+        self._loaded = False  # whether a good copy of the file was read
 
     # -- file ------------------------------------------------------------------------------------
     def load(self) -> KeyFile:
@@ -86,8 +93,11 @@ class KeyStore:
             f.write(kf.model_dump_json(indent=2) + "\n")
         os.replace(tmp, self.path)
 
-    def add(self, name: str, roles: list[str]) -> tuple[str, KeyEntry]:
-        """Create a key; the plain key is returned once and never stored."""
+    def add(self, name: str, roles: list[str], expires_days: float | None = None) -> tuple[str, KeyEntry]:
+        """Create a key; the plain key is returned once and never stored. ``expires_days``: refused
+        that many days from now."""
+        if expires_days is not None and expires_days <= 0:
+            raise ServeConfigError(f"--expires-days must be positive, not {expires_days}")
         bad = [r for r in roles if r not in ROLES]
         if bad or not roles:
             raise ServeConfigError(f"unknown role(s) {bad or '(none given)'}; roles are {', '.join(ROLES)}")
@@ -104,6 +114,7 @@ class KeyStore:
                 roles=sorted(set(roles), key=ROLES.index),
                 sha256=_hash(key),
                 created_at=time.time(),
+                expires_at=time.time() + expires_days * 86400 if expires_days is not None else None,
             )
             kf.keys.append(entry)
             self._save(kf)
@@ -127,9 +138,20 @@ class KeyStore:
             mtime = self.path.stat().st_mtime_ns
         except FileNotFoundError:
             mtime = -1
-        if mtime != self._mtime:
-            self._by_id = {k.id: k for k in self.load().keys}
-            self._mtime = mtime
+        if mtime == self._mtime:
+            return
+        try:
+            keys = self.load().keys
+        except ServeConfigError as e:
+            if not self._loaded:  # no good copy yet: refuse clearly, never a 500
+                raise KeysUnavailable(f"the API key file cannot be read: {e.summary}") from None
+            # A truncated or half-written file at run time: keep serving with the last good keys.
+            log.error("API key file %s unreadable (%s): keeping the %d keys loaded before", self.path,
+                      e.summary, len(self._by_id))
+            self._mtime = mtime  # tried again when the file changes
+            return
+        self._by_id = {k.id: k for k in keys}
+        self._mtime, self._loaded = mtime, True
 
     def authenticate(self, key: str | None) -> KeyEntry | None:
         """The entry of a valid, unrevoked key; None otherwise (never says which part was wrong)."""
@@ -139,7 +161,7 @@ class KeyStore:
         with self._lock:
             self._refresh()
             entry = self._by_id.get(key_id)
-        if entry is None or entry.revoked:
+        if entry is None or entry.revoked or entry.expired():
             return None
         return entry if hmac.compare_digest(entry.sha256, _hash(key)) else None
 

@@ -42,12 +42,25 @@ def setup_logging(log_file: str | None, level: str = "INFO") -> logging.Handler:
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """Bind before starting uvicorn, so port 0 gives a free port we know before serving."""
+    """Bind before starting uvicorn, so port 0 gives a free port we know before serving. The
+    protocol is named: asyncio sets TCP_NODELAY only on sockets whose `proto` is IPPROTO_TCP, and
+    without it Nagle's algorithm adds ~40 ms to a response on a reused connection."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     return sock
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def run_api(config: ApiConfig, base_url: str, *, ready_file: str | None = None, on_ready=None) -> None:
@@ -71,11 +84,28 @@ def run_api(config: ApiConfig, base_url: str, *, ready_file: str | None = None, 
         # uvicorn re-raises the signal that stopped it once it has shut down; with the default SIGTERM
         # handler that would kill this process before its caller's cleanup (stopping vLLM in `up`).
         signal.signal(signal.SIGTERM, lambda *_: None)
+    if not is_loopback(config.host) and not config.tls.enabled:
+        logging.getLogger("serve").warning(
+            "bound to %s without TLS: API keys and patient notes cross the network in clear text; "
+            "terminate TLS at the site's reverse proxy (and bind to 127.0.0.1), or set api.tls.certfile "
+            "and api.tls.keyfile",
+            config.host,
+        )
     sock = bind_socket(config.host, config.port)
     host = f"[{config.host}]" if ":" in config.host else config.host
-    url = f"http://{host}:{sock.getsockname()[1]}"
+    scheme = "https" if config.tls.enabled else "http"
+    url = f"{scheme}://{host}:{sock.getsockname()[1]}"
     server = uvicorn.Server(
-        uvicorn.Config(app, access_log=False, log_config=None, timeout_graceful_shutdown=10, lifespan="on")
+        uvicorn.Config(
+            app,
+            access_log=False,
+            log_config=None,
+            timeout_graceful_shutdown=10,
+            lifespan="on",
+            server_header=False,  # no `Server: uvicorn` banner
+            ssl_certfile=config.tls.certfile,
+            ssl_keyfile=config.tls.keyfile,
+        )
     )
 
     async def serve():

@@ -4,11 +4,15 @@
 
 `create_app` refuses (ServeConfigError) when the formalizer is not on the site's allowlist, so a
 misconfigured service never starts. Every route except /healthz and /readyz needs an API key
-(`Authorization: Bearer vk_...` or `X-API-Key`) with the route's role.
+(`Authorization: Bearer vk_...` or `X-API-Key`) with the route's role; the key is checked at the
+edge (`auth.Authenticate`), before the body is read. `/openapi.json` exists only with `api.docs`,
+behind a key; there are no Swagger UI or ReDoc pages (they load scripts from a public CDN).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from contextlib import asynccontextmanager
 from typing import Annotated
 
@@ -20,10 +24,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .api_config import ApiConfig
 from .api_keys import KeyEntry, KeyStore
-from .clinician_page import render_page
+from .auth import Authenticate
+from .clinician_page import _CSS, render_page
 from .errors import ServiceError
 from .metrics import ServiceMetrics
-from .middleware import AccessLog, BodyLimit
+from .middleware import AccessLog, BodyLimit, SecurityHeaders
 from .protocol import (
     BatchLine,
     BatchRequest,
@@ -63,6 +68,14 @@ _FORMALIZER_ERRORS = {
 }
 
 
+# The page loads nothing and runs no script; its one inline style is allowed by its hash.
+PAGE_CSP = (
+    "default-src 'none'; style-src 'sha256-"
+    + base64.b64encode(hashlib.sha256(_CSS.encode()).digest()).decode()
+    + "'; img-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+)
+
+
 class Unauthorized(ServiceError):
     status, code = 401, "unauthorized"
 
@@ -77,6 +90,7 @@ def create_app(config: ApiConfig, base_url: str, *, service: MatchingService | N
     metrics = service.metrics
     keys = KeyStore(config.api_keys)
     keys.load()  # a broken key file stops the start, not the first request
+    keys.count()  # the good copy kept if the file breaks at run time
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -91,18 +105,20 @@ def create_app(config: ApiConfig, base_url: str, *, service: MatchingService | N
         description="Accountable clinical-trial eligibility matching: student formalizers (vLLM) + the Z3 "
         "core.",
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json" if config.docs else None,
     )
     app.state.service = service
 
     def require(*roles: str):
         async def dependency(
-            request: Request, creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+            request: Request, _creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
         ) -> KeyEntry:
-            key = creds.credentials if creds is not None else request.headers.get("x-api-key")
-            entry = keys.authenticate(key)
+            # Authenticated at the edge (auth.Authenticate), before the body was read; here: the role.
+            entry = getattr(request.state, "key_entry", None)
             if entry is None:
                 raise Unauthorized("missing or invalid API key", headers={"WWW-Authenticate": "Bearer"})
-            request.state.key_id = entry.id
             if not any(entry.allows(r) for r in roles):
                 raise Forbidden(f"this key lacks the role {' or '.join(roles)}")
             return entry
@@ -246,9 +262,13 @@ def create_app(config: ApiConfig, base_url: str, *, service: MatchingService | N
         program = service.program_version(row.trial_id, row.program_hash)
         return HTMLResponse(
             render_page(row, program),
-            headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"},
+            headers={"Cache-Control": "no-store", "Content-Security-Policy": PAGE_CSP},
         )
 
+    # Outermost last: headers (on every answer, the last guard's 500 included) -> log -> key ->
+    # body limit -> routes.
     app.add_middleware(BodyLimit, max_bytes=config.limits.max_body_bytes)
+    app.add_middleware(Authenticate, keys=keys, limits=config.auth, metrics=metrics)
     app.add_middleware(AccessLog, metrics=metrics)
+    app.add_middleware(SecurityHeaders)
     return app

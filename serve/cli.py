@@ -5,6 +5,7 @@ verdict serve api --config NAME           the matching API in front of it
 verdict serve up --config NAME            both, in one process (stops vLLM on exit)
 verdict serve stop --state-file FILE      stop a server started with --detach
 verdict serve keys add|list|revoke        API keys (stored hashed)
+verdict serve audit verify|setup-postgres the audit store: hash chain and protections
 verdict serve check-adapter --config ...  vLLM vs PEFT on a golden set
 verdict serve openapi                     print the API's OpenAPI schema
 """
@@ -24,9 +25,12 @@ from verdict_core.cli_errors import fail
 
 from verdict_core.errors import VerdictError
 
+from .audit.cli import audit_app
+
 app = typer.Typer(help="serve commands", no_args_is_help=True)
 keys_app = typer.Typer(help="API keys of the matching service (stored hashed)", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
+app.add_typer(audit_app, name="audit")
 
 CONFIG_HELP = "serve config: NAME in configs/serve/ or a YAML path"
 SET_HELP = "override a config value, e.g. --set vllm.port=8011 (repeatable)"
@@ -115,25 +119,31 @@ def stop_cmd(
     except (OSError, ValueError) as e:
         fail(f"cannot read state file {state_file}: {e}")
     stop_process_group(state.pid)
+    if state.tmp_dir:
+        import shutil
+
+        shutil.rmtree(state.tmp_dir, ignore_errors=True)
     state_file.unlink(missing_ok=True)
     typer.echo(f"stopped vLLM (pid {state.pid})", err=True)
 
 
-def _formalizer_url(cfg, override: str | None, vllm_url: str | None = None) -> str:
+def _formalizer_url(cfg, override: str | None, vllm_url: str | None = None) -> list[str]:
+    """The formalizer servers: --formalizer-url, else api.formalizer.base_urls / base_url, else the
+    server `serve up` started, else the `vllm` section's fixed port."""
     if override:
-        return override
+        return [override]
     api = cfg.require("api")
-    if api.formalizer.base_url:
-        return api.formalizer.base_url
+    if api.formalizer.configured_urls:
+        return api.formalizer.configured_urls
     if vllm_url:
-        return vllm_url
+        return [vllm_url]
     v = cfg.require("vllm")
     if not v.port:
         fail(
             "api.formalizer.base_url is unset and vllm.port is 0 (chosen at start): use `verdict serve up`, "
             "or pass --formalizer-url"
         )
-    return f"http://{v.host}:{v.port}/v1"
+    return [f"http://{v.host}:{v.port}/v1"]
 
 
 @app.command("api")
@@ -165,7 +175,13 @@ def up_cmd(
         None, help='write {"url": ..., "formalizer": ...} once serving'
     ),
 ) -> None:
-    """Start vLLM with the students, then the matching API in front of it; Ctrl-C stops both."""
+    """Start vLLM with the students, then the matching API in front of it; Ctrl-C stops both.
+
+    vLLM is supervised: if it dies (even by SIGKILL) the rest of its process group and its temporary
+    files are removed, stderr and the log say so, /readyz says why, and the API answers 503 until a
+    formalizer is back (api.formalizer.base_urls may name further servers to fail over to)."""
+    import logging
+
     from .api_server import run_api
     from .vllm_server import VLLMServer
 
@@ -181,9 +197,19 @@ def up_cmd(
         try:
             server.wait_ready(on_progress=lambda m: typer.echo(m, err=True))
             typer.echo(f"vLLM ready after {time.monotonic() - t0:.0f} s at {server.base_url}", err=True)
+            typer.echo(json.dumps(server.state().model_dump()))
+
+            def vllm_died(message: str) -> None:
+                typer.echo(f"error: {message}", err=True)
+                logging.getLogger("serve").error("%s", message.split("\n", 1)[0])
+
+            server.supervise(vllm_died)
+            urls = _formalizer_url(cfg, None, server.base_url)
+            if server.base_url not in urls:
+                urls = [server.base_url, *urls]
             run_api(
                 api,
-                _formalizer_url(cfg, None, server.base_url),
+                urls,
                 ready_file=str(ready_file) if ready_file else None,
                 on_ready=lambda url: typer.echo(f"matching API at {url} (docs: {url}/docs)", err=True),
             )
@@ -211,11 +237,12 @@ def keys_add(
     role: list[str] = typer.Option(..., "--role", help="match | audit | admin (repeatable)"),
     keys_file: Optional[Path] = typer.Option(None, help="key file (default: the config's api.api_keys)"),
     config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    expires_days: Optional[float] = typer.Option(None, help="refuse the key this many days from now"),
 ) -> None:
     """Create a key. It is printed once (stdout) and stored only as a hash."""
     try:
         store = _key_store(keys_file, config)
-        key, entry = store.add(name, role)
+        key, entry = store.add(name, role, expires_days=expires_days)
     except VerdictError as e:
         fail(str(e))
     typer.echo(
@@ -232,7 +259,7 @@ def keys_list(
     """List key ids, names and roles (never the keys)."""
     try:
         for k in _key_store(keys_file, config).load().keys:
-            state = "revoked" if k.revoked else "active"
+            state = "revoked" if k.revoked else "expired" if k.expired() else "active"
             typer.echo(f"{k.id}\t{state}\t{','.join(k.roles)}\t{k.name}")
     except VerdictError as e:
         fail(str(e))

@@ -8,10 +8,12 @@ is decided here. Every piece of text is HTML-escaped: notes and criteria are dat
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime, timezone
 from html import escape
 
+from data_gen.formalizer.miner import PassageConflict
 from verdict_core.decision import Decision
 from verdict_core.patient import ResolvedPatient
 from verdict_core.program import TrialProgram
@@ -69,12 +71,12 @@ def evidence_spans(note: str, quotes: dict[str, str]) -> list[tuple[int, int, li
     return merged
 
 
-def highlighted_note(note: str, spans: list[tuple[int, int, list[str]]]) -> str:
+def highlighted_note(note: str, spans: list[tuple[int, int, list[str]]], prefix: str = "ev-") -> str:
     out, pos = [], 0
     for i, (start, end, atoms) in enumerate(spans):
         out.append(escape(note[pos:start]))
         out.append(
-            f'<mark id="ev-{i}" data-atoms="{escape(" ".join(atoms))}">{escape(note[start:end])}</mark>'
+            f'<mark id="{prefix}{i}" data-atoms="{escape(" ".join(atoms))}">{escape(note[start:end])}</mark>'
         )
         pos = end
     out.append(escape(note[pos:]))
@@ -86,10 +88,23 @@ def render_page(row: DecisionRow, program: TrialProgram) -> str:
     patient = ResolvedPatient.model_validate(row.artifacts["patient"])
     rj = rationale_json(program, patient, decision)
     res = patient.by_atom()
-    quotes = {r.atom: r.evidence for r in patient.resolutions if r.status == "observed" and r.evidence}
-    note = row.note_text
-    spans = evidence_spans(note, quotes) if note else []
-    span_of = {a: i for i, (_, _, atoms) in enumerate(spans) for a in atoms}
+    docs = stored_documents(row)
+    first = docs[0]["id"] if docs else None
+    # each quote is highlighted in the document it came from (a record without sources: the one note)
+    quotes: dict[str, dict[str, str]] = {doc["id"]: {} for doc in docs}
+    for r in patient.resolutions:
+        if r.status == "observed" and r.evidence and (r.evidence_source or first) in quotes:
+            quotes[r.evidence_source or first][r.atom] = r.evidence
+    several = len(docs) > 1 or row.artifacts.get("documents") is not None
+    anchors = {doc["id"]: f"ev-{k}-" if several else "ev-" for k, doc in enumerate(docs)}
+    spans = {doc["id"]: evidence_spans(doc["text"], quotes[doc["id"]]) for doc in docs}
+    span_of = {
+        a: f"{anchors[doc]}{i}"
+        for doc, sp in spans.items()
+        for i, (_, _, atoms) in enumerate(sp)
+        for a in atoms
+    }
+    source_of = {r.atom: r.evidence_source for r in patient.resolutions if r.evidence_source}
     atoms = program.atom_table()
     d = decision.decision
     when = datetime.fromtimestamp(row.created_at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -100,7 +115,8 @@ def render_page(row: DecisionRow, program: TrialProgram) -> str:
             return escape(a)
         shown = r.bounds.text(a) if r.bounds else f"{a} = {_val(r.value)}"
         if r.status == "observed" and r.evidence:
-            ref = f' <a href="#ev-{span_of[a]}">in the note</a>' if a in span_of else ""
+            where = f"in {source_of[a]}" if several and a in source_of else "in the note"
+            ref = f' <a href="#{span_of[a]}">{escape(where)}</a>' if a in span_of else ""
             return f'{escape(shown)}: <q class="evidence">{escape(r.evidence)}</q>{ref}'
         if r.status == "imputed" and r.imputation:
             return (
@@ -153,11 +169,41 @@ def render_page(row: DecisionRow, program: TrialProgram) -> str:
         change_title = "What would change the decision"
         change = ["<li>Not computed for this decision.</li>"]
 
-    note_html = (
-        f'<div class="note" id="note">{highlighted_note(note, spans)}</div>'
-        if note
-        else "<p class=meta>The note is not stored (store_notes is off); evidence quotes are shown "
-        "with each criterion.</p>"
+    if not docs:
+        note_html = (
+            "<p class=meta>The note was not kept (store_notes is off): each evidence quote is kept as "
+            "its hash and its offset in the note only.</p>"
+        )
+    elif not several:
+        note_html = f'<div class="note" id="note">{highlighted_note(docs[0]["text"], spans[first])}</div>'
+    else:
+        meta = {m["id"]: m for m in row.artifacts.get("documents") or []}
+        parts = []
+        for k, doc in enumerate(docs):
+            m = meta.get(doc["id"], {})
+            info = ", ".join(str(m[x]) for x in ("kind", "date") if m.get(x))
+            head = f'<h3>Document {escape(doc["id"])}'
+            head += f" <span class=meta>({escape(info)})</span></h3>" if info else "</h3>"
+            body = highlighted_note(doc["text"], spans[doc["id"]], anchors[doc["id"]])
+            attrs = f'class="note" id="doc-{k}" data-document="{escape(doc["id"])}"'
+            parts.append(f"{head}<div {attrs}>{body}</div>")
+        note_html = "".join(parts)
+    conflicts = [PassageConflict.model_validate(c) for c in row.artifacts.get("extraction_conflicts") or []]
+    conflict_items = [
+        f'<li data-atom="{escape(c.atom)}">{escape(c.atom)}: '
+        + "; ".join(
+            f"document <strong>{escape(f.document)}</strong>: {escape(f.shown(c.atom))} "
+            f'<q class="evidence">{escape(f.evidence)}</q>'
+            for f in c.findings
+        )
+        + "</li>"
+        for c in conflicts
+    ]
+    conflicts_html = (
+        '<h2>Documents disagree (left open, confirm in the chart)</h2><ul id="conflicts">'
+        + "".join(conflict_items) + "</ul>"
+        if conflict_items
+        else ""
     )
     reason = f"<p><strong>Reason:</strong> {escape(decision.reason)}</p>" if decision.reason else ""
     models = row.models
@@ -174,6 +220,7 @@ def render_page(row: DecisionRow, program: TrialProgram) -> str:
 <table id="criteria"><thead><tr><th>Side</th><th>Criterion</th><th>Status</th><th>Evidence</th></tr></thead>
 <tbody>{"".join(rows)}</tbody></table>
 <h2>Patient note</h2>{note_html}
+{conflicts_html}
 <h2>To confirm at the screening visit</h2><ul id="confirm">{"".join(confirm)}</ul>
 <h2>{escape(change_title)}</h2><ul id="change">{"".join(change)}</ul>
 <h2>Record</h2>
@@ -183,6 +230,16 @@ v{escape(row.policy_version)}; program {escape(row.program_hash)}; value miner
 {escape(str(models.get("base_model")))}; engine v{escape(row.engine_version)}.</p>
 </body></html>
 """
+
+
+def stored_documents(row: DecisionRow) -> list[dict]:
+    """The stored patient text as documents [{id, text}]: a `notes` request stored them as a JSON
+    list (its `documents` artifact says so); a single note is the one document 'note'."""
+    if row.note_text is None:
+        return []
+    if row.artifacts.get("documents") is not None:
+        return [{"id": str(d["id"]), "text": str(d["text"])} for d in json.loads(row.note_text)]
+    return [{"id": "note", "text": row.note_text}]
 
 
 def _val(v) -> str:

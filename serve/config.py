@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from verdict_core.configs import find_config
 from verdict_core.errors import VerdictError
@@ -25,13 +25,33 @@ class ServeConfig(BaseModel):
 
     name: str = ""
     description: str = ""
+    limits: str | None = Field(
+        None, description="configs/limits/NAME.yaml: vllm.max_model_len and api.formalizer's max_tokens, "
+        "context_tokens and tokenizer derive from it (a contradicting value is an error)")
     vllm: VLLMConfig | None = None
     api: ApiConfig | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _from_limits(cls, data):
+        from data_gen.formalizer.budget import derive_limits, limits_of, student_limit_keys
+
+        limits = limits_of(data)
+        if limits is None:
+            return data
+        if data.get("vllm") is not None:
+            data = derive_limits(data, {("vllm", "max_model_len"): limits.max_length}, limits, "serve config")
+        if data.get("api") is not None:
+            base = (data.get("vllm") or {}).get("model") if isinstance(data.get("vllm"), dict) else None
+            data = student_limit_keys(data, ("api", "formalizer"), limits, "serve config", base_model=base)
+        return data
+
     @model_validator(mode="after")
     def _api_has_a_formalizer(self):
-        if self.api is not None and self.api.formalizer.base_url is None and self.vllm is None:
-            raise ValueError("api.formalizer.base_url is required when the config has no vllm section")
+        if self.api is not None and not self.api.formalizer.configured_urls and self.vllm is None:
+            raise ValueError(
+                "api.formalizer.base_url is required (or base_urls) when the config has no vllm section"
+            )
         return self
 
     def require(self, section: str):

@@ -66,6 +66,14 @@ def student_overrides(work: Path) -> list[str]:
             f"api.audit_db={work / 'audit.sqlite'}", f"api.log_file={work / 'api.log'}"]
 
 
+def write_key_file(path: Path, key: str) -> None:
+    """The demo's key, readable by its owner only (0600): printed as a path, never on stdout."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+
+
 def start_service(config: str, work: Path) -> tuple[subprocess.Popen, str, str]:
     """Step 4: `verdict serve up` in the background; returns (process, API URL, API key)."""
     from .api_keys import KeyStore
@@ -74,6 +82,8 @@ def start_service(config: str, work: Path) -> tuple[subprocess.Popen, str, str]:
     overrides = student_overrides(work)
     cfg = load_serve_config(config, overrides)
     key, _ = KeyStore(cfg.require("api").api_keys).add("demo", ["match", "audit"])
+    write_key_file(work / "demo-api-key", key)
+    say("4/6", f"API key (match + audit roles) written to {work / 'demo-api-key'} (mode 0600)")
     ready = work / "ready.json"
     ready.unlink(missing_ok=True)
     log = work / "serve-up.log"
@@ -167,7 +177,8 @@ def run_demo(config: str = "cpu-tiny", work: Path = Path("runs/demo"), records_p
                    f"(the core applied to the teacher's own outputs)")
         typer.echo(f"demo finished in {time.monotonic() - t0:.0f} s")
         if keep_running:
-            typer.echo(f"the service stays up at {url} (API key: {key}); Ctrl-C to stop")
+            typer.echo(f"the service stays up at {url} (API key in {work / 'demo-api-key'}, mode 0600); "
+                       "Ctrl-C to stop")
             try:
                 while proc.poll() is None:
                     time.sleep(1)

@@ -60,3 +60,21 @@ class FormalizerFailed(ServiceError):
     attempt, or an error retrying cannot fix (502)."""
 
     status, code = 502, "formalizer_output_invalid"
+
+
+class AuditUnavailable(ServiceError):
+    """The audit store cannot be reached or is busy: nothing was recorded, try again (503)."""
+
+    status, code = 503, "audit_store_unavailable"
+
+
+class InternalError(ServiceError):
+    """An unexpected failure: answered as a 500 naming an incident id, logged without its message."""
+
+    status, code = 500, "internal_error"
+
+
+class KeysUnavailable(ServiceError):
+    """The API key file cannot be read and no good copy was loaded before (503)."""
+
+    status, code = 503, "keys_unavailable"

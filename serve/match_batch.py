@@ -61,6 +61,17 @@ class ResultLine(BaseModel):
     finished_at: float
 
 
+def patient_input(doc):
+    """A loaded patient (`data_gen.protocol.PatientDoc`) as the match request takes it: its documents
+    as `notes` when it has several, else its text as `note`."""
+    from .protocol import NoteInput, PatientInput
+
+    if not doc.documents:
+        return PatientInput(patient_id=doc.patient_id, note=doc.text)
+    notes = [NoteInput(id=d.id, text=d.text, date=d.date, kind=d.kind) for d in doc.documents]
+    return PatientInput(patient_id=doc.patient_id, notes=notes)
+
+
 def shard_of(trial_id: str, shards: int) -> int:
     return int(hashlib.sha256(trial_id.encode()).hexdigest()[:12], 16) % shards
 
@@ -224,7 +235,7 @@ async def _match_pairs(
 ) -> dict[str, int]:
     from .audit import AuditStore
     from .errors import ServiceError
-    from .protocol import MatchRequest, PatientInput
+    from .protocol import MatchRequest
     from .serving import MatchingService
 
     shard_dir = out / "shards" / str(shard)
@@ -264,7 +275,7 @@ async def _match_pairs(
                         trial_id=tid,
                         program_hash=program_hash[tid],
                         policy=plan.policy,
-                        patient=PatientInput(patient_id=pid, note=pats[pid].text),
+                        patient=patient_input(pats[pid]),
                     ),
                     caller,
                 )

@@ -1,7 +1,7 @@
 """Request and response models of the matching API (the OpenAPI schema is generated from these).
 
 Strict (`extra="forbid"`), with limits on every text field, so that a malformed request is a 422
-naming each invalid field, never a 500. Patient notes come in `PatientInput.note` only.
+naming each invalid field, never a 500. Patient text comes in `PatientInput.note` or `.notes` only.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from data_gen.formalizer.miner import PassageConflict
+from data_gen.protocol import SINGLE_NOTE_ID, NoteDocument
 from verdict_core.decision import Decision
 from verdict_core.patient import PolicyRef, ResolvedPatient
 from verdict_core.program import Id, TrialProgram
@@ -17,6 +19,8 @@ from verdict_core.program import Id, TrialProgram
 # Policy *names* only: a path would let a caller read files of the server.
 POLICY_NAME = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$"
 MAX_NOTE_CHARS = 100_000
+MAX_NOTES = 100  # documents per patient
+MAX_RECORD_CHARS = 400_000  # all documents of one patient
 MAX_CRITERIA_CHARS = 60_000
 MAX_BATCH_PATIENTS = 1000
 MAX_BATCH_TRIALS = 200
@@ -84,7 +88,14 @@ class TrialRequest(_Strict):
 class TrialResponse(BaseModel):
     trial_id: str
     program_hash: str
-    origin: Literal["parser", "upload"]
+    origin: Literal["parser", "upload"] = Field(
+        description="parser: the trial parser's output (match role); upload: a reviewed program (admin role)"
+    )
+    active: bool = Field(
+        description="whether matches on trial_id use this version: the newest reviewed version is active, "
+        "else the newest parser version; a parser run never supersedes a reviewed one"
+    )
+    active_program_hash: str = Field(description="the version matches on trial_id use now")
     cached: bool = Field(description="true when the program came from the parse cache (no model call)")
     parser_model: str | None = None
     prompt_version: str | None = None
@@ -93,9 +104,51 @@ class TrialResponse(BaseModel):
 
 
 # ---- matching -----------------------------------------------------------------------------------
+class NoteInput(_Strict):
+    """One document of the patient record."""
+
+    id: Id = Field(description="the document's id: each evidence quote names the document it is from")
+    text: str = Field(
+        min_length=1, max_length=MAX_NOTE_CHARS, description="the document text (stays on site)"
+    )
+    date: str | None = Field(
+        None, pattern=r"^\d{4}-\d{2}-\d{2}", max_length=40, description="ISO date, if known"
+    )
+    kind: str | None = Field(None, max_length=64, description="e.g. discharge_summary, radiology, lab")
+
+
 class PatientInput(_Strict):
+    """The patient record: one `note`, or several documents in `notes` (exactly one of the two)."""
+
     patient_id: Id
-    note: str = Field(min_length=1, max_length=MAX_NOTE_CHARS, description="the patient note (stays on site)")
+    note: str | None = Field(
+        None, min_length=1, max_length=MAX_NOTE_CHARS, description="the patient note (stays on site)"
+    )
+    notes: list[NoteInput] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_NOTES,
+        description="several documents, each with its id (a long document is read in passages)",
+    )
+
+    @model_validator(mode="after")
+    def _one_record(self):
+        if (self.note is None) == (self.notes is None):
+            raise ValueError("give exactly one of `note` and `notes`")
+        if self.notes is not None:
+            ids = [d.id for d in self.notes]
+            dup = sorted({i for i in ids if ids.count(i) > 1})
+            if dup:
+                raise ValueError(f"duplicate document id(s) in `notes`: {', '.join(dup[:10])}")
+            if sum(len(d.text) for d in self.notes) > MAX_RECORD_CHARS:
+                raise ValueError(f"`notes` hold more than {MAX_RECORD_CHARS} characters in all")
+        return self
+
+    def documents(self) -> list[NoteDocument]:
+        """The record as the value miner reads it: `note` is the one document 'note'."""
+        if self.notes is None:
+            return [NoteDocument(id=SINGLE_NOTE_ID, text=self.note or "")]
+        return [NoteDocument(id=d.id, text=d.text, date=d.date, kind=d.kind) for d in self.notes]
 
 
 class MatchRequest(_Strict):
@@ -103,7 +156,7 @@ class MatchRequest(_Strict):
     program_hash: str | None = Field(
         None,
         pattern=r"^sha256:[0-9a-f]{64}$",
-        description="pin a version of `trial_id` (default: the newest)",
+        description="pin a version of `trial_id` (default: its active version, see TrialResponse.active)",
     )
     trial: TrialText | None = Field(
         None, description="or the criteria text inline (parsed once, then cached)"
@@ -126,7 +179,7 @@ class ModelIds(BaseModel):
     )
     value_miner: str
     base_model: str | None = Field(description="the adapters' base model as the server lists it")
-    endpoint: str = Field(description="formalizer server (scheme://host:port)")
+    endpoint: str = Field(description="formalizer servers of the pool (scheme://host:port, comma-separated)")
     prompts: dict[str, str] = Field(description="prompt template version per stage")
 
 
@@ -145,6 +198,11 @@ class MatchResponse(BaseModel):
     patient: ResolvedPatient = Field(description="resolved values with evidence quotes and imputations")
     rationale: dict[str, Any] = Field(description="structured rationale (criteria, to confirm, would change)")
     rationale_markdown: str
+    extraction_conflicts: list[PassageConflict] = Field(
+        default_factory=list,
+        description="atoms whose documents or passages give values that cannot both hold: each value "
+        "with its quote and document; the atom is left unresolved (no policy imputes over it)",
+    )
     models: ModelIds
     timings_ms: dict[str, float]
     trial_cached: bool
@@ -204,11 +262,25 @@ class Health(BaseModel):
     status: Literal["ok"] = "ok"
 
 
+class EndpointStatus(BaseModel):
+    endpoint: str = Field(description="formalizer server (scheme://host:port)")
+    state: Literal["unknown", "up", "down"] = Field(
+        description="up: lists both adapters; down: skipped until a health check finds it up again"
+    )
+    reason: str | None = Field(None, description="why it is down (or what it lacks)")
+    models: list[str] = Field(default_factory=list, description="models it lists")
+    in_flight: int = Field(0, description="requests this replica has in flight towards it")
+    failures: int = Field(0, description="failed calls since the replica started")
+
+
 class Readiness(BaseModel):
     ready: bool
-    formalizer: str = Field(description="formalizer server (scheme://host:port)")
+    formalizer: str = Field(description="formalizer servers (scheme://host:port, comma-separated)")
     models: list[str] = Field(default_factory=list, description="models the formalizer server lists")
     missing: list[str] = Field(
         default_factory=list, description="adapters the service needs but the server lacks"
     )
     reason: str | None = None
+    endpoints: list[EndpointStatus] = Field(
+        default_factory=list, description="each formalizer server: ready when at least one is up"
+    )

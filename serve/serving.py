@@ -11,11 +11,14 @@ until a decision is complete, so a failed request leaves nothing half-written.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
 import tempfile
 import time
+import traceback
+import uuid
 from collections import OrderedDict
 from pathlib import Path
 from typing import AsyncIterator
@@ -23,35 +26,40 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from data_gen.client import EndpointClient, quotes_any
 from data_gen.egress import ENV_ALLOW as EGRESS_ENV
 from data_gen.egress import RULE as EGRESS_RULE
 from data_gen.egress import EgressPolicy
 from data_gen.errors import EgressRefused, EndpointError
-from data_gen.formalizer import Formalizer, core_schema
-from data_gen.protocol import StageResult, TrialDoc
+from data_gen.formalizer import Formalizer, core_schema, merge_sides
+from data_gen.formalizer.miner import BUDGET as MINER_BUDGET
+from data_gen.formalizer.miner import PassageConflict
+from data_gen.formalizer.endpoints import EndpointPool
+from data_gen.protocol import PatientDoc, StageResult, TrialDoc
 from verdict_core.decision import ENGINE_VERSION
 from verdict_core.engine import Engine
 from verdict_core.errors import PatientError, PolicyError, ProgramError, VerdictError
 from verdict_core.policy import Policy, load_policy, resolve
 from verdict_core.program import Provenance, TrialProgram, check_program, load_program
-from verdict_core.rationale import rationale_json, render_markdown
+from verdict_core.rationale import md, rationale_json, render_markdown
 
 from .api_config import ApiConfig
-from .audit import AuditStore, DecisionRow, TrialRow
+from .audit import AuditStore, DecisionRow, TrialRow, open_store
 from .errors import (
     FormalizerFailed,
     FormalizerUnavailable,
+    InternalError,
     InvalidInput,
     NotFound,
     ServeConfigError,
     ServiceError,
 )
 from .metrics import ServiceMetrics
+from .note_free import note_free
 from .protocol import (
     BatchLine,
     BatchRequest,
     DecisionRecord,
+    EndpointStatus,
     ErrorBody,
     Links,
     MatchRequest,
@@ -65,7 +73,6 @@ from .protocol import (
 )
 
 log = logging.getLogger("serve")
-PROBLEM_WITHHELD = "[withheld: the message quotes the note]"
 
 
 def trial_doc(text: TrialText) -> TrialDoc:
@@ -107,36 +114,53 @@ class MatchingService:
     def __init__(
         self,
         config: ApiConfig,
-        base_url: str,
+        base_url: str | list[str],
         *,
         audit: AuditStore | None = None,
         metrics: ServiceMetrics | None = None,
     ):
         self.config = config
-        self.base_url = base_url.rstrip("/")
+        self.base_urls = [u.rstrip("/") for u in ([base_url] if isinstance(base_url, str) else base_url)]
+        self.base_url = self.base_urls[0]  # names the endpoint in cache keys: the first of the pool
         fc = config.formalizer
         self.egress = EgressPolicy.from_config(config.egress)
         self._check_allowlist()
         parser_ep = fc.endpoint(fc.parser_model, self.base_url)
         miner_ep = fc.endpoint(fc.value_miner_model, self.base_url)
-        # One client for both adapters: one bound on requests in flight towards the server.
-        self.client = EndpointClient(parser_ep, egress=self.egress)
+        # One pool for both adapters: per server, one bound on requests in flight towards it.
+        self.client = EndpointPool(
+            parser_ep,
+            self.base_urls,
+            required_models=[fc.parser_model, fc.value_miner_model],
+            egress=self.egress,
+            check_interval_s=fc.health_check_interval_s,
+            check_timeout_s=fc.health_check_timeout_s,
+        )
         self.parser = Formalizer(
             parser_ep, egress=self.egress, prompts=fc.prompts, run="serve", client=self.client
         )
         self.miner = Formalizer(
             miner_ep, egress=self.egress, prompts=fc.prompts, run="serve", client=self.client
         )
-        self.audit = audit or AuditStore(config.audit_db, store_notes=config.store_notes)
+        self.audit = audit or open_store(config)
         self.metrics = metrics or ServiceMetrics()
         self.engine = Engine(timeout_ms=config.solver_timeout_ms, alternatives=config.alternatives)
         self._parse_locks: dict[str, asyncio.Lock] = {}
         self._programs: OrderedDict[str, TrialProgram] = OrderedDict()
         self._base_model: str | None = None
+        # Servers whose structured-output grammars are warm (warm_grammars); readiness waits for one.
+        self._warm: set[str] = set()
+        self._warm_lock = asyncio.Lock()
+        self._warm_task: asyncio.Task | None = None
+        self._warm_problem: str | None = None
 
     def _check_allowlist(self) -> None:
-        """Refuse to start if patient text could go to a host the site has not allowed."""
-        host = urlsplit(self.base_url).hostname or ""
+        """Refuse to start if patient text could go to a host the site has not allowed (any endpoint
+        of the pool may get any request)."""
+        for url in self.base_urls:
+            self._check_host(urlsplit(url).hostname or "")
+
+    def _check_host(self, host: str) -> None:
         if not self.egress.host_allowed(host):
             raise ServeConfigError(
                 f"refusing to start: the formalizer host '{host}' is not on the site allowlist for patient "
@@ -148,10 +172,61 @@ class MatchingService:
         """Pay the first request's one-time costs at start (client library import, output schemas)."""
         import openai  # noqa: F401
 
-        core_schema("parsed-trial")
+        core_schema("parsed-criterion")
         core_schema("value-miner")
+        if self.config.formalizer.warm_up_grammars:
+            try:
+                self._warm_task = asyncio.get_running_loop().create_task(self._warm_at_start())
+            except RuntimeError:  # no loop yet: the first readiness check warms up
+                pass
+
+    async def _warm_at_start(self) -> None:
+        await self.client.check_all()
+        await self.warm_grammars()
+
+    def _warm_requests(self) -> list[tuple[Formalizer, str, dict, str]]:
+        """One request per stage schema: the per-criterion parser's and the value miner's."""
+        from data_gen.formalizer.checks import with_atom_enum
+
+        return [(self.parser, "parser", core_schema("parsed-criterion"), "parsed_criterion"),
+                (self.miner, "miner_inclusion", with_atom_enum(core_schema("value-miner"), ["warm_up"]),
+                 "value_miner")]
+
+    async def warm_grammars(self) -> str | None:
+        """Send every up server not yet warm one constrained request per stage schema (no patient
+        text, 1 new token), so the first real request does not pay the grammar backend's one-time
+        setup. Returns None when every up server is warm, else why not (retried on the next call)."""
+        from data_gen.client import build_request
+        from data_gen.formalizer.endpoints import failure_reason
+
+        async with self._warm_lock:
+            problems = []
+            for m in self.client.members:
+                if m.state != "up" or m.base_url in self._warm:
+                    continue
+                try:
+                    for fz, stage, schema, name in self._warm_requests():
+                        msgs = [{"role": "system", "content": "Return JSON."}, {"role": "user", "content": "{}"}]
+                        req = build_request(fz.endpoint, stage, msgs, schema, name)
+                        req[fz.endpoint.max_tokens_param] = 1
+                        await m.client.complete(req, carries_patient_text=False, data_class="public",
+                                                what=f"{stage} grammar warm-up")
+                except EndpointError as e:
+                    problems.append(f"{origin_of(m.base_url)}: {failure_reason(e)}")
+                    log.warning("grammar warm-up of %s failed (%s); retried at the next readiness check",
+                                m.base_url, failure_reason(e))
+                    continue
+                self._warm.add(m.base_url)
+            self._warm_problem = "; ".join(problems) or None
+            return self._warm_problem
 
     async def aclose(self) -> None:
+        if self._warm_task is not None:
+            self._warm_task.cancel()
+            try:
+                await self._warm_task
+            except (asyncio.CancelledError, Exception):
+                pass
         await self.client.aclose()
 
     # -- policies and programs -------------------------------------------------------------------
@@ -175,13 +250,16 @@ class MatchingService:
     # -- trials ----------------------------------------------------------------------------------
     async def register_trial(self, req: TrialRequest, caller: str) -> TrialResponse:
         if req.program is not None:
-            return self._trial_response(self.upload_program(req.program, caller), cached=False)
+            # In a thread: the satisfiability check may run for the solver limit, never on the loop.
+            row = await asyncio.to_thread(self.upload_program, req.program, caller)
+            return self._trial_response(row, cached=False)
         doc = trial_doc(req.text) if req.text is not None else ctgov_doc(req.ctgov_study)
         row, cached = await self.parsed_trial(doc, caller)
         return self._trial_response(row, cached)
 
     def upload_program(self, data: dict, caller: str) -> TrialRow:
-        """A reviewed program: checked like parser output, then it supersedes it for its trial id."""
+        """A reviewed program (admin role): checked like parser output, then the active version of its
+        trial id (serve.audit.store: which version a match uses)."""
         try:
             program = TrialProgram.model_validate(data)
         except ValidationError as e:
@@ -202,12 +280,8 @@ class MatchingService:
         program = program.model_copy(
             update={"provenance": program.provenance or Provenance(source="upload", details={"key": caller})}
         )
-        existing = self.audit.latest_trial(program.trial_id)
-        if (
-            existing is not None
-            and existing.program_hash == program.content_hash
-            and existing.origin == "upload"
-        ):
+        existing = self.audit.active_trial(program.trial_id)
+        if existing is not None and existing.program_hash == program.content_hash and existing.reviewed:
             return existing
         return self.audit.add_trial(
             trial_id=program.trial_id,
@@ -220,8 +294,7 @@ class MatchingService:
     async def parsed_trial(self, doc: TrialDoc, caller: str) -> tuple[TrialRow, bool]:
         """The program for this criteria text: from the parse cache, or parsed once (concurrent
         requests for the same text wait for the one parse)."""
-        messages = self.parser.parser_messages(doc)
-        key, _ = self.parser.request_key("parser", messages, core_schema("parsed-trial"), "parsed_trial")
+        key = self.parser.parser_key(doc)  # criteria as split + parser model + prompt version
         row = self.audit.trial_by_source(key)
         if row is None:
             lock = self._parse_locks.setdefault(key, asyncio.Lock())
@@ -251,7 +324,7 @@ class MatchingService:
         row = (
             self.audit.trial_version(trial_id, program_hash)
             if program_hash
-            else self.audit.latest_trial(trial_id)
+            else self.audit.active_trial(trial_id)
         )
         if row is None:
             what = f"trial '{trial_id}'" + (f" version {program_hash}" if program_hash else "")
@@ -259,10 +332,14 @@ class MatchingService:
         return self._trial_response(row, cached=True)
 
     def _trial_response(self, row: TrialRow, cached: bool) -> TrialResponse:
+        active = self.audit.active_trial(row.trial_id)
+        active_hash = active.program_hash if active is not None else row.program_hash
         return TrialResponse(
             trial_id=row.trial_id,
             program_hash=row.program_hash,
             origin=row.origin,
+            active=active_hash == row.program_hash,
+            active_program_hash=active_hash,
             cached=cached,
             parser_model=row.parser_model,
             prompt_version=row.prompt_version,
@@ -276,14 +353,19 @@ class MatchingService:
         timings: dict[str, float] = {}
         policy = self.policy(req.policy)
         if req.trial is not None:
-            t0 = time.perf_counter()
-            row, cached = await self.parsed_trial(trial_doc(req.trial), caller)
-            timings["parse"] = _ms(t0)
+            doc = trial_doc(req.trial)
+            active = self.audit.active_trial(doc.trial_id)
+            if active is not None and active.reviewed:  # inline text never overrides a reviewed program
+                row, cached = active, True
+            else:
+                t0 = time.perf_counter()
+                row, cached = await self.parsed_trial(doc, caller)
+                timings["parse"] = _ms(t0)
         else:
             row = (
                 self.audit.trial_version(req.trial_id, req.program_hash)
                 if req.program_hash
-                else self.audit.latest_trial(req.trial_id)
+                else self.audit.active_trial(req.trial_id)
             )
             if row is None:
                 raise NotFound(
@@ -294,70 +376,85 @@ class MatchingService:
                 )
             cached = True
         program = self.program_of(row)
-        note, pid = req.patient.note, req.patient.patient_id
+        pid = req.patient.patient_id
+        record = PatientDoc(patient_id=pid, documents=req.patient.documents())
+        note = record.text  # every document's text: what error messages must never quote
         self.metrics.in_flight.inc()
         try:
             t0 = time.perf_counter()
             inc, exc = await _both(
-                self._stage(self.miner.mine_values(program, note, "inclusion"), "miner_inclusion", note),
-                self._stage(self.miner.mine_values(program, note, "exclusion"), "miner_exclusion", note),
+                self._stage(self.miner.mine_values(program, record, "inclusion"), "miner_inclusion", note),
+                self._stage(self.miner.mine_values(program, record, "exclusion"), "miner_exclusion", note),
             )
             timings["value_miner"] = _ms(t0)
             t0 = time.perf_counter()
+            mined = merge_sides(inc.output, exc.output)  # passages, documents and sides: one merge rule
             try:
-                patient = resolve(program, pid, list(inc.output) + list(exc.output), policy)
+                patient = resolve(
+                    program, pid, list(mined), policy, conflicts=mined.conflict_notes(), sources=mined.sources
+                )
             except PatientError as e:  # the formalizer checks types; this is a second line of defence
-                raise FormalizerFailed(
+                raise FormalizerFailed(  # the problems can quote values from the note: counted only
                     "value-miner output does not fit the trial program",
-                    [("value_miner", p) for p in _safe(e.problems, note)],
+                    [("value_miner", f"{len(e.problems)} problem(s) (details withheld: they may quote the note)")],
                 ) from None
             timings["resolve"] = self._observe("resolve", t0)
             t0 = time.perf_counter()
             decision = await asyncio.to_thread(self.engine.decide, program, patient)
             timings["solve"] = self._observe("solve", t0)
             t0 = time.perf_counter()
-            markdown = render_markdown(program, patient, decision)
+            markdown = render_markdown(program, patient, decision) + conflicts_markdown(mined.conflicts)
             rationale = rationale_json(program, patient, decision)
+            rationale["extraction_conflicts"] = [c.model_dump(mode="json") for c in mined.conflicts]
             timings["render"] = self._observe("render", t0)
             models = ModelIds(
                 parser=row.parser_model,
                 value_miner=self.miner.endpoint.model,
                 base_model=await self.base_model(),
-                endpoint=origin_of(self.base_url),
+                endpoint=", ".join(origin_of(u) for u in self.base_urls),
                 prompts={
                     s: self.miner.prompt(s).ident for s in ("parser", "miner_inclusion", "miner_exclusion")
                 },
             )
             timings["total"] = _ms(t_start)
+            stored_note = stored_record(req.patient.note, record)
             t0 = time.perf_counter()
-            stored = self.audit.add_decision(
-                created_by=caller,
-                trial_id=program.trial_id,
-                program_hash=program.content_hash,
-                patient_id=pid,
-                note_hash=_sha256(note),
-                patient_hash=patient.content_hash(),
-                policy_name=policy.name,
-                policy_version=policy.version,
-                engine_version=ENGINE_VERSION,
-                decision=decision.decision,
-                models=models.model_dump(),
-                timings=timings,
-                artifacts={
-                    "decision": decision.model_dump(mode="json", by_alias=True),
-                    "patient": patient.model_dump(mode="json"),
-                    "value_miner": {
-                        r.stage: {
-                            "output": json.loads(r.output_json or "null"),
-                            "attempts": len(r.attempts),
-                            "prompt": r.prompt_version,
-                        }
-                        for r in (inc, exc)
-                    },
-                    "rationale_markdown": markdown,
-                    "trial_origin": row.origin,
-                },
-                note_text=note,
+            # In a thread: a PostgreSQL store waits for the chain lock and the network; the loop must not.
+            stored = await asyncio.to_thread(
+                functools.partial(
+                    self.audit.add_decision,
+                    created_by=caller,
+                    trial_id=program.trial_id,
+                    program_hash=program.content_hash,
+                    patient_id=pid,
+                    note_hash=_sha256(stored_note),
+                    patient_hash=patient.content_hash(),
+                    policy_name=policy.name,
+                    policy_version=policy.version,
+                    engine_version=ENGINE_VERSION,
+                    decision=decision.decision,
+                    models=models.model_dump(),
+                    timings=timings,
+                    artifacts=self._kept(record.text, {
+                        "decision": decision.model_dump(mode="json", by_alias=True),
+                        "patient": patient.model_dump(mode="json"),
+                        "value_miner": {
+                            r.stage: {
+                                "output": json.loads(r.output_json or "null"),
+                                "attempts": len(r.attempts),
+                                "prompt": r.prompt_version,
+                                "calls": [{"item": c.item, "attempts": len(c.attempts)} for c in r.calls],
+                                "sources": r.output.sources,
+                            }
+                            for r in (inc, exc)
+                        },
+                        "documents": documents_meta(req.patient.note, record),
+                        "extraction_conflicts": [c.model_dump(mode="json") for c in mined.conflicts],
+                        "rationale_markdown": markdown,
+                        "trial_origin": row.origin,
+                    }),
+                    note_text=stored_note,
+                )
             )
             self._observe("audit", t0)
         finally:
@@ -373,6 +470,7 @@ class MatchingService:
             patient=patient,
             rationale=rationale,
             rationale_markdown=markdown,
+            extraction_conflicts=mined.conflicts,
             models=models,
             timings_ms=timings,
             trial_cached=cached,
@@ -398,10 +496,12 @@ class MatchingService:
                     )
                 ],
             )
+        # Each trial's active version, pinned for the whole batch (an upload meanwhile changes nothing).
+        active = {t: self.audit.active_trial(t) for t in req.trial_ids}
         unknown = [
             (f"trial_ids.{i}", f"unknown trial '{t}'")
             for i, t in enumerate(req.trial_ids)
-            if self.audit.latest_trial(t) is None
+            if active[t] is None
         ]
         if unknown:
             raise InvalidInput("unknown trials in batch: register them with POST /v1/trials", unknown)
@@ -417,7 +517,13 @@ class MatchingService:
             async with sem:
                 try:
                     res = await self.match(
-                        MatchRequest(trial_id=trial_id, patient=patient, policy=req.policy), caller
+                        MatchRequest(
+                            trial_id=trial_id,
+                            program_hash=active[trial_id].program_hash,
+                            patient=patient,
+                            policy=req.policy,
+                        ),
+                        caller,
                     )
                     return BatchLine(
                         index=index, patient_id=patient.patient_id, trial_id=trial_id, status=200, result=res
@@ -430,6 +536,15 @@ class MatchingService:
                         trial_id=trial_id,
                         status=e.status,
                         error=error_body(e),
+                    )
+                except Exception as e:  # noqa: BLE001 - one pair's bug never cuts the others' stream
+                    self.metrics.errors.labels("internal_error").inc()
+                    return BatchLine(
+                        index=index,
+                        patient_id=patient.patient_id,
+                        trial_id=trial_id,
+                        status=500,
+                        error=error_body(internal_error(e)),
                     )
 
         tasks = [asyncio.create_task(one(*p)) for p in pairs]
@@ -475,42 +590,58 @@ class MatchingService:
 
     # -- readiness -------------------------------------------------------------------------------
     async def readiness(self) -> Readiness:
-        import httpx
+        """Ready when at least one endpoint lists both adapters; each endpoint's state is listed."""
+        from .vllm_server import exit_note
 
         wanted = [self.parser.endpoint.model, self.miner.endpoint.model]
-        origin = origin_of(self.base_url)
-        try:
-            async with httpx.AsyncClient(timeout=3.0, trust_env=False) as http:
-                r = await http.get(self.base_url + "/models", headers=self._auth_headers())
-            r.raise_for_status()
-            data = r.json()["data"]
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
-            return Readiness(
-                ready=False, formalizer=origin, reason=f"formalizer not answering ({type(e).__name__})"
+        members = await self.client.check_all()
+        states = []
+        for m in members:
+            # A vLLM this process started and saw die says how it ended (e.g. killed by SIGKILL).
+            reason = (exit_note(m.base_url) or m.reason) if m.state == "down" else m.reason
+            states.append(
+                EndpointStatus(
+                    endpoint=origin_of(m.base_url), state=m.state, reason=reason, models=m.models,
+                    in_flight=m.in_flight, failures=m.failures,
+                )
             )
-        ids = [m.get("id") for m in data if isinstance(m, dict)]
-        for m in data:
-            if isinstance(m, dict) and m.get("id") in wanted and m.get("parent"):
-                self._base_model = m["parent"]
-        missing = [w for w in wanted if w not in ids]
+            if m.state == "up" and self._base_model is None:
+                self._base_model = m.parents.get(wanted[0]) or m.parents.get(wanted[1])
+        up = [m for m in members if m.state == "up"]
+        listed = sorted({x for m in (up or members) for x in m.models}, key=lambda x: x)
+        missing = [] if up else [w for w in wanted if w not in listed]
+        reason = None
+        if not up:
+            reason = "; ".join(f"{st.endpoint}: {st.reason}" for st in states)
+            reason = ("formalizer " if len(states) == 1 else "no formalizer endpoint is ready: ") + reason
+        elif self.config.formalizer.warm_up_grammars:
+            # Ready only once a server's grammars are warm; a check during the warm-up does not wait.
+            if not any(m.base_url in self._warm for m in up) and not self._warm_lock.locked():
+                await self.warm_grammars()
+            up = [m for m in up if m.base_url in self._warm]
+            if not up:
+                reason = ("warming up the structured-output grammars"
+                          + (f" (last attempt: {self._warm_problem})" if self._warm_problem else ""))
         return Readiness(
-            ready=not missing,
-            formalizer=origin,
-            models=ids,
+            ready=bool(up),
+            formalizer=", ".join(origin_of(u) for u in self.base_urls),
+            models=listed,
             missing=missing,
-            reason=f"formalizer lacks {', '.join(missing)}" if missing else None,
+            reason=reason,
+            endpoints=states,
         )
 
     async def base_model(self) -> str | None:
-        if self._base_model is None:
-            await self.readiness()
+        """The adapters' base model as a server lists it. Asks only servers not marked down: a down
+        one is re-checked by the pool's own schedule, never brought back by a match."""
+        wanted = (self.parser.endpoint.model, self.miner.endpoint.model)
+        for m in self.client.members:
+            if self._base_model is not None:
+                break
+            if m.usable and not m.parents:
+                await self.client.check(m)
+            self._base_model = next((m.parents[w] for w in wanted if w in m.parents), None)
         return self._base_model
-
-    def _auth_headers(self) -> dict[str, str]:
-        import os
-
-        env = self.config.formalizer.api_key_env
-        return {"Authorization": f"Bearer {os.environ[env]}"} if env and os.environ.get(env) else {}
 
     # -- one formalizer stage, with failure mapping and metrics ----------------------------------
     async def _stage(self, call, stage: str, note: str | None = None) -> StageResult:
@@ -518,32 +649,82 @@ class MatchingService:
         try:
             res: StageResult = await call
         except EndpointError as e:
+            # A fixed message: stage, status, reference. Upstream text (servers echo prompts) never
+            # passes through, whatever its length.
+            ref, what = uuid.uuid4().hex[:12], endpoint_failure(e, self.config.formalizer.timeout_s)
+            log.warning("stage=%s formalizer error ref=%s status=%s retryable=%s: %s", stage, ref, e.status,
+                        e.retryable, what)
             if e.retryable:
                 raise FormalizerUnavailable(
-                    f"the formalizer ({stage}) is unavailable: {_safe([str(e)], note)[0]}",
+                    f"the formalizer ({stage}) is unavailable: {what} (reference {ref})",
                     headers={"Retry-After": str(self.config.retry_after_s)},
                 ) from None
-            raise FormalizerFailed(f"the formalizer ({stage}) failed: {_safe([str(e)], note)[0]}") from None
+            raise FormalizerFailed(f"the formalizer ({stage}) failed: {what} (reference {ref})") from None
         except EgressRefused as e:
             raise FormalizerFailed(str(e)) from None
         finally:
             self.metrics.observe_stage(stage, time.perf_counter() - t0)
         self.metrics.tokens.labels(stage, "prompt").inc(res.usage.prompt_tokens)
         self.metrics.tokens.labels(stage, "completion").inc(res.usage.completion_tokens)
-        if len(res.attempts) > 1:
+        if any(len(c.attempts) > 1 for c in res.calls or [res]):  # a stage of several calls: any repaired
             self.metrics.repairs.labels(stage, res.status).inc()
+        if res.reason == MINER_BUDGET:  # no call was made: the side's atoms cannot fit the limits
+            raise FormalizerFailed(
+                f"the {stage} stage cannot be asked within the students' token limits",
+                [(stage, p) for p in res.problems],
+            )
         if not res.accepted:
-            log.warning("stage=%s rejected after repair reason=%s", stage, res.reason)
+            ref = uuid.uuid4().hex[:12]
+            log.warning("stage=%s rejected after repair reason=%s ref=%s", stage, res.reason, ref)
+            # The checks' messages can carry model output, which can quote the note: for a stage that
+            # read a note only their count and reason go out.
+            problems = (
+                [(stage, f"{len(res.problems)} problem(s), first reason '{res.reason}' (details withheld: "
+                  f"the output may quote the note; reference {ref})")]
+                if note
+                else [(stage, p) for p in res.problems][:20]
+            )
+            # a stage of several calls: which ones failed (document, passage, chunk ids; no text)
+            problems += [(stage, f"call {c.item} rejected (reason: {c.reason})") for c in res.calls
+                         if not c.accepted][:20]
             raise FormalizerFailed(
                 f"the {stage} output failed validation after one repair attempt (reason: {res.reason})",
-                [(stage, p) for p in _safe(res.problems, note)][:20],
+                problems,
             )
         return res
+
+    def _kept(self, note: str, artifacts: dict) -> dict:
+        """The artifacts as the audit store keeps them: under store_notes false, no note text."""
+        return artifacts if self.config.store_notes else note_free(artifacts, note)
 
     def _observe(self, stage: str, t0: float) -> float:
         dt = time.perf_counter() - t0
         self.metrics.observe_stage(stage, dt)
         return round(dt * 1000, 3)
+
+
+def endpoint_failure(e: EndpointError, timeout_s: float) -> str:
+    """What went wrong with a formalizer call, in the service's own words (never the server's)."""
+    text = str(e)
+    if e.status is not None:
+        return f"HTTP {e.status} from the formalizer"
+    if "no answer within" in text:
+        return f"no answer within {timeout_s:g} s"
+    if "no formalizer endpoint available" in text or "every formalizer endpoint failed" in text:
+        return "no formalizer endpoint available"
+    if "connection failed" in text:
+        return "connection failed"
+    return "no usable answer"
+
+
+def internal_error(e: BaseException) -> ServiceError:
+    """An unexpected failure as a 500 naming an incident id; logged as its type and place only
+    (exception messages can carry request content)."""
+    incident = uuid.uuid4().hex[:12]
+    frames = traceback.extract_tb(e.__traceback__)[-6:]
+    where = " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}:{f.name}" for f in reversed(frames))
+    log.error("internal error incident=%s type=%s at %s", incident, type(e).__name__, where)
+    return InternalError(f"internal error (incident {incident}); see the service log")
 
 
 def error_body(e: ServiceError) -> ErrorBody:
@@ -564,10 +745,36 @@ async def _both(a, b):
         raise
 
 
-def _safe(messages: list[str], note: str | None) -> list[str]:
-    if not note:
-        return list(messages)
-    return [PROBLEM_WITHHELD if quotes_any(m, (note,)) else m for m in messages]
+def stored_record(note: str | None, record: PatientDoc) -> str:
+    """The patient text as the audit store keeps it: a single `note` as is; several documents as the
+    JSON list [{"id", "text"}] (the decision's `documents` artifact says which)."""
+    if note is not None:
+        return note
+    docs = [{"id": d.id, "text": d.text} for d in record.note_documents()]
+    return json.dumps(docs, ensure_ascii=False, separators=(",", ":"))
+
+
+def documents_meta(note: str | None, record: PatientDoc) -> list[dict] | None:
+    """The documents of a `notes` request (ids, dates, kinds, hashes; no text); None for a `note`."""
+    if note is not None:
+        return None
+    return [
+        {"id": d.id, "date": d.date, "kind": d.kind, "sha256": _sha256(d.text)}
+        for d in record.note_documents()
+    ]
+
+
+def conflicts_markdown(conflicts: list[PassageConflict]) -> str:
+    """The rationale's section on values the documents disagree on (the atoms were left open)."""
+    if not conflicts:
+        return ""
+    out = ["", "", "### Documents disagree (left open, confirm in the chart)"]
+    for c in conflicts:
+        said = "; ".join(
+            f'document `{f.document}`: {f.shown(c.atom)} ("{md(f.evidence)}")' for f in c.findings
+        )
+        out.append(f"- {c.atom}: {said}")
+    return "\n".join(out)
 
 
 def _sha256(text: str) -> str:

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 TASKS = ("parser", "value_miner")
-# Context for the tiny tokenizer: the parser prompt is ~1k tokens with it.
+# Context for the tiny tokenizer: a per-criterion parser prompt is under 1k tokens with it.
 MAX_MODEL_LEN = 4096
 STUDENT_MAX_TOKENS = {"parser": 768, "miner_inclusion": 256, "miner_exclusion": 256}
 # Memorization recipe, measured on 2 cores: LoRA r 32 on every linear layer, lr 1e-2 with a cosine
@@ -80,60 +80,98 @@ def trial_text(trial: dict):
     )
 
 
-def sft_rows(records: dict) -> dict[str, list[dict]]:
+def sft_rows(records: dict, limits=None) -> dict[str, list[dict]]:
     """The records as SFT rows (the `verdict teacher export` row layout), prompts rendered by the
-    same code the service uses."""
-    from data_gen.formalizer import Formalizer, compact
-    from data_gen.teacher_config import TeacherConfig
-    from verdict_core.program import ParsedTrial
-
-    from .serving import trial_doc
-
-    fz = Formalizer(TeacherConfig(name="recorded-teacher", base_url="http://127.0.0.1:9/v1", model="teacher"))
+    same code the service uses (under `limits`, the service's `FormalizerConfig`; default the tiny
+    students')."""
     programs = teacher_programs(records)
     meta = {"teacher": "recorded-teacher", "prompt_version": "v1"}
-    rows: dict[str, list[dict]] = {"parser": [], "value_miner": []}
-    for t in records["trials"]:
-        target = ParsedTrial.model_validate(t["parsed"]).model_dump(
-            mode="json", by_alias=True, exclude_defaults=True
-        )
-        msgs = fz.parser_messages(trial_doc(trial_text(t)))
-        rows["parser"].append(
-            {
-                "messages": msgs + [{"role": "assistant", "content": compact(target)}],
-                "task": "parser",
-                "record_id": f"parser:{t['trial_id']}",
-                "trial_id": t["trial_id"],
-                "patient_id": None,
-                "stage": "parser",
-                **meta,
-            }
-        )
-    for p in records["patients"]:
-        for tid, program in programs.items():
-            for side in ("inclusion", "exclusion"):
-                values = teacher_values(program, p, side)
-                target = {
-                    "values": [
-                        v.model_dump(mode="json", exclude_defaults=True) | {"value": v.value} for v in values
-                    ]
-                }
-                msgs = fz.miner_messages(program, p["note"], side, [v.atom for v in values])
-                rows["value_miner"].append(
-                    {
-                        "messages": msgs + [{"role": "assistant", "content": compact(target)}],
-                        "task": "value_miner",
-                        "record_id": f"miner_{side}:{tid}:{p['patient_id']}",
-                        "trial_id": tid,
-                        "patient_id": p["patient_id"],
-                        "stage": f"miner_{side}",
-                        **meta,
-                    }
-                )
+    rows: dict[str, list[dict]] = {"parser": parser_rows(records, programs, meta, limits)}
+    rows["value_miner"] = miner_rows(records, programs, meta, limits)
     return rows
 
 
-def write_student_export(records: dict, out: str | Path) -> Path:
+def parser_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[dict]:
+    """One SFT row per parser call the service makes: the trial's criteria split as the service
+    splits them (under `limits`, default the tiny students'), each with the teacher program's
+    formalization of that criterion (`data_gen.formalizer.criterion_outputs`) as the target. A
+    recurring criterion is one row. A criterion the teacher program does not have is an error."""
+    from data_gen.formalizer import Formalizer, compact, criterion_outputs
+    from data_gen.formalizer.criteria import normalize_criterion
+
+    from .api_config import FormalizerConfig
+    from .serving import trial_doc
+
+    limits = limits or FormalizerConfig(max_tokens=STUDENT_MAX_TOKENS)
+    fz = Formalizer(limits.endpoint(limits.parser_model, "http://127.0.0.1:9/v1"))
+    out, seen = [], set()
+    for t in records["trials"]:
+        program = programs[t["trial_id"]]
+        outputs = criterion_outputs(program)
+        by_text = {normalize_criterion(cr.text, case=True): outputs[cr.id] for _, _, cr in program.criteria()}
+        for c in fz.trial_criteria(trial_doc(trial_text(t))).criteria:
+            target = by_text.get(normalize_criterion(c.text, case=True))
+            if target is None:
+                raise ValueError(f"teacher records: trial {t['trial_id']} criterion {c.id} '{c.text}' has no "
+                                 "formalization in its program (criterion texts must match the split)")
+            msgs = fz.criterion_messages(c)
+            if json.dumps(msgs) in seen:
+                continue
+            seen.add(json.dumps(msgs))
+            answer = target.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+            out.append({"messages": msgs + [{"role": "assistant", "content": compact(answer)}],
+                        "task": "parser", "record_id": f"parser:{t['trial_id']}#{c.id}", "trial_id": t["trial_id"],
+                        "patient_id": None, "stage": "parser", **meta})
+    return out
+
+
+def miner_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[dict]:
+    """One SFT row per value-miner call the service makes for a patient x trial x side: the same
+    plan (atom chunks x passages, `data_gen.formalizer.miner.plan_for`) under the students' limits
+    (`limits`: the service's `FormalizerConfig`; default: the tiny students' max_tokens). A chunk's
+    target is the teacher's values for its atoms, an atom null where its quote is not in the call's
+    passage."""
+    from data_gen.formalizer import Formalizer, quote_in_note
+    from data_gen.formalizer.miner import miner_target, plan_for
+    from data_gen.protocol import PatientDoc
+    from verdict_core.patient import MinedValue
+
+    from .api_config import FormalizerConfig
+
+    limits = limits or FormalizerConfig(max_tokens=STUDENT_MAX_TOKENS)
+    fz = Formalizer(limits.endpoint(limits.value_miner_model, "http://127.0.0.1:9/v1"))
+    out = []
+    for p in records["patients"]:
+        doc = PatientDoc(patient_id=p["patient_id"], text=p["note"])
+        for tid, program in programs.items():
+            for side in ("inclusion", "exclusion"):
+                facts = {v.atom: v for v in teacher_values(program, p, side)}
+                plan = plan_for(fz, program, doc, side)
+                for call in plan:
+                    values = [
+                        facts[a]
+                        if facts[a].value is None
+                        or any(quote_in_note(facts[a].evidence, t) for t in call.texts)
+                        else MinedValue(atom=a, value=None)
+                        for a in call.atoms
+                    ]
+                    rid = f"miner_{side}:{tid}:{p['patient_id']}"
+                    answer = {"role": "assistant", "content": miner_target(values)}
+                    out.append(
+                        {
+                            "messages": call.messages + [answer],
+                            "task": "value_miner",
+                            "record_id": rid + (f":{call.call_id}" if len(plan) > 1 else ""),
+                            "trial_id": tid,
+                            "patient_id": p["patient_id"],
+                            "stage": f"miner_{side}",
+                            **meta,
+                        }
+                    )
+    return out
+
+
+def write_student_export(records: dict, out: str | Path, limits=None) -> Path:
     """`out/parser` and `out/value_miner` in the SFT export layout (DatasetDict + split JSONL)."""
     from datasets import Dataset, DatasetDict, Features, Value
 
@@ -148,7 +186,7 @@ def write_student_export(records: dict, out: str | Path) -> Path:
         }
     )
     out = Path(out)
-    for task, rows in sft_rows(records).items():
+    for task, rows in sft_rows(records, limits).items():
         # Every split holds the same records: the students are meant to memorize them.
         splits = {"train": rows, "validation": rows[:2], "test": rows[:2]}
         folder = out / task

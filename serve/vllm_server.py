@@ -1,19 +1,24 @@
 """Start, watch and stop vLLM's OpenAI-compatible server for the students.
 
 The server runs in its own environment (its pins clash with the training stack), as a child
-process in its own process group, so stopping it also stops the engine processes it spawns.
-`start()` returns once `/v1/models` lists the base model and every adapter; if the process dies
-first, the error carries the tail of its log.
+process in its own session and process group, so stopping it also stops the engine processes it
+spawns, and with its own temporary folder (TMPDIR: vLLM's IPC sockets and caches), removed when it
+stops. `start()` returns once `/v1/models` lists the base model and every adapter; if the process
+dies first, the error carries the tail of its log. `supervise()` watches a running server: when the
+leader dies (even by SIGKILL, which leaves the engine processes orphaned) it stops what is left of
+the group, removes the temporary folder and reports how it ended.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -34,6 +39,28 @@ class ServerState(BaseModel):
     base_url: str
     models: list[str]
     log_file: str
+    tmp_dir: str | None = None
+
+
+# Servers this process started, by base URL: the service's readiness says how a dead one ended.
+_STARTED: dict[str, "VLLMServer"] = {}
+
+
+def describe_exit(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exited with code {rc}"
+
+
+def exit_note(base_url: str) -> str | None:
+    """How a vLLM server this process started at ``base_url`` ended; None if it runs (or is not ours)."""
+    server = _STARTED.get(base_url.rstrip("/"))
+    if server is None or server.exit_code is None:
+        return None
+    return f"vLLM (pid {server.pid}, started by this service) {describe_exit(server.exit_code)}"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -62,6 +89,10 @@ class VLLMServer:
             else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
         )
         self.process: subprocess.Popen | None = None
+        self.tmp_dir: Path | None = None
+        self.pid: int | None = None
+        self.exit_code: int | None = None  # set once the leader is seen dead
+        self._lock = threading.Lock()  # stop() and the supervisor thread
 
     # -- what is run -----------------------------------------------------------------------------
     @property
@@ -131,6 +162,9 @@ class VLLMServer:
         # The project's venv must not leak into vLLM's (different transformers pin).
         for var in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"):
             env.pop(var, None)
+        if self.tmp_dir is not None:
+            # Everything vLLM puts in the temp dir (IPC sockets, compile and grammar caches) lands here.
+            env["TMPDIR"] = str(self.tmp_dir)
         if self.config.device == "cpu":
             env["VLLM_TARGET_DEVICE"] = "cpu"
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.config.cpu_kvcache_space_gib)
@@ -154,6 +188,8 @@ class VLLMServer:
             raise VLLMServerError("server already started")
         self.check_paths()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix="verdict-vllm-"))
+        self.exit_code = None
         log = open(self.log_path, "ab")
         try:
             self.process = subprocess.Popen(
@@ -164,8 +200,13 @@ class VLLMServer:
                 env=self.environment(),
                 start_new_session=True,
             )
+        except BaseException:
+            self._remove_tmp()
+            raise
         finally:
             log.close()
+        self.pid = self.process.pid
+        _STARTED[self.base_url] = self
         if wait:
             try:
                 self.wait_ready()
@@ -211,12 +252,50 @@ class VLLMServer:
             time.sleep(0.5)
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
-        """SIGTERM the whole process group, SIGKILL what is left after ``timeout_s``."""
-        if self.process is None:
-            return None
-        rc = stop_process_group(self.process.pid, timeout_s, popen=self.process)
-        self.process = None
-        return rc
+        """SIGTERM the whole process group, SIGKILL what is left after ``timeout_s``; remove the
+        temporary folder."""
+        with self._lock:
+            if self.process is None:
+                self._remove_tmp()
+                return self.exit_code
+            rc = stop_process_group(self.process.pid, timeout_s, popen=self.process)
+            self.process = None
+            self._remove_tmp()
+            return rc
+
+    def supervise(self, on_exit, interval_s: float = 0.5) -> threading.Thread:
+        """Watch the leader from a daemon thread. When it dies on its own: stop the rest of its group
+        (engine processes), remove the temporary folder, then call ``on_exit(message)`` once."""
+
+        def watch():
+            while True:
+                with self._lock:
+                    proc = self.process
+                    rc = proc.poll() if proc is not None else None
+                    if proc is None:
+                        return  # stopped on purpose
+                    if rc is not None:
+                        self.exit_code = rc
+                        stop_process_group(proc.pid, timeout_s=5.0, popen=proc)
+                        self.process = None
+                        self._remove_tmp()
+                        break
+                time.sleep(interval_s)
+            on_exit(
+                f"vLLM (pid {proc.pid}) {describe_exit(rc)}; stopped what was left of its process group "
+                f"and removed its temporary files; formalizer calls go to the other servers, or answer "
+                f"503 + Retry-After while none is left. "
+                f"Last lines of {self.log_path}:\n{log_tail(self.log_path, 15)}"
+            )
+
+        t = threading.Thread(target=watch, name="vllm-supervisor", daemon=True)
+        t.start()
+        return t
+
+    def _remove_tmp(self) -> None:
+        if self.tmp_dir is not None:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+            self.tmp_dir = None
 
     @property
     def running(self) -> bool:
@@ -229,6 +308,7 @@ class VLLMServer:
             base_url=self.base_url,
             models=self.config.model_names(),
             log_file=str(self.log_path),
+            tmp_dir=str(self.tmp_dir) if self.tmp_dir else None,
         )
 
     def __enter__(self) -> "VLLMServer":
@@ -243,7 +323,8 @@ def stop_process_group(
 ) -> int | None:
     """Stop the process group led by ``pid`` (a server started with start_new_session): SIGTERM,
     wait until every member is gone (engine processes shut down after the API server), SIGKILL
-    what is left after ``timeout_s``."""
+    what is left after ``timeout_s`` and wait until it is gone. Works after the leader died too:
+    the group lives on while any member does."""
     try:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -255,6 +336,9 @@ def stop_process_group(
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    deadline = time.monotonic() + 10  # a killed process takes a moment to go (freeing GBs of memory)
+    while time.monotonic() < deadline and _group_alive(pid, popen):
+        time.sleep(0.1)
     if popen is not None:
         try:
             return popen.wait(timeout=10)

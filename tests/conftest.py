@@ -8,6 +8,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 pytest_plugins = [
     "tests.fixtures.models",
+    "tests.fixtures.postgres",
     "tests.fixtures.scripted_api",
     "tests.fixtures.sft",
     "tests.fixtures.slurm",

@@ -128,6 +128,8 @@ def describe(err: ValidationError, model: type[BaseModel]) -> list[str]:
                 list(parent.model_fields) if parent is not None and hasattr(parent, "model_fields") else []
             )
             lines.append(f"unknown config key '{loc}'{_suggest(str(e['loc'][-1]), known) if known else ''}")
+        elif not loc:  # a whole-config check (e.g. limits): the message names its keys
+            lines.append(e["msg"].removeprefix("Value error, "))
         else:
             lines.append(f"{loc}: {e['msg']}")
     return lines

@@ -79,6 +79,16 @@ def _validator(task: str):
     return jsonschema.Draft202012Validator(schema)
 
 
+@lru_cache(maxsize=1)
+def _criterion_validator():
+    """The per-criterion parser output's schema (`parsed-criterion`)."""
+    import jsonschema
+
+    from verdict_core.schemas import json_schema
+
+    return jsonschema.Draft202012Validator(json_schema("parsed-criterion"))
+
+
 @dataclass
 class Checked:
     json_ok: bool
@@ -94,9 +104,10 @@ def check_output(task: str, text: str) -> Checked:
         data = json.loads(text)
     except ValueError as e:
         return Checked(False, False, False, None, None, f"not JSON: {e.msg}")
-    schema_ok = _validator(task).is_valid(data)
+    per_criterion = task == "parser" and isinstance(data, dict) and sft_data.is_criterion_output(data)
+    schema_ok = (_criterion_validator() if per_criterion else _validator(task)).is_valid(data)
     try:
-        parsed = sft_data.output_model(task).model_validate(data)
+        parsed = sft_data.output_model(task, data if isinstance(data, dict) else None).model_validate(data)
     except ValidationError as e:
         first = e.errors(include_url=False, include_input=False)[0]
         return Checked(
@@ -289,6 +300,10 @@ def decision_agreement(
     from verdict_core.patient import ValueMinerOutput
     from verdict_core.program import ParsedTrial
 
+    if task == "parser" and any(sft_data.is_criterion_output(_content(r)) for r in rows):
+        return {"available": False,
+                "reason": "per-criterion parser records: the decision agreement needs each trial's "
+                          "assembled program (data_gen.formalizer.assembly), not computed here yet"}
     other = COMPANION[task]
     explicit = cfg.programs if task == "value_miner" else cfg.pairs
     src = Path(explicit) if explicit else dataset_path.parent / other
@@ -306,6 +321,8 @@ def decision_agreement(
         # one that declares all of its atoms.
         programs: dict[str, list] = defaultdict(list)
         for r in companion:
+            if sft_data.is_criterion_output(_content(r)):
+                continue  # per-criterion parser records: no whole program per row
             try:
                 programs[r["trial_id"]].append(
                     _program(r["trial_id"], ParsedTrial.model_validate_json(_content(r)))
@@ -503,13 +520,12 @@ def score(target: Target, path: str, label: str, split: str, cfg: EvalConfig) ->
             f"{label}/{split}: {len(missing)} of {len(rows)} records have no prediction yet "
             f"(unfinished shards?); run the generation first (e.g. {missing[0]})"
         )
-    model = sft_data.output_model(task)
     checked = {r["record_id"]: check_output(task, preds[r["record_id"]]["output"]) for r in rows}
     counts, atoms = Counter(), Counter()
     errors = Counter()
     for r in rows:
         c, teacher_text = checked[r["record_id"]], _content(r)
-        teacher = model.model_validate_json(teacher_text)
+        teacher = sft_data.output_model(task, teacher_text).model_validate_json(teacher_text)
         counts["json_valid"] += c.json_ok
         counts["schema_valid"] += c.schema_ok
         counts["model_valid"] += c.model_ok

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from . import config_io
 
@@ -14,6 +14,9 @@ from . import config_io
 class EvalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    limits: str | None = Field(
+        default=None, description="configs/limits/NAME.yaml: max_new_tokens derives from it (paper: 3072)"
+    )
     batch_size: int = Field(default=16, ge=1, description="prompts per generate() call (paper: 16)")
     max_new_tokens: int = Field(default=3072, ge=1, description="generation budget per record (paper: 3072)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -36,6 +39,13 @@ class EvalConfig(BaseModel):
     limit: int | None = Field(
         default=None, ge=1, description="evaluate only the first N records of the split"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_limits(cls, data):
+        from data_gen.formalizer.budget import apply_limits
+
+        return apply_limits(data, "eval settings", lambda lim: {("max_new_tokens",): lim.max_new_tokens})
 
 
 def load_eval_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> EvalConfig:

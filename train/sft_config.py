@@ -77,7 +77,12 @@ class TrainConfig(_Model):
     warmup_ratio: float = Field(default=0.05, ge=0, lt=1)
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "linear"
     bf16: bool = True
-    max_length: int = Field(default=4096, ge=16)
+    limits: str | None = Field(
+        default=None,
+        description="configs/limits/NAME.yaml (e.g. paper): max_length derives from it, so training, "
+        "vLLM's max_model_len and the stages' max_tokens cannot contradict each other",
+    )
+    max_length: int = Field(default=4096, ge=16, description="prompt + completion tokens of one record")
     assistant_only_loss: bool = True
     training_chat_template: str | None = Field(
         default=None,
@@ -106,6 +111,13 @@ class TrainConfig(_Model):
     )
     save_total_limit: int = Field(default=2, ge=1)
     merge: bool = Field(default=False, description="also write the base with the adapter merged in (export)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_limits(cls, data):
+        from data_gen.formalizer.budget import apply_limits
+
+        return apply_limits(data, "train config", lambda lim: {("max_length",): lim.max_length})
 
     @model_validator(mode="after")
     def _names(self):

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from verdict_core.errors import VerdictError
 from verdict_core.patient import ValueMinerOutput
-from verdict_core.program import ParsedTrial
+from verdict_core.program import ParsedCriterion, ParsedTrial
 
 if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
@@ -32,9 +32,24 @@ class DatasetError(VerdictError):
     """An SFT dataset is missing, of the wrong task, or its rows do not fit the task's schema."""
 
 
-def output_model(task: str) -> type[BaseModel]:
-    """What the student of ``task`` emits (the assistant content)."""
+def output_model(task: str, content: str | dict | None = None) -> type[BaseModel]:
+    """What the student of ``task`` emits (the assistant content). The parser works per criterion
+    (`ParsedCriterion`, an object with `in_scope`); older parser records hold a whole `ParsedTrial`:
+    given the content, the model that fits its shape."""
+    if task == "parser" and content is not None and is_criterion_output(content):
+        return ParsedCriterion
     return {"parser": ParsedTrial, "value_miner": ValueMinerOutput}[task]
+
+
+def is_criterion_output(content: str | dict) -> bool:
+    """A per-criterion parser output (it has `in_scope`), not a whole ParsedTrial."""
+    if isinstance(content, dict):
+        return "in_scope" in content
+    try:
+        obj = json.loads(content)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and "in_scope" in obj
 
 
 def load_dataset_dict(path: str | Path) -> "DatasetDict":
@@ -81,7 +96,6 @@ def check_split(ds: "Dataset", task: str, where: str) -> None:
     wrong = [t for t in tasks if t != task]
     if wrong:
         raise DatasetError(f"{where}: holds '{', '.join(wrong)}' records but this run is for task '{task}'")
-    model = output_model(task)
     problems: list[str] = []
     for i, row in enumerate(ds.select_columns(["messages", "record_id"])):
         rid = row["record_id"] or f"row {i}"
@@ -93,6 +107,7 @@ def check_split(ds: "Dataset", task: str, where: str) -> None:
             problems.append(f"{rid}: a message has empty content")
         else:
             try:
+                model = output_model(task, msgs[2]["content"])
                 model.model_validate_json(msgs[2]["content"])
             except ValidationError as e:
                 first = e.errors(include_url=False, include_input=False)[0]

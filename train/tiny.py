@@ -64,19 +64,26 @@ def build_tiny_student(out_dir: str | os.PathLike, hidden_size: int = 128, layer
     ``extra_corpus`` (e.g. the prompt templates) with a larger ``vocab_size`` gives a tokenizer that
     knows the prompts' words: prompts 2-3x shorter, so training and serving the tiny students is
     that much cheaper."""
+    tok = build_tokenizer(vocab_size, extra_corpus)
+    return _write_tiny_qwen2(out_dir, tok, ((len(tok) + 63) // 64) * 64, 4096, "tiny-qwen2-student",
+                             hidden_size, layers, seed)
+
+
+def _write_tiny_qwen2(out_dir: str | os.PathLike, tok, vocab: int, max_positions: int, kind: str,
+                      hidden_size: int, layers: int, seed: int) -> Path:
+    """A random Qwen2ForCausalLM for `tok` (head_dim 32: vLLM's CPU attention needs >= 32;
+    initializer_range 0.1: LoRA cannot learn past frozen tied embeddings at 0.02), saved with it."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(vocab_size, extra_corpus)
-    vocab = ((len(tok) + 63) // 64) * 64
     torch.manual_seed(seed)
     cfg = Qwen2Config(
         vocab_size=vocab, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True,
-        initializer_range=0.1, rope_theta=1_000_000.0, rms_norm_eps=1e-6, bos_token_id=None,
-        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+        tie_word_embeddings=True, initializer_range=0.1, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+        bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id,
     )
     model = Qwen2ForCausalLM(cfg)
     gen = model.generation_config
@@ -85,6 +92,34 @@ def build_tiny_student(out_dir: str | os.PathLike, hidden_size: int = 128, layer
     gen.do_sample = False
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    (out / "verdict_tiny.json").write_text(json.dumps({"kind": "tiny-qwen2-student", "seed": seed,
-                                                      "hidden_size": hidden_size, "layers": layers}, indent=2))
+    (out / "verdict_tiny.json").write_text(json.dumps({"kind": kind, "seed": seed, "hidden_size": hidden_size,
+                                                      "layers": layers}, indent=2))
     return out
+
+
+QWEN25_PADDED_VOCAB = 151_936  # Qwen2.5's embedding rows (151,665 tokens, padded)
+
+
+def build_qwen25_tokenizer():
+    """The real Qwen2.5 tokenizer (rebuilt offline, data_gen/formalizer/budget.py) as a Hugging
+    Face tokenizer with the official Qwen2.5 chat template."""
+    from transformers import PreTrainedTokenizerFast
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    from data_gen.formalizer.budget import qwen25_tokenizer_file
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=str(qwen25_tokenizer_file()), eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        bos_token=None, unk_token=None, model_max_length=32768, clean_up_tokenization_spaces=False,
+        split_special_tokens=False,
+    )
+    tok.chat_template = qwen2_5_chat_template
+    return tok
+
+
+def build_qwen25_student(out_dir: str | os.PathLike, hidden_size: int = 128, layers: int = 2, seed: int = 0) -> Path:
+    """A tiny random Qwen2 carrying the REAL Qwen2.5 vocabulary and chat template (~80 MB: the
+    152k-row tied embedding). For serving tests of real-vocabulary behaviour (token counts,
+    structured outputs, the chat template); too slow to train on a CPU."""
+    return _write_tiny_qwen2(out_dir, build_qwen25_tokenizer(), QWEN25_PADDED_VOCAB, 32768, "tiny-qwen2-real-vocab",
+                             hidden_size, layers, seed)

@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from .decision import ExtractionConflict
 from .errors import VerdictError, describe_validation_error
 from .patient import MinedValue, ResolvedPatient, check_patient
 from .policy import Policy, apply_policy, resolve
@@ -47,6 +48,7 @@ class Case:
     source: str = ""
     recorded_sat: dict[str, bool] = field(default_factory=dict)
     import_notes: list[str] = field(default_factory=list)
+    conflicts: list[ExtractionConflict] = field(default_factory=list)  # found while importing
 
     def patient_under(self, policy: Policy) -> ResolvedPatient:
         """The resolved patient, with atoms the note leaves open resolved by ``policy``."""
@@ -65,7 +67,7 @@ def load_case(path: str | Path) -> Case:
         ref = import_reference(data, trial_id=path.name.split("__")[0], patient_id=path.parent.name or "patient",
                                source=path.name)
         return Case(program=ref.program, patient=ref.patient, patient_id=ref.patient.patient_id, source=str(path),
-                    recorded_sat=ref.recorded_sat, import_notes=ref.notes)
+                    recorded_sat=ref.recorded_sat, import_notes=ref.notes, conflicts=ref.conflicts)
     if not isinstance(data, dict) or data.get("format") != CASE_FORMAT:
         raise VerdictError(f"{path.name}: neither a '{CASE_FORMAT}' case file nor the reference format")
     try:

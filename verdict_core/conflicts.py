@@ -41,7 +41,7 @@ def find_conflicts(sess: Session) -> tuple[list[ExtractionConflict], set[str]]:
 def _union_of_correction_sets(sess: Session, facts: list[FactLit]) -> set[str]:
     ctx = sess.ctx
     s2 = z3.Solver(ctx=ctx)
-    s2.set("timeout", sess.timeout_ms)
+    s2.set("timeout", sess.call_limit_ms())
     s2.add(sess.cp.aux)
     sel = {}
     for i, f in enumerate(facts):

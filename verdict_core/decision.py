@@ -123,11 +123,25 @@ class SideStatus(_Model):
 
 
 class ExtractionConflict(_Model):
-    """Facts that contradict definitional constraints: an extraction problem, not ineligibility."""
+    """Recorded facts that cannot all be true: an extraction problem, not ineligibility. ``source``
+    says what they contradict: the definitional constraints (found by the engine), or each other
+    while importing recorded outputs (two threshold helpers of one atom, or the inclusion and the
+    exclusion pass recording incompatible values for one atom)."""
 
     atoms: list[str]
     definitions: list[str]
     set_aside: list[str] = Field(description="facts treated as unresolved for this decision")
+    source: Literal["definitions", "threshold_helpers", "passes"] = Field(
+        default="definitions", description="what the facts contradict: the definitions, or each other")
+    values: list[str] = Field(default_factory=list, description="the recorded values involved, as "
+                              "'<where>: <atom> <value>' (no note text)")
+
+    def text(self) -> str:
+        """One line for a rationale."""
+        if self.source == "definitions":
+            return f"{', '.join(self.atoms)} contradict definitions {', '.join(self.definitions)}"
+        what = "threshold helpers" if self.source == "threshold_helpers" else "inclusion and exclusion passes"
+        return f"{', '.join(self.atoms)}: the recorded {what} contradict each other ({'; '.join(self.values)})"
 
 
 class Override(_Model):

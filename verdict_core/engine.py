@@ -12,8 +12,8 @@ limit on d gives ``undetermined`` with the reason, a limit on a later artifact i
 from __future__ import annotations
 
 import atexit
-import gc
 import threading
+import time
 from collections import OrderedDict
 from typing import Callable
 
@@ -21,7 +21,7 @@ import z3
 
 from .compile import CompiledProgram, compile_program
 from .conflicts import find_conflicts
-from .decision import Decision, ExtractionConflict, Override, Trace
+from .decision import Decision, ExtractionConflict, Override, Pivotal, Trace
 from .errors import ProgramError
 from .labels import label_criteria
 from .patient import Resolution, ResolvedPatient, check_patient
@@ -45,15 +45,9 @@ class Engine:
         self._cache_size = cache_size
         # All engines of a process share one Z3 context: creating one costs ~5 ms, and destroying
         # a context while Python still holds objects of it crashes z3. A context is not
-        # thread-safe - releasing a term included - so every z3 object is made, used and released
-        # under this lock (see _shared_context); run worker processes for parallelism.
+        # thread-safe - releasing a term included - so every z3 object is made and used under
+        # this lock, and released under it too (see Z3Lock); run worker processes for parallelism.
         self.ctx, self._lock = _shared_context()
-
-    def __del__(self):
-        lock = getattr(self, "_lock", None)
-        if lock is not None:
-            with lock:  # the compiled programs are released here, not in some other thread's call
-                self._cache.clear()
 
     # -- programs ----------------------------------------------------------------------------------
     def compiled(self, program: TrialProgram) -> CompiledProgram:
@@ -82,20 +76,32 @@ class Engine:
             raise ProgramError(f"trial program '{program.trial_id}' cannot be satisfied", problems)
 
     def _unsatisfiable(self, cp: CompiledProgram) -> list[str]:
-        s = cp.solver
+        s = _Budgeted(cp.solver, self.timeout_ms)  # one time limit for all these checks together
         problems = []
         r = s.check(cp.phi_guard)
         if r == z3.unsat:
             problems.append("no patient can satisfy the definitions and any cohort together")
+        never = [cc for cc in cp.criteria if s.check(cc.pos) == z3.unsat]
         for cid in cp.cohort_ids:
             if s.check(cp.cohort_guard[cid]) == z3.unsat:
-                problems.append(f"cohort '{cid}': its criteria contradict each other or the definitions")
-        for cc in cp.criteria:
-            if s.check(cc.pos) == z3.unsat:
-                problems.append(f"criterion '{cc.key}': can never be met ({cc.side})")
+                alone = [cc.key for cc in never if cc.cohort == cid]
+                joint = alone or _conflicting_criteria(s, [cc for cc in cp.criteria if cc.cohort == cid])
+                what = "can never be met" if alone else "cannot all be met together"
+                problems.append(f"cohort '{cid}': criteria {', '.join(joint)} {what} (with the definitions)"
+                                if joint else f"cohort '{cid}': its criteria contradict each other or the definitions")
+        for cc in never:
+            problems.append(f"criterion '{cc.key}': can never be met ({cc.side})")
         if r == z3.unknown:
             problems.append(f"satisfiability unknown within {self.timeout_ms} ms ({s.reason_unknown()})")
         return problems
+
+    def _admits_no_patient(self, cp: CompiledProgram) -> list[str]:
+        """Why no patient at all can be eligible ([] if some can, or if the solver cannot say):
+        asked only for ineligible decisions, once per compiled program."""
+        key = ("admits-no-patient",)
+        if key not in cp._settled:
+            cp._settled[key] = self._unsatisfiable(cp) if cp.solver.check(cp.phi_guard) == z3.unsat else []
+        return cp._settled[key]
 
     # -- deciding ----------------------------------------------------------------------------------
     def decide(self, program: TrialProgram, patient: ResolvedPatient, policy: Policy | None = None,
@@ -131,6 +137,11 @@ class Engine:
         decision = Decision(**base, decision="eligible" if eligible else "ineligible", conflicts=conflicts,
                             overrides=overrides, trace=Trace(summary=""))
         incomplete: list[str] = []
+        nobody = [] if eligible else self._admits_no_patient(cp)
+        if nobody:  # no patient can be eligible: a property of the trial program, not of this chart
+            decision.reason = "the trial program admits no patient: " + "; ".join(nobody)
+            decision.pivotal = Pivotal(direction="to_eligible", note="no change of the patient's facts makes anyone "
+                                       "eligible: the trial program admits no patient (review the program)")
 
         def attempt(name, fn, default):
             try:
@@ -150,7 +161,9 @@ class Engine:
             if labels:
                 decision.trace = eligible_trace(sess, sides, labels, support, assumptions)
         else:
-            decision.pivotal = attempt("pivotal", lambda: to_eligible(sess, labels, self.alternatives, self.enumeration_cap), None)
+            if not nobody:
+                decision.pivotal = attempt("pivotal", lambda: to_eligible(
+                    sess, labels, self.alternatives, self.enumeration_cap), None)
             if labels:
                 decision.trace = attempt("trace", lambda: ineligible_trace(sess, labels, support), decision.trace)
         if not decision.trace.summary:
@@ -190,42 +203,135 @@ def _overridden(r: Resolution, o: Override | None) -> Resolution:
     return Resolution(atom=r.atom, status="observed", value=o.value, evidence=r.evidence, note=f"arbiter override: {o.reason}")
 
 
-_CONTEXT: tuple[z3.Context, threading.RLock] | None = None
+def _conflicting_criteria(s, criteria) -> list[str]:
+    """A minimal set of criteria (keys) that cannot all be met with the definitions, by deletion
+    in content order; [] if they can or the solver cannot say. ``s`` needs only ``check``."""
+    if s.check(*[cc.pos for cc in criteria]) != z3.unsat:
+        return []
+    core = list(criteria)
+    for cc in list(core):
+        rest = [c for c in core if c is not cc]
+        if s.check(*[c.pos for c in rest]) == z3.unsat:
+            core = rest
+    return [cc.key for cc in core]
 
 
-def _shared_context() -> tuple[z3.Context, threading.RLock]:
+class _Budgeted:
+    """A solver whose checks share one time limit: once it is spent, a check answers unknown
+    without running (a program of 40 hard criteria takes one limit, not 40)."""
+
+    def __init__(self, solver: z3.Solver, limit_ms: int):
+        self._solver, self._limit_ms = solver, limit_ms
+        self._deadline = time.monotonic() + limit_ms / 1000
+
+    def check(self, *assumptions):
+        left = int((self._deadline - time.monotonic()) * 1000)
+        if left <= 0:
+            return z3.unknown
+        if left >= self._limit_ms:
+            return self._solver.check(*assumptions)
+        self._solver.set("timeout", left)  # a compiled program's solver is shared: restore it
+        try:
+            return self._solver.check(*assumptions)
+        finally:
+            self._solver.set("timeout", self._limit_ms)
+
+    def __getattr__(self, name: str):
+        return getattr(self._solver, name)
+
+
+class Z3Lock:
+    """The lock of the shared Z3 context (re-entrant). A z3 object released by a thread that does
+    not hold it - the garbage collector frees reference cycles in whichever thread it runs, the
+    event loop's included - is not released then: its finalizer is queued and run by the next
+    thread that takes the lock. So no thread ever waits for a solver call just to free memory."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._pending: list[tuple[Callable, object]] = []
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        ok = self._lock.acquire(blocking, timeout)
+        if ok and self._pending:
+            self._drain()
+        return ok
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> "Z3Lock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.release()
+
+    def _drain(self) -> None:
+        while self._pending:
+            try:
+                finalizer, obj = self._pending.pop()
+            except IndexError:  # another thread took the last one
+                return
+            finalizer(obj)
+
+    def finalize(self, finalizer: Callable, obj: object) -> None:
+        """Run a z3 finalizer now if this thread holds or can take the lock at once, else later."""
+        if self._lock._is_owned():
+            finalizer(obj)
+        elif self._lock.acquire(blocking=False):
+            try:
+                finalizer(obj)
+                self._drain()
+            finally:
+                self._lock.release()
+        else:
+            self._pending.append((finalizer, obj))  # resurrected until then; freed once, later
+
+
+_CONTEXT: tuple[z3.Context, Z3Lock] | None = None
+
+
+def _shared_context() -> tuple[z3.Context, Z3Lock]:
     global _CONTEXT
     if _CONTEXT is None:
-        ctx, lock = z3.Context(), threading.RLock()
+        ctx, lock = z3.Context(), Z3Lock()
         _CONTEXT = (ctx, lock)
 
         # A z3 context is not thread-safe, and that includes releasing its terms. Python frees an
         # object that sits in a reference cycle whenever the garbage collector runs, in whichever
         # thread triggered it - possibly while another thread is inside a solver call (servers
-        # and benchmarks decide in worker threads). So a collection waits for the context.
-        # (Nothing under the lock waits for another thread, so a collection waits at most for
-        # one solver call sequence to finish.)
-        held = threading.local()
-
-        def gc_guard(phase: str, _info: dict) -> None:
-            if phase == "start":
-                lock.acquire()
-                held.depth = getattr(held, "depth", 0) + 1
-            elif getattr(held, "depth", 0):  # a guard added mid-collection never took the lock
-                held.depth -= 1
-                lock.release()
-
-        gc.callbacks.append(gc_guard)
+        # and benchmarks decide in worker threads). Waiting for the lock in the collector would
+        # stall that thread (an event loop) for a whole solver call, so the finalizers of objects
+        # of this context go through the lock instead (see Z3Lock.finalize).
+        for cls in _finalized_classes():
+            _route_finalizer(cls, ctx, lock)
 
         # At exit, leave the context to the OS instead of freeing it while module teardown still
         # releases terms of it (a crash, or a long hang): z3's finalizers skip a context whose
         # handle is gone, and a context it does not own is not deleted.
         @atexit.register
         def _forget() -> None:
-            if gc_guard in gc.callbacks:
-                gc.callbacks.remove(gc_guard)
             ctx.owner, ctx.ctx = False, None
     return _CONTEXT
+
+
+def _finalized_classes() -> list[type]:
+    """The z3 classes that define a finalizer releasing a z3 object (not the context itself)."""
+    return [c for c in vars(z3.z3).values()
+            if isinstance(c, type) and "__del__" in c.__dict__ and c.__module__ == "z3.z3"
+            and c not in (z3.Context, z3.UserPropagateBase)]
+
+
+def _route_finalizer(cls: type, ctx: z3.Context, lock: Z3Lock) -> None:
+    original = cls.__dict__["__del__"]
+
+    def __del__(self, _original=original):
+        if getattr(self, "ctx", None) is ctx:
+            lock.finalize(_original, self)
+        else:  # another context (single-threaded callers): as before
+            _original(self)
+
+    cls.__del__ = __del__
 
 
 _default_engine: Engine | None = None

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from typing import Annotated, Iterator, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StringConstraints
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt,
+                      StringConstraints)
 
 # Atom names: identifiers plus the separators real formalizers use ("@@qualifier", "::", "-", ".").
 # The pattern has no bounded repeat and the length is checked by a validator, not the schema:
@@ -47,6 +48,34 @@ def _short(s: str) -> str:
 
 
 AtomName = Annotated[str, StringConstraints(pattern=ATOM_NAME_PATTERN), AfterValidator(_short)]
+
+# Numbers in programs and patient values: finite and at most 1e15 in magnitude. Clinical quantities
+# are far inside it; beyond it a float no longer holds every integer, and 10**400 or NaN would fail
+# deep inside the solver or the JSON writer instead of at the input.
+MAX_MAGNITUDE = 1e15
+# Formula nesting (operators inside operators, terms included): far above any criterion, and far
+# below the JSON reader's own recursion limit (two JSON levels per node at most), so a program that
+# validates always reloads. The same bound applies on write and on read.
+MAX_DEPTH = 64
+
+
+def number_problem(x) -> str | None:
+    """Why a number is not allowed (not finite, or beyond MAX_MAGNITUDE), or None."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    if isinstance(x, float) and x != x:
+        return "NaN is not a number a program or chart can use"
+    if abs(x) > MAX_MAGNITUDE:
+        return f"{'infinite' if isinstance(x, float) and abs(x) == float('inf') else 'too large'}: numbers must be " \
+               f"finite and at most {MAX_MAGNITUDE:g} in magnitude"
+    return None
+
+
+def _bounded_number(x):
+    why = number_problem(x)
+    if why:
+        raise ValueError(why)
+    return x
 Rel = Literal["lt", "le", "gt", "ge", "eq", "ne"]
 REL_SYMBOL: dict[str, str] = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=", "ne": "!="}
 NEGATED_REL: dict[str, str] = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
@@ -131,11 +160,59 @@ FormulaNode = Annotated[
 ]
 Formula = Union[AtomName, FormulaNode]
 TermNode = Annotated[Union[Arith, Count, TermIte], Field(discriminator="op")]
-Number = Union[StrictInt, StrictFloat]
+Number = Annotated[Union[StrictInt, StrictFloat], AfterValidator(_bounded_number)]
 Term = Union[Number, AtomName, TermNode]
 
 for _cls in (Not, And, Or, Implies, Iff, Cmp, AtLeast, AtMost, Arith, Count, TermIte):
     _cls.model_rebuild()
+
+
+# ---- nesting bound ----------------------------------------------------------------------------
+def nesting_depth(data, stop: int = MAX_DEPTH) -> tuple[int, str]:
+    """(depth, path of the deepest node) of a formula given as JSON-like data or as nodes, counting
+    operator nodes; iterative, and it stops just past ``stop``, so hostile input costs little."""
+    best, best_path = 0, ""
+    stack = [(data, 0, "")]
+    while stack:
+        node, depth, path = stack.pop()
+        if isinstance(node, _Node):
+            depth += 1
+            kids = [(suffix, child) for suffix, child, _ in children(node)]
+        elif isinstance(node, dict):
+            depth += "op" in node
+            kids = [(f".{k}", v) for k, v in node.items()]
+        elif isinstance(node, list):
+            kids = [(f"[{i}]", v) for i, v in enumerate(node)]
+        else:
+            continue
+        if depth > best:
+            best, best_path = depth, path
+        if depth > stop:
+            break
+        stack.extend((v, depth, path + suffix) for suffix, v in kids if isinstance(v, (dict, list, _Node)))
+    return best, best_path
+
+
+def _bounded_depth(data):
+    depth, path = nesting_depth(data)
+    if depth > MAX_DEPTH:
+        raise ValueError(f"formula nested deeper than {MAX_DEPTH} levels (at {_compact_path(path) or 'the top'})")
+    return data
+
+
+def _compact_path(path: str) -> str:
+    """'.args[0].args[0].arg' -> 'args[0]*2.arg': a path through a deep formula, readable."""
+    out: list[list] = []
+    for part in path.lstrip(".").split(".") if path else []:
+        if out and out[-1][0] == part:
+            out[-1][1] += 1
+        else:
+            out.append([part, 1])
+    return ".".join(p if n == 1 else f"{p}*{n}" for p, n in out)
+
+
+# A top-level formula (criterion, definition): its nesting is bounded before it is validated.
+BoundedFormula = Annotated[Formula, BeforeValidator(_bounded_depth)]
 
 
 # ---- walking ----------------------------------------------------------------------------------

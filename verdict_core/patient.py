@@ -17,7 +17,7 @@ from typing import Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator, model_validator
 
 from .errors import PatientError, describe_validation_error
-from .formula import AtomName
+from .formula import AtomName, number_problem
 from .program import TrialProgram
 
 Value = Union[StrictBool, StrictInt, StrictFloat]
@@ -95,6 +95,7 @@ class Resolution(_Model):
     value: Value | None = None
     bounds: Bounds | None = None
     evidence: str | None = None
+    evidence_source: str | None = Field(default=None, description="id of the document the evidence quotes")
     imputation: Imputation | None = None
     note: str | None = Field(default=None, description="the miner's assessment, if any")
 
@@ -138,6 +139,9 @@ class ResolvedPatient(_Model):
 
     def content_hash(self) -> str:
         body = self.model_dump(mode="json")
+        for r in body["resolutions"]:  # unset: the hash of a patient written before the field existed
+            if r.get("evidence_source") is None:
+                r.pop("evidence_source", None)
         canon = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
 
@@ -190,6 +194,10 @@ def value_type_problems(domain: str, value, bounds: Bounds | None) -> list[str]:
         return []
     if isinstance(value, bool):
         return [f"value {value!r} is a boolean but the atom domain is {domain}"]
+    for x, what in ((value, "value"), (bounds and bounds.lo, "bounds.lo"), (bounds and bounds.hi, "bounds.hi")):
+        why = number_problem(x)
+        if why:  # 10**400 from a note must be a miner-output problem, not a crash in the solver
+            return [f"{what}: {why}"]
     if domain == "int" and isinstance(value, float) and not value.is_integer():
         return [f"value {value!r} is not an integer (atom domain is int)"]
     return []

@@ -156,7 +156,7 @@ def _maxsmt_sets(sess: Session, cap: int) -> tuple[list[dict], bool]:
     the other sets of that size (one SAT call each instead of one MaxSMT call each)."""
     cp = sess.cp
     opt = z3.Optimize(ctx=sess.ctx)
-    opt.set("timeout", sess.timeout_ms)
+    opt.set("timeout", sess.call_limit_ms())
     opt.add(cp.aux, cp.phi_req)
     for f in sess.facts:
         opt.add_soft(f.expr, 1)
@@ -169,7 +169,7 @@ def _maxsmt_sets(sess: Session, cap: int) -> tuple[list[dict], bool]:
     sets = [{f.atom: sess.value_in(m, f.atom) for f in first}]
     k = len(first)
     s2 = z3.Solver(ctx=sess.ctx)
-    s2.set("timeout", sess.timeout_ms)
+    s2.set("timeout", sess.call_limit_ms())
     s2.add(cp.aux, cp.phi_req)
     relax = {f.atom: z3.FreshBool("!relax", sess.ctx) for f in sess.facts}
     ctx = sess.ctx
@@ -293,7 +293,7 @@ def _cegar_sets(sess: Session, witness: z3.ModelRef, cap: int) -> tuple[list[dic
     ch = {a: z3.Bool(f"!ch:{a}", ctx) for a in atoms}
     nv = {a: z3.FreshConst(cp.vars[a].sort(), "!nv") for a in atoms}
     opt = z3.Optimize(ctx=ctx)
-    opt.set("timeout", sess.timeout_ms)
+    opt.set("timeout", sess.call_limit_ms())
     for a in atoms:  # new numeric values range over cell representatives: exact for simple atoms, finite
         if cp.atoms[a].domain != "bool":
             reps = [r for c in cp.cells[a] if (r := c.representative(cp.atoms[a].domain == "int")) is not None]

@@ -120,8 +120,14 @@ def resolve(
     mined: list[MinedValue] | dict[str, MinedValue],
     policy: Policy,
     notes: dict[str, str] | None = None,
+    conflicts: dict[str, str] | None = None,
+    sources: dict[str, str] | None = None,
 ) -> ResolvedPatient:
-    """Build p_{t,Π}: observed values from the miner, the rest through the policy."""
+    """Build p_{t,Π}: observed values from the miner, the rest through the policy.
+
+    ``conflicts`` (atom -> what disagrees) are atoms the miner found contradicting values for
+    (e.g. two documents): they stay unresolved with that note, whatever the mined value or the
+    policy says. ``sources`` (atom -> document id) names the document each evidence quote is from."""
     if isinstance(mined, list):
         mined, disagreements = merge_passes(mined)
         notes = {**disagreements, **(notes or {})}
@@ -136,13 +142,18 @@ def resolve(
             problems.extend(f"'{name}': {p}" for p in value_type_problems(atom.domain, mv.value, mv.bounds))
     if problems:
         raise PatientError("value-miner output does not fit the trial program", problems)
+    conflicts, sources = conflicts or {}, sources or {}
     resolutions = []
     for atom in program.atoms:
         mv = mined.get(atom.name)
-        if mv is not None and (mv.value is not None or mv.bounds is not None):
+        if atom.name in conflicts:  # a policy never imputes over contradicting evidence
+            resolutions.append(Resolution(atom=atom.name, status="unresolved",
+                                          note=_join(notes.get(atom.name), conflicts[atom.name])))
+        elif mv is not None and (mv.value is not None or mv.bounds is not None):
             resolutions.append(
                 Resolution(atom=atom.name, status="observed", value=mv.value, bounds=mv.bounds,
-                           evidence=mv.evidence or None, note=notes.get(atom.name))
+                           evidence=mv.evidence or None, evidence_source=sources.get(atom.name),
+                           note=notes.get(atom.name))
             )
         else:
             resolutions.append(impute(program, atom.name, policy, note=notes.get(atom.name)))

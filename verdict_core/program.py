@@ -21,7 +21,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from typing_extensions import Annotated
 
 from .errors import ProgramError, describe_validation_error
-from .formula import AtomName, Formula, _short, atom_refs, atoms_in
+from .formula import AtomName, BoundedFormula, Formula, _short, atom_refs, atoms_in
 
 Domain = Literal["bool", "int", "real"]
 AtomKind = Literal["diagnosis", "medication", "lab_value", "procedure", "demographic", "timing", "other"]
@@ -66,7 +66,7 @@ class Atom(_Model):
 class Criterion(_Model):
     id: Id
     text: str = Field(description="the criterion as written in the trial")
-    formula: Formula = Field(description="inclusion: must hold; exclusion: excludes the patient when it holds")
+    formula: BoundedFormula = Field(description="inclusion: must hold; exclusion: excludes the patient when it holds")
 
 
 class Definition(_Model):
@@ -75,7 +75,7 @@ class Definition(_Model):
     id: Id
     kind: Literal["qualifier_implies_stem", "definition", "count", "continuity", "other"] = "definition"
     text: str = ""
-    formula: Formula
+    formula: BoundedFormula
 
 
 class Cohort(_Model):
@@ -91,6 +91,32 @@ class ParsedTrial(_Model):
     atoms: list[Atom] = Field(min_length=1)
     definitions: list[Definition] = Field(default_factory=list)
     cohorts: list[Cohort] = Field(min_length=1)
+
+
+class ParsedCriterion(_Model):
+    """What the per-criterion trial parser emits for one criterion; `data_gen.formalizer.assembly`
+    makes one trial program from a trial's outputs. The side (inclusion/exclusion) is the caller's:
+    an exclusion formula describes the excluding condition, not its negation."""
+
+    in_scope: bool = Field(description="false: not chart-checkable (consent, willingness, logistics, "
+                           "investigator judgment); then no atoms and no formula")
+    reason: str = Field(default="", description="why the criterion is out of scope (required then)")
+    atoms: list[Atom] = Field(default_factory=list, description="every atom the formula and definitions use")
+    formula: BoundedFormula | None = Field(default=None, description="the condition the criterion states")
+    definitions: list[Definition] = Field(default_factory=list, description="local definitions "
+                                          "(a qualifier implies its stem, derived quantities)")
+    cohorts: list[str] = Field(default_factory=list, description="labels of the populations the criterion "
+                               "applies to when it names some ('Part B'); empty: every population")
+
+    @model_validator(mode="after")
+    def _scope_matches_content(self):
+        if self.in_scope and self.formula is None:
+            raise ValueError("an in-scope criterion needs a formula (and the atoms it uses)")
+        if not self.in_scope and (self.formula is not None or self.atoms):
+            raise ValueError("an out-of-scope criterion has no atoms and no formula (give the reason)")
+        if not self.in_scope and not self.reason.strip():
+            raise ValueError("an out-of-scope criterion needs its reason")
+        return self
 
 
 class Provenance(_Model):

@@ -1,7 +1,8 @@
 """Deterministic rationale for clinicians (Markdown and JSON), rendered only from the Decision.
 
 It restates; it never decides. Numeric conditions are stated as the requirement the trial
-imposes, not as a solver's witness value.
+imposes, not as a solver's witness value. Text from criteria, definitions and notes is untrusted:
+the Markdown escapes it (`md`), so no HTML, link or image in it renders in an EHR that shows it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,17 @@ MARK = {
     "inclusion": {"satisfied": "met", "violated": "NOT met", "deferred": "open (confirm at visit)"},
     "exclusion": {"satisfied": "does not apply", "violated": "APPLIES (excludes)", "deferred": "open (confirm at visit)"},
 }
+
+
+_MD_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", "[": "\\[", "]": "\\]",
+                              "`": "\\`", "\\": "\\\\"})
+
+
+def md(text) -> str:
+    """Untrusted text made inert in Markdown: HTML (`<`, `>`, `&`) as entities, link and image
+    brackets, code ticks and backslashes escaped. (Requirements the engine writes from atom names
+    and numbers, like `creat <= 2.0`, are not untrusted and stay as they are.)"""
+    return str(text).translate(_MD_ESCAPES)
 
 
 def _val(v) -> str:
@@ -33,14 +45,14 @@ def _pivot_text(program: TrialProgram, p: PivotalCondition) -> str:
     if atom.domain == "bool":
         want = "confirmed present" if p.target else "confirmed absent"
         now = "open in the chart" if p.current is None else f"now: {_val(p.current)}"
-        return f"{_label(atom.definition)} - {want} ({now})"
+        return f"{md(_label(atom.definition))} - {want} ({now})"
     if p.current is not None:
         now = f"now {_val(p.current)}"
     elif p.current_bounds is not None:
         now = "now " + p.current_bounds.text(p.atom)
     else:
         now = "not in the chart"
-    return f"{p.requirement.text} ({now}; {_label(atom.definition)})"
+    return f"{p.requirement.text} ({now}; {md(_label(atom.definition))})"
 
 
 def rationale_json(program: TrialProgram, patient: ResolvedPatient, d: Decision) -> dict:
@@ -71,22 +83,22 @@ def render_markdown(program: TrialProgram, patient: ResolvedPatient, d: Decision
     atoms = program.atom_table()
     res = patient.by_atom()
     pol = f" under policy `{d.policy.name}` v{d.policy.version}" if d.policy else ""
-    out = [f"## {d.trial_id} / {d.patient_id}: **{d.decision.upper()}**{pol}", "", d.trace.summary]
+    out = [f"## {md(d.trial_id)} / {md(d.patient_id)}: **{d.decision.upper()}**{pol}", "", md(d.trace.summary)]
     if d.reason:
-        out += ["", f"Reason: {d.reason}"]
+        out += ["", f"Reason: {md(d.reason)}"]
     if d.labels:
         out += ["", "### Criteria"]
         texts = {(co.id, c.id): c.text for co, _, c in program.criteria()}
         for lb in d.labels:
             cohort = f"[{lb.cohort}] " if len(program.cohorts) > 1 else ""
-            line = f"- {cohort}{lb.side} `{lb.criterion}` - {MARK[lb.side][lb.label]}: {texts[(lb.cohort, lb.criterion)]}"
+            line = f"- {cohort}{lb.side} `{lb.criterion}` - {MARK[lb.side][lb.label]}: {md(texts[(lb.cohort, lb.criterion)])}"
             quotes = []
             for a in lb.facts:
                 r = res.get(a)
                 if r is None:
                     continue
                 shown = r.bounds.text(a) if r.bounds else f"{a} = {_val(r.value)}"
-                src = f'"{r.evidence}"' if r.status == "observed" and r.evidence else (
+                src = f'"{md(r.evidence)}"' if r.status == "observed" and r.evidence else (
                     f"imputed by rule `{r.imputation.rule}`" if r.imputation else r.status)
                 quotes.append(f"{shown} ({src})")
             if quotes:
@@ -101,12 +113,12 @@ def render_markdown(program: TrialProgram, patient: ResolvedPatient, d: Decision
             what = a.requirement.text if a.requirement else "one admissible value among alternatives"
             if a.cls == "forced" and atoms[a.atom].domain == "bool":
                 what = "must be " + ("present" if a.value else "absent")
-            out.append(f"- {_label(atoms[a.atom].definition)}: {what} ({a.cls})")
+            out.append(f"- {md(_label(atoms[a.atom].definition))}: {what} ({a.cls})")
     if d.pivotal is not None:
         verb = "eligible" if d.pivotal.direction == "to_eligible" else "ineligible"
         out += ["", f"### What would make the patient {verb}"]
         if not d.pivotal.conditions:
-            out.append(f"- {d.pivotal.note or 'no change of the modelled conditions'}")
+            out.append(f"- {md(d.pivotal.note or 'no change of the modelled conditions')}")
         for p in d.pivotal.conditions:
             out.append(f"- {_pivot_text(program, p)}")
         if d.pivotal.alternatives:
@@ -114,9 +126,9 @@ def render_markdown(program: TrialProgram, patient: ResolvedPatient, d: Decision
     if d.conflicts:
         out += ["", "### Extraction conflicts (set aside, confirm in the chart)"]
         for c in d.conflicts:
-            out.append(f"- {', '.join(c.atoms)} contradict definitions {', '.join(c.definitions)}")
+            out.append(f"- {md(c.text())}")
     if d.incomplete:
-        out += ["", "### Not computed (solver limit)"] + [f"- {x}" for x in d.incomplete]
+        out += ["", "### Not computed (solver limit)"] + [f"- {md(x)}" for x in d.incomplete]
     return "\n".join(out)
 
 

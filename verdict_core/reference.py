@@ -14,24 +14,34 @@ Mapping (lossless for everything the decision depends on):
   authors' miner applied its own silence doctrine: the imputation record says so); a null with a
   ``range`` becomes bounds; a null without one stays unresolved;
 - ``__THRESH__::<atom>::<op>::<num>`` keys are threshold helpers the program does not declare.
-  With a value they state a comparison the chart establishes; ``lt/le/gt/ge`` ones become bounds
-  when the atom has no value or range of its own, ``eq`` ones (4 in the shipped files) are dropped
-  and noted, nulls are ignored;
-- the two sides' values are merged like two value-miner passes (a value beats a null; two
-  different values leave the atom unresolved, with a note).
+  With a value they state a comparison the chart establishes: ``lt/le/gt/ge/eq`` ones become
+  bounds (or a value) when the atom has no value or range of its own, and are checked against it
+  when it has; ``ne`` ones are only checked; nulls are ignored. Helpers that contradict each other
+  or the atom's own record are an extraction conflict (reported, the atom set aside), never dropped;
+- the two sides' values are merged like two value-miner passes: a value beats a null, compatible
+  records are intersected, incompatible ones (two different values, disjoint ranges) are an
+  extraction conflict naming both passes and values; a value only one pass recorded for an atom
+  the other side's criteria also use is noted (it can decide the other side's criteria);
+- ``(exists ((v S)) ...)`` in a definition (at a positive position: not under a negation, an
+  equivalence or an ``ite`` condition) is skolemized: each bound variable becomes a fresh atom
+  renamed apart, which keeps exactly the same set of patients. Any construct that cannot be
+  imported soundly (a quantifier in a criterion, ``forall``, ``let``, ...) refuses the file with an
+  ``UnsupportedConstructError`` naming the side, the assertion and the construct.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ImportFormatError, VerdictError
-from .formula import And, Arith, Cmp, Const, Count, Iff, Implies, Not, Or, TermIte, atoms_in, render
+from pydantic import ValidationError
+
+from .decision import ExtractionConflict
+from .errors import ImportFormatError, UnsupportedConstructError, VerdictError, describe_validation_error
+from .formula import NEGATED_REL, And, Arith, Cmp, Const, Count, Iff, Implies, Not, Or, TermIte, atoms_in, render
 from .patient import Bounds, Imputation, MinedValue, PolicyRef, Resolution, ResolvedPatient
-from .policy import merge_passes
 from .program import Atom, Cohort, Criterion, Definition, Provenance, TrialProgram, check_program
 
 SIDES = ("inclusion", "exclusion")
@@ -44,6 +54,7 @@ class ReferenceCase:
     patient: ResolvedPatient
     recorded_sat: dict[str, bool]  # side -> recorded sat_like
     notes: list[str]
+    conflicts: list[ExtractionConflict] = field(default_factory=list)  # found while importing
 
 
 def is_reference_format(data) -> bool:
@@ -65,32 +76,46 @@ def load_reference(path: str | Path) -> ReferenceCase:
 def import_reference(data: dict, trial_id: str, patient_id: str, source: str = "") -> ReferenceCase:
     if not is_reference_format(data):
         raise ImportFormatError(f"{source or trial_id}: not the reference format (needs inclusion/exclusion with raw)")
+    where = source or trial_id
     sorts: dict[str, str] = {}
+    skolems: dict[str, str] = {}  # fresh atom -> the definition it comes from
     definitions: list[Definition] = []
     cohort = Cohort(id="main", label=f"recorded formalization {trial_id}")
     notes: list[str] = []
-    passes: list[list[MinedValue]] = []
+    passes: dict[str, dict[str, MinedValue]] = {}
+    conflicts: list[ExtractionConflict] = []
     extra: dict[str, dict] = {}
     recorded = {}
     for side in SIDES:
         raw = data[side].get("raw") or {}
         recorded[side] = bool(data[side].get("sat_like"))
+        shape = _shape_problems(raw)
+        if shape:
+            raise ImportFormatError(f"{where}: not the reference format", [f"{side}.raw.{p}" for p in shape])
         try:
             decls, macros, asserts = _parse_program(raw.get("smt_program_lines") or [])
-        except (ValueError, IndexError) as e:
-            raise ImportFormatError(f"{source}: {side} side: cannot parse SMT program: {e}") from None
+        except _Unsupported as e:
+            raise UnsupportedConstructError(f"{where}: cannot be imported soundly", [f"{side} side: {e}"]) from None
+        except (ValueError, IndexError, TypeError) as e:
+            raise ImportFormatError(f"{where}: {side} side: cannot parse SMT program: {e}") from None
         for name, sort in decls.items():
+            if sort not in ("Bool", "Int", "Real"):
+                raise UnsupportedConstructError(f"{where}: cannot be imported soundly",
+                                                [f"{side} side: atom '{name}' has sort {sort!r} (Bool/Int/Real only)"])
             if sorts.setdefault(name, sort) != sort:
-                raise ImportFormatError(f"{source}: atom '{name}' is {sorts[name]} on one side and {sort} on the other")
-        conv = _Converter({**sorts}, macros)
+                raise ImportFormatError(f"{where}: atom '{name}' is {sorts[name]} on one side and {sort} on the other")
         prefix = "inc" if side == "inclusion" else "exc"
         for name, expr in asserts:
             cid = f"{prefix}.{name}"
-            if "AUXILIARY" in name:
-                f = conv.formula(expr)
-                kind = "qualifier_implies_stem" if "QUAL_IMPLIES_STEM" in name or _is_qualifier_link(f) else "definition"
-                definitions.append(Definition(id=cid, kind=kind, formula=f, text=render(f)))
-            else:
+            conv = _Converter(sorts, macros, skolem_prefix=cid if "AUXILIARY" in name else None)
+            try:
+                if "AUXILIARY" in name:
+                    f = conv.formula(expr)
+                    for atom in conv.fresh:
+                        skolems[atom] = cid
+                    kind = "qualifier_implies_stem" if "QUAL_IMPLIES_STEM" in name or _is_qualifier_link(f) else "definition"
+                    definitions.append(Definition(id=cid, kind=kind, formula=f, text=render(f)))
+                    continue
                 if side == "exclusion":
                     f = conv.formula(expr[1]) if isinstance(expr, list) and expr[0] == "not" and len(expr) == 2 \
                         else Not(op="not", arg=conv.formula(expr))
@@ -98,16 +123,23 @@ def import_reference(data: dict, trial_id: str, patient_id: str, source: str = "
                     f = conv.formula(expr)
                 text = f"[recorded {side} component {name}] " + render(f)
                 getattr(cohort, side).append(Criterion(id=cid, text=text, formula=f))
-        side_values, side_extra, side_notes = _values(raw.get("patient_var_values_rich") or {}, sorts)
-        passes.append(side_values)
+            except _Unsupported as e:
+                raise UnsupportedConstructError(f"{where}: cannot be imported soundly",
+                                                [f"{side} side, assertion {name}: {e}"]) from None
+            except (ValueError, IndexError, TypeError, KeyError, RecursionError) as e:
+                raise ImportFormatError(f"{where}: cannot import an assertion",
+                                        [f"{side} side, assertion {name}: {_short(e)}"]) from None
+        side_values, side_extra, side_notes, side_conflicts = _values(raw.get("patient_var_values_rich") or {}, sorts, side)
+        passes[side] = {mv.atom: mv for mv in side_values}
         extra.update(side_extra)
         notes += side_notes
+        conflicts += side_conflicts
     mentions: dict[str, list[str]] = {}
     for side in SIDES:
         for cr in getattr(cohort, side):
             for name in atoms_in(cr.formula):
                 mentions.setdefault(name, []).append(cr.id)
-    atoms = [_atom(name, sort, mentions.get(name, [])) for name, sort in sorts.items()]
+    atoms = [_atom(name, sort, mentions.get(name, []), skolem_of=skolems.get(name)) for name, sort in sorts.items()]
     program = TrialProgram(
         trial_id=trial_id, title=f"recorded formalization of {trial_id}", atoms=atoms, definitions=definitions,
         cohorts=[cohort], provenance=Provenance(source="reference-import", details={"file": source}),
@@ -115,13 +147,21 @@ def import_reference(data: dict, trial_id: str, patient_id: str, source: str = "
     try:
         program = check_program(program)
     except VerdictError as e:
-        raise ImportFormatError(f"{source}: imported program is invalid: {e}") from None
-    merged, disagreements = merge_passes(*passes)
+        raise ImportFormatError(f"{where}: imported program is invalid", e.problems or [e.summary]) from None
+    aside = {a for c in conflicts for a in c.set_aside}
+    merged, pass_conflicts, pass_notes = _merge_passes(passes, mentions, aside)
+    conflicts += pass_conflicts
+    notes += pass_notes
+    aside |= {a for c in pass_conflicts for a in c.set_aside}
     resolutions = []
     for atom in program.atoms:
         mv = merged.get(atom.name)
         info = extra.get(atom.name, {})
-        note = "; ".join(x for x in (info.get("assessment"), disagreements.get(atom.name)) if x) or None
+        note = info.get("assessment") or None
+        if atom.name in aside:
+            resolutions.append(Resolution(atom=atom.name, status="unresolved",
+                                          note="set aside: the recorded values contradict each other (extraction conflict)"))
+            continue
         if mv is None or (mv.value is None and mv.bounds is None):
             resolutions.append(Resolution(atom=atom.name, status="unresolved", note=note))
             continue
@@ -134,17 +174,93 @@ def import_reference(data: dict, trial_id: str, patient_id: str, source: str = "
         else:
             resolutions.append(Resolution(atom=atom.name, status="observed", value=mv.value, bounds=mv.bounds,
                                           evidence=mv.evidence or info.get("assessment") or "(recorded value)", note=note))
-    notes += [f"{a}: {why}" for a, why in disagreements.items()]
     patient = ResolvedPatient(patient_id=patient_id, trial_id=trial_id, program_hash=program.content_hash,
                               policy=RECORDED_POLICY, resolutions=resolutions)
-    return ReferenceCase(program=program, patient=patient, recorded_sat=recorded, notes=notes)
+    return ReferenceCase(program=program, patient=patient, recorded_sat=recorded, notes=notes, conflicts=conflicts)
+
+
+def _shape_problems(raw) -> list[str]:
+    if not isinstance(raw, dict):
+        return ["must be an object"]
+    problems = []
+    lines = raw.get("smt_program_lines") or []
+    if not isinstance(lines, list) or not all(isinstance(x, str) for x in lines):
+        problems.append("smt_program_lines: must be a list of strings")
+    if not isinstance(raw.get("patient_var_values_rich") or {}, dict):
+        problems.append("patient_var_values_rich: must be an object")
+    return problems
+
+
+def _short(e: BaseException) -> str:
+    if isinstance(e, RecursionError):
+        return "nested too deeply to import"
+    if isinstance(e, ValidationError):  # e.g. a formula past the nesting bound: say which rule
+        return "; ".join(describe_validation_error(e, "assertion")[:3])
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return text[:300]
 
 
 # ---- values -----------------------------------------------------------------------------------
-def _values(rich: dict, sorts: dict[str, str]):
+def _record_text(mv: MinedValue) -> str:
+    if mv.bounds is not None:
+        return mv.bounds.text(mv.atom)
+    return f"{mv.atom} = {json.dumps(mv.value)}"
+
+
+def _meet(a: MinedValue, b: MinedValue) -> MinedValue | None:
+    """The record both say (value within range, range intersection), or None if none can hold."""
+    if a.value is not None and b.value is not None:
+        return a if a.value == b.value and isinstance(a.value, bool) == isinstance(b.value, bool) else None
+    if a.value is not None or b.value is not None:
+        v, r = (a, b) if a.value is not None else (b, a)
+        return v if isinstance(v.value, (int, float)) and not isinstance(v.value, bool) and r.bounds.contains(v.value) else None
+    lo, lo_s = max((a.bounds.lo, a.bounds.lo_strict), (b.bounds.lo, b.bounds.lo_strict),
+                   key=lambda t: (float("-inf") if t[0] is None else t[0], t[1]))
+    hi, hi_s = min((a.bounds.hi, a.bounds.hi_strict), (b.bounds.hi, b.bounds.hi_strict),
+                   key=lambda t: (float("inf") if t[0] is None else t[0], not t[1]))
+    try:
+        return MinedValue(atom=a.atom, value=None, evidence=a.evidence or b.evidence,
+                          bounds=Bounds(lo=lo, hi=hi, lo_strict=lo_s, hi_strict=hi_s))
+    except ValueError:
+        return None
+
+
+def _merge_passes(passes: dict[str, dict[str, MinedValue]], mentions: dict[str, list[str]], aside: set[str]):
+    """One record per atom from the inclusion and exclusion passes (see the module docstring)."""
+    merged: dict[str, MinedValue] = {}
+    conflicts: list[ExtractionConflict] = []
+    notes: list[str] = []
+    names = list(dict.fromkeys(a for side in SIDES for a in passes.get(side, {})))
+    for atom in names:
+        if atom in aside:
+            continue
+        recs = {side: passes[side][atom] for side in SIDES if atom in passes.get(side, {})
+                and (passes[side][atom].value is not None or passes[side][atom].bounds is not None)}
+        if not recs:
+            merged[atom] = MinedValue(atom=atom, value=None)
+        elif len(recs) == 1:
+            (side, mv), = recs.items()
+            merged[atom] = mv
+            other = "exclusion" if side == "inclusion" else "inclusion"
+            if any(c.startswith(other[:3] + ".") for c in mentions.get(atom, [])):
+                notes.append(f"{atom}: {_record_text(mv)} was recorded by the {side} pass only (the {other} pass "
+                             f"left it open); it is one chart fact, so it also decides {other} criteria")
+        else:
+            meet = _meet(recs["inclusion"], recs["exclusion"])
+            if meet is None:
+                conflicts.append(ExtractionConflict(
+                    atoms=[atom], definitions=[], set_aside=[atom], source="passes",
+                    values=[f"{side} pass: {_record_text(mv)}" for side, mv in recs.items()]))
+            else:
+                merged[atom] = meet
+    return merged, conflicts, notes
+
+
+def _values(rich: dict, sorts: dict[str, str], side: str):
     values: list[MinedValue] = []
     info: dict[str, dict] = {}
     notes: list[str] = []
+    conflicts: list[ExtractionConflict] = []
     thresh: dict[str, list] = {}
     for key, v in rich.items():
         if not isinstance(v, dict):
@@ -164,37 +280,74 @@ def _values(rich: dict, sorts: dict[str, str]):
         if sorts[key] == "Bool" and value is not None and not isinstance(value, bool):
             notes.append(f"'{key}': non-boolean value {value!r} for a Bool atom ignored")
             value = None
-        if sorts[key] != "Bool" and isinstance(value, bool):
-            notes.append(f"'{key}': boolean value for a numeric atom ignored")
+        if sorts[key] != "Bool" and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            notes.append(f"'{key}': non-numeric value {value!r} for a numeric atom ignored")
             value = None
         if sorts[key] == "Int" and isinstance(value, float) and value.is_integer():
             value = int(value)
         values.append(MinedValue(atom=key, value=value, bounds=bounds, evidence=v.get("evidence") or ""))
     have = {mv.atom: mv for mv in values}
     for atom, comps in thresh.items():
-        mv = have.get(atom)
-        if atom not in sorts or (mv is not None and (mv.value is not None or mv.bounds is not None)):
+        if sorts.get(atom) not in ("Int", "Real"):
+            notes.append(f"threshold helpers for '{atom}' ignored: not a declared numeric atom")
             continue
-        lo = hi = None
-        lo_s = hi_s = False
-        evidence = comps[0][3]
-        for op, num, holds, _ in comps:
-            rel = op if holds else {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}.get(op)
+        own = have.get(atom)
+        if own is not None and own.value is None and own.bounds is None:
+            own = None
+        found = _threshold_record(atom, comps, own, sorts[atom], side)
+        if isinstance(found, ExtractionConflict):
+            conflicts.append(found)
+            values = [x for x in values if x.atom != atom]
+        elif found is not None and own is None:
+            values = [x for x in values if x.atom != atom] + [found]
+    return values, info, notes, conflicts
+
+
+def _threshold_record(atom: str, comps: list, own: MinedValue | None, sort: str, side: str):
+    """What a set of threshold helpers of one atom establishes: a record (bounds, or a value for a
+    true ``eq``), None if nothing an interval can hold, or an ExtractionConflict when the helpers
+    contradict each other or the atom's own value/range."""
+    iv = {"lo": None, "hi": None, "lo_strict": False, "hi_strict": False}
+    holes: list[float] = []
+    shown = [f"{side} pass: __THRESH__::{atom}::{op}::{num} = {json.dumps(holds)}" for op, num, holds, _ in comps]
+    for op, num, holds, _ in comps:
+        try:
             x = float(num)
-            if rel in ("gt", "ge") and (lo is None or x > lo):
-                lo, lo_s = x, rel == "gt"
-            elif rel in ("lt", "le") and (hi is None or x < hi):
-                hi, hi_s = x, rel == "lt"
-            elif rel in ("eq", "ne"):
-                notes.append(f"threshold helper '{atom} {rel} {num}' is not an interval; dropped")
-        if lo is not None or hi is not None:
-            try:
-                b = Bounds(lo=lo, hi=hi, lo_strict=lo_s, hi_strict=hi_s)
-            except ValueError:
-                notes.append(f"threshold helpers for '{atom}' are contradictory; dropped")
-                continue
-            values = [x for x in values if x.atom != atom] + [MinedValue(atom=atom, value=None, bounds=b, evidence=evidence)]
-    return values, info, notes
+        except ValueError:
+            continue
+        rel = op if holds is True else NEGATED_REL.get(op) if holds is False else None
+        if rel in ("gt", "ge", "eq") and (iv["lo"] is None or x > iv["lo"] or (x == iv["lo"] and rel == "gt")):
+            iv["lo"], iv["lo_strict"] = x, rel == "gt"
+        if rel in ("lt", "le", "eq") and (iv["hi"] is None or x < iv["hi"] or (x == iv["hi"] and rel == "lt")):
+            iv["hi"], iv["hi_strict"] = x, rel == "lt"
+        if rel == "ne":
+            holes.append(x)
+    record = None
+    empty = False
+    if iv["lo"] is not None or iv["hi"] is not None:
+        try:
+            b = Bounds(**iv)
+        except ValueError:
+            empty = True
+        else:
+            point = b.lo is not None and b.lo == b.hi
+            empty = point and b.lo in holes
+            if point:
+                value = int(b.lo) if sort == "Int" and float(b.lo).is_integer() else float(b.lo)
+                record = MinedValue(atom=atom, value=value, evidence=comps[0][3])
+            else:
+                record = MinedValue(atom=atom, value=None, bounds=b, evidence=comps[0][3])
+    if not empty and own is not None:
+        if own.value is not None and (own.value in holes or (record is not None and _meet(own, record) is None)):
+            empty = True
+        elif own.value is None and record is not None and _meet(own, record) is None:
+            empty = True
+        if empty:
+            shown.append(f"{side} pass: {_record_text(own)}")
+    if empty:
+        return ExtractionConflict(atoms=[atom], definitions=[], set_aside=[atom], source="threshold_helpers",
+                                  values=shown)
+    return record
 
 
 def _bounds(r) -> Bounds | None:
@@ -218,8 +371,12 @@ _KIND_PATTERNS = [
 ]
 
 
-def _atom(name: str, sort: str, sources: list[str]) -> Atom:
+def _atom(name: str, sort: str, sources: list[str], skolem_of: str | None = None) -> Atom:
     domain = {"Bool": "bool", "Int": "int", "Real": "real"}[sort]
+    if skolem_of is not None:
+        return Atom(name=name, domain=domain, kind="other", source_criteria=sources,
+                    definition=f"(fresh constant) a witness of the existential in definition {skolem_of}; "
+                    "not a chart fact")
     low = name.lower()
     kind = next((k for k, pat in _KIND_PATTERNS if re.search(pat, low)), "other")
     if domain == "bool" and kind == "lab_value":
@@ -275,11 +432,13 @@ def _parse_program(lines: list[str]):
         head = form[0]
         if head == "declare-const":
             decls[form[1]] = form[2]
-        elif head == "declare-fun" and form[2] == []:
+        elif head == "declare-fun":
+            if form[2] != []:
+                raise _Unsupported(f"declare-fun {form[1]} with arguments (an uninterpreted function)")
             decls[form[1]] = form[3]
         elif head == "define-fun":
             if form[2] != []:
-                raise ValueError(f"define-fun {form[1]} with arguments is not supported")
+                raise _Unsupported(f"define-fun {form[1]} with arguments")
             macros[form[1]] = (form[3], form[4])
         elif head == "assert":
             body = form[1]
@@ -292,14 +451,29 @@ def _parse_program(lines: list[str]):
 
 
 _RELS = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
+_QUANTIFIERS = ("exists", "forall")
+
+
+class _Unsupported(ValueError):
+    """A construct the importer cannot translate without changing its meaning."""
 
 
 class _Converter:
-    def __init__(self, sorts: dict[str, str], macros: dict[str, tuple[str, object]]):
+    """SMT-LIB s-expressions -> formula AST. ``skolem_prefix`` (definitions only) allows existentials
+    at positive positions: each bound variable becomes a fresh atom (listed in ``fresh``)."""
+
+    def __init__(self, sorts: dict[str, str], macros: dict[str, tuple[str, object]], skolem_prefix: str | None = None):
         self.sorts, self.macros = sorts, macros
+        self.skolem_prefix = skolem_prefix
+        self.bound: dict[str, str] = {}  # bound variable -> its fresh atom, in scope
+        self.fresh: list[str] = []
+
+    def _sym(self, e: str) -> str:
+        return self.bound.get(e, e)
 
     def sort(self, e) -> str:
         if isinstance(e, str):
+            e = self._sym(e)
             if e in ("true", "false"):
                 return "Bool"
             if e in self.sorts:
@@ -310,34 +484,46 @@ class _Converter:
                 return "Real" if "." in e else "Int"
             raise ValueError(f"unknown symbol '{e}'")
         head = e[0]
-        if head in ("and", "or", "not", "=>", "=", "<", "<=", ">", ">=", "distinct", "xor"):
+        if head in ("and", "or", "not", "=>", "=", "<", "<=", ">", ">=", "distinct", "xor") + _QUANTIFIERS:
             return "Bool"
         if head == "ite":
             return self.sort(e[2])
         return "Real"
 
-    def formula(self, e):
+    def formula(self, e, pol: int = 1):
+        """pol: +1 positive, -1 negative, 0 both (under iff, =, xor, an ite condition, a count)."""
         if isinstance(e, str):
+            e = self._sym(e)
             if e in ("true", "false"):
                 return Const(op="const", value=e == "true")
             if e in self.macros:
-                return self.formula(self.macros[e][1])
+                return self.formula(self.macros[e][1], pol)
             if self.sorts.get(e) != "Bool":
                 raise ValueError(f"'{e}' used as a condition but is not Bool")
             return e
+        if not e:
+            raise ValueError("empty expression ()")
         head, args = e[0], e[1:]
+        if isinstance(head, list):
+            raise _Unsupported("an applied expression in operator position")
+        if head in _QUANTIFIERS:
+            return self._quantifier(head, args, pol)
         if head == "not":
-            return Not(op="not", arg=self.formula(args[0]))
+            return Not(op="not", arg=self.formula(args[0], -pol))
         if head in ("and", "or"):
             if not args:
                 return Const(op="const", value=head == "and")
             cls = And if head == "and" else Or
-            return cls(op=head, args=[self.formula(a) for a in args])
+            return cls(op=head, args=[self.formula(a, pol) for a in args])
         if head == "=>":
-            return Implies(op="implies", **{"if": self.formula(args[0]), "then": self.formula(args[1])})
+            if len(args) != 2:
+                raise ValueError(f"'=>' with {len(args)} arguments")
+            return Implies(op="implies", **{"if": self.formula(args[0], -pol), "then": self.formula(args[1], pol)})
         if head in ("=", "distinct"):
+            if len(args) != 2:
+                raise ValueError(f"'{head}' with {len(args)} arguments")
             if self.sort(args[0]) == "Bool":
-                f = Iff(op="iff", args=[self.formula(args[0]), self.formula(args[1])])
+                f = Iff(op="iff", args=[self.formula(args[0], 0), self.formula(args[1], 0)])
                 return f if head == "=" else Not(op="not", arg=f)
             return Cmp(op="cmp", lhs=self.term(args[0]), rel="eq" if head == "=" else "ne", rhs=self.term(args[1]))
         if head in _RELS:
@@ -345,14 +531,46 @@ class _Converter:
                 raise ValueError(f"chained comparison {head} with {len(args)} arguments")
             return Cmp(op="cmp", lhs=self.term(args[0]), rel=_RELS[head], rhs=self.term(args[1]))
         if head == "ite":
-            c, a, b = (self.formula(x) for x in args)
+            c = self.formula(args[0], 0)
+            a, b = self.formula(args[1], pol), self.formula(args[2], pol)
             return Or(op="or", args=[And(op="and", args=[c, a]), And(op="and", args=[Not(op="not", arg=c), b])])
         if head == "xor":
-            return Not(op="not", arg=Iff(op="iff", args=[self.formula(args[0]), self.formula(args[1])]))
-        raise ValueError(f"unsupported operator '{head}'")
+            return Not(op="not", arg=Iff(op="iff", args=[self.formula(args[0], 0), self.formula(args[1], 0)]))
+        raise _Unsupported(f"operator '{head}'")
+
+    def _quantifier(self, head: str, args, pol: int):
+        # (exists ((v S) ...) body) at a positive position (or forall at a negative one) of a
+        # definition says "some v": a fresh constant per variable keeps the same set of patients.
+        existential = (head == "exists" and pol == 1) or (head == "forall" and pol == -1)
+        if self.skolem_prefix is None or not existential:
+            where = "a criterion" if self.skolem_prefix is None else \
+                "a position where it is not an existential (under a negation, an equivalence or an ite condition)"
+            raise _Unsupported(f"'{head}' quantifier in {where}")
+        if len(args) != 2 or not isinstance(args[0], list) or not args[0]:
+            raise ValueError(f"malformed '{head}'")
+        saved = dict(self.bound)
+        for binding in args[0]:
+            if not (isinstance(binding, list) and len(binding) == 2 and isinstance(binding[0], str)
+                    and binding[1] in ("Bool", "Int", "Real")):
+                raise _Unsupported(f"'{head}' binding {binding!r} (a variable of sort Bool, Int or Real)")
+            var, sort = binding
+            base = "skolem::" + self.skolem_prefix[:180] + "::" + re.sub(r"[^A-Za-z0-9_]", "_", var)[:40]
+            name, i = base, 1
+            while name in self.sorts or name in self.macros:
+                i += 1
+                name = f"{base}.{i}"
+            self.sorts[name] = sort
+            self.fresh.append(name)
+            self.bound[var] = name
+        try:
+            body = self.formula(args[1], pol)
+        finally:
+            self.bound = saved
+        return body
 
     def term(self, e):
         if isinstance(e, str):
+            e = self._sym(e)
             if _is_num(e):
                 x = float(e)
                 return int(x) if "." not in e and x.is_integer() else x
@@ -361,15 +579,19 @@ class _Converter:
             if self.sorts.get(e) not in ("Int", "Real"):
                 raise ValueError(f"'{e}' used as a number but is not Int/Real")
             return e
+        if not e:
+            raise ValueError("empty expression ()")
         head, args = e[0], e[1:]
         if head == "-" and len(args) == 1:
             inner = self.term(args[0])
             return -inner if isinstance(inner, (int, float)) else Arith(op="sub", args=[0, inner])
         if head in ("+", "-", "*", "/"):
             if head == "+" and all(_is_count_item(a) for a in args):
-                return Count(op="count", args=[self.formula(a[1]) for a in args])
+                return Count(op="count", args=[self.formula(a[1], 0) for a in args])
             op = {"+": "add", "-": "sub", "*": "mul", "/": "div"}[head]
             terms = [self.term(a) for a in args]
+            if len(terms) < 2:
+                raise ValueError(f"'{head}' with {len(terms)} argument(s)")
             if op in ("sub", "div") and len(terms) > 2:
                 out = terms[0]
                 for t in terms[1:]:
@@ -377,10 +599,10 @@ class _Converter:
                 return out
             return Arith(op=op, args=terms)
         if head == "ite":
-            return TermIte(op="ite", **{"if": self.formula(args[0]), "then": self.term(args[1]), "else": self.term(args[2])})
+            return TermIte(op="ite", **{"if": self.formula(args[0], 0), "then": self.term(args[1]), "else": self.term(args[2])})
         if head == "to_real":
             return self.term(args[0])
-        raise ValueError(f"unsupported numeric operator '{head}'")
+        raise _Unsupported(f"numeric operator '{head}'")
 
 
 def _is_num(s: str) -> bool:

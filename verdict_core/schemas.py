@@ -8,10 +8,11 @@ from .cases import CaseFile
 from .decision import Decision
 from .patient import ResolvedPatient, ValueMinerOutput
 from .policy import Policy
-from .program import ParsedTrial, TrialProgram
+from .program import ParsedCriterion, ParsedTrial, TrialProgram
 
 SCHEMAS = {
     "parsed-trial": ParsedTrial,
+    "parsed-criterion": ParsedCriterion,
     "value-miner": ValueMinerOutput,
     "program": TrialProgram,
     "patient": ResolvedPatient,

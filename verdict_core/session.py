@@ -1,11 +1,14 @@
 """One decision in progress: the patient's facts as assumption literals on a compiled program.
 
 Everything the artifacts need goes through ``Session.check`` (counted, time-limited) so that a
-solver limit surfaces as ``SolverLimit`` instead of a guess.
+solver limit surfaces as ``SolverLimit`` instead of a guess. The limit is one budget for the whole
+session (a decision), not one per call: a program of many hard criteria stops after it, not after
+as many limits as it has calls.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import z3
@@ -37,6 +40,7 @@ class Session:
     def __init__(self, cp: CompiledProgram, resolutions: list[Resolution], timeout_ms: int):
         self.cp, self.ctx, self.s = cp, cp.ctx, cp.solver
         self.timeout_ms = timeout_ms
+        self.deadline = time.monotonic() + timeout_ms / 1000
         self.checks = 0
         table = cp.atoms
         self.key = {n: (a.definition, a.kind, a.domain, a.unit or "", n) for n, a in table.items()}
@@ -79,18 +83,41 @@ class Session:
         return [f.lit for f in (self.facts if facts is None else facts)]
 
     # -- solving -----------------------------------------------------------------------------------
+    def call_limit_ms(self) -> int:
+        """The time a solver call may take now: what is left of the session's budget."""
+        left = int((self.deadline - time.monotonic()) * 1000)
+        if left <= 0:
+            raise SolverLimit(f"solver time limit spent ({self.timeout_ms} ms per decision)")
+        return min(left, self.timeout_ms)
+
+    def _limited(self, call):
+        """Run a call on the session's solver within what is left of the budget."""
+        limit = self.call_limit_ms()
+        if limit >= self.timeout_ms:
+            return call()
+        self.s.set("timeout", limit)  # the compiled solver is shared: put its limit back afterwards
+        try:
+            return call()
+        finally:
+            self.s.set("timeout", self.timeout_ms)
+
+    def _unknown(self) -> SolverLimit:
+        reason = self.s.reason_unknown()
+        return SolverLimit(f"solver returned unknown ({reason}; limit {self.timeout_ms} ms per decision)")
+
     def check(self, *assumptions: z3.BoolRef) -> bool:
         """True = sat, False = unsat; raises SolverLimit on unknown."""
         self.checks += 1
         # The low-level call: z3's Solver.check re-casts every assumption in Python, which costs
         # more than the solving itself on these small programs.
         arr = (z3.Ast * len(assumptions))(*[a.as_ast() for a in assumptions])
-        r = z3.Z3_solver_check_assumptions(self.ctx.ref(), self.s.solver, len(assumptions), arr)
+        n = len(assumptions)
+        r = self._limited(lambda: z3.Z3_solver_check_assumptions(self.ctx.ref(), self.s.solver, n, arr))
         if r == z3.Z3_L_TRUE:
             return True
         if r == z3.Z3_L_FALSE:
             return False
-        raise SolverLimit(f"solver returned unknown ({self.s.reason_unknown()}; limit {self.timeout_ms} ms per call)")
+        raise self._unknown()
 
     def consequences(self, assumptions: list[z3.BoolRef], targets: list[z3.BoolRef]) -> dict[int, tuple[bool, list[FactLit] | None]]:
         """Which targets the assumptions entail, in one solver call: target id -> (value, facts
@@ -98,9 +125,9 @@ class Session:
         (None otherwise): reading long antecedents back through the Python API costs more than
         it saves. Sound but not complete. Raises SolverLimit if the solver cannot say."""
         self.checks += 1
-        r, cons = self.s.consequences(assumptions, targets)
+        r, cons = self._limited(lambda: self.s.consequences(assumptions, targets))
         if r == z3.unknown:
-            raise SolverLimit(f"solver returned unknown ({self.s.reason_unknown()}; limit {self.timeout_ms} ms per call)")
+            raise self._unknown()
         if r == z3.unsat:
             raise ValueError("consequences asked of inconsistent assumptions")
         by_lit = {f.lit.get_id(): f for f in self.facts}

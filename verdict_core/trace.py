@@ -95,7 +95,7 @@ def _fewest_to_drop(sess: Session, rest) -> list:
             if sess.check(*[cc.pos for cc in ordered if cc not in combo], *lits):
                 return list(combo)
     opt = z3.Optimize(ctx=sess.ctx)
-    opt.set("timeout", sess.timeout_ms)
+    opt.set("timeout", sess.call_limit_ms())
     opt.add(sess.cp.aux)
     for f in sess.facts:
         opt.add(f.expr)

@@ -40,12 +40,16 @@ class FormalizerConfig(BackendConfig, EndpointPlacement):
 def stage_stat(res, cache, shared: bool = False) -> StageStat:
     """A StageResult's outcome and costs; model time from the cache's record of each call."""
     ms = 0.0
-    for a in res.attempts:
+    # A stage of several calls (the parser per criterion): its attempts are its calls' attempts, and
+    # its first try failed if any call's first try did.
+    attempts = [a for r in (res.calls or [res]) for a in r.attempts]
+    for a in attempts:
         call = cache.get(a.key) if cache is not None else None
         ms += (call.latency_s if call is not None else 0.0) * 1000
+    firsts = [r.attempts[0].reason for r in (res.calls or [res]) if r.attempts]
     u = res.usage
     return StageStat(stage=res.stage, status=res.status, reason=res.reason,
-                     first_reason=res.attempts[0].reason if res.attempts else None, attempts=len(res.attempts),
+                     first_reason=next((x for x in firsts if x is not None), None), attempts=len(attempts),
                      cached_calls=u.cache_hits, prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
                      cost_usd=u.cost_usd, paid_usd=u.paid_usd, model_ms=round(ms, 3), shared=shared)
 
@@ -91,6 +95,7 @@ class FormalizerBackend(Backend):
         return await asyncio.shield(self._parses[key])
 
     async def decide(self, pair: LabeledPair, repeat: int) -> PairResult:
+        from data_gen.formalizer import merge_sides
         from verdict_core.errors import PatientError
         from verdict_core.policy import resolve
 
@@ -114,7 +119,9 @@ class FormalizerBackend(Backend):
                                                 for r in bad))
         t0 = time.perf_counter()
         try:
-            patient = resolve(program, pair.patient_id, list(inc.output) + list(exc.output), self.policy)
+            mined = merge_sides(inc.output, exc.output)  # the service's merge: conflicts stay unresolved
+            patient = resolve(program, pair.patient_id, list(mined), self.policy,
+                              conflicts=mined.conflict_notes(), sources=mined.sources)
         except PatientError as e:
             return self.result(pair, repeat, status="failed", stages=stages, program_hash=program.content_hash,
                                reason=f"value-miner output does not fit the program ({e.summary})")

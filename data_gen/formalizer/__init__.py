@@ -9,16 +9,21 @@ reason.
     inc = await fz.mine_values(res.output, patient, "inclusion")  # res.output: list[MinedValue]
 
 Modules: `runtime.py` (the endpoint, stage loop, cache, single flight; arbiter and verbalizer),
-`parser.py` (trial parser), `miner.py` (value miner), `checks.py` (shared checks and schemas).
+`parser.py` (trial parser, per criterion), `criteria.py` (the criteria split), `assembly.py` (criterion
+outputs -> one program), `miner.py` (value miner), `checks.py` (shared checks and schemas).
 """
 
 from .checks import REASONS, SIDES, Check, compact, core_schema, normalize_ws, parse_json, quote_in_note, with_atom_enum
-from .miner import check_miner_output, miner_messages, render_atoms, side_atoms
-from .parser import check_parser_output, parser_messages
+from .miner import (MinedValues, PassageConflict, PlannedCall, check_miner_output, merge_sides,
+                    miner_messages, plan_miner_calls, render_atoms, side_atoms)
+from .assembly import assemble, criterion_outputs
+from .criteria import CriterionText, split_trial
+from .parser import check_criterion_output, criterion_messages
 from .runtime import Formalizer
 
 __all__ = [
-    "REASONS", "SIDES", "Check", "Formalizer", "check_miner_output", "check_parser_output", "compact", "core_schema",
-    "miner_messages", "normalize_ws", "parse_json", "parser_messages", "quote_in_note", "render_atoms", "side_atoms",
-    "with_atom_enum",
+    "REASONS", "SIDES", "Check", "CriterionText", "Formalizer", "assemble", "check_criterion_output",
+    "check_miner_output", "compact", "core_schema", "criterion_messages", "criterion_outputs", "miner_messages",
+    "normalize_ws", "parse_json", "quote_in_note", "render_atoms", "side_atoms", "split_trial", "with_atom_enum",
+    "MinedValues", "PassageConflict", "PlannedCall", "merge_sides", "plan_miner_calls",
 ]

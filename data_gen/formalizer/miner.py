@@ -1,25 +1,66 @@
-"""The value-miner stage: a patient note + a side's atoms -> checked values with evidence."""
+"""The value-miner stage: a patient record + a side's atoms -> checked values with evidence.
+
+Every call fits the answering model's limits. The side's atoms go in chunks (`atom_chunks`: at
+most `MAX_ATOMS_PER_CALL`, and no more than the completion budget holds at a worst-case value line,
+evidence quote included); the record is split into passages that fit the prompt budget beside the
+largest chunk (`passages.py`: never truncated, never across two documents), and consecutive short
+passages share a call, each under its document's header. One call per passage group x chunk
+(`plan_miner_calls`, which needs no model: the budget report uses it); each quote is checked
+against the passages of its call (verbatim in one of them, which names its document); then the
+calls are merged deterministically (`merge_findings`):
+
+- a value found in one passage and null in the others is that value;
+- the same value found twice keeps the first evidence (documents, then passages, in order);
+- values that cannot both hold (true vs false, different numbers, a number outside a bound,
+  disjoint bounds) are a `PassageConflict`: both values with their quotes and documents; the
+  atom is null in the merge and stays unresolved (`verdict_core.policy.resolve(conflicts=...)`).
+
+A side is accepted only if every call is; a rejected call is named by its document, passage and
+chunk, and the accepted calls stay in `StageResult.calls` (and in the cache).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from verdict_core.errors import describe_validation_error
-from verdict_core.patient import MinedValue, ValueMinerOutput, value_type_problems
+from verdict_core.errors import VerdictError, describe_validation_error
+from verdict_core.patient import Bounds, MinedValue, ValueMinerOutput, Value, value_type_problems
 from verdict_core.program import TrialProgram
+from verdict_core.reference import _meet as meet_values  # the one rule for two records of one fact
 
 from ..cache import CachedCall
 from ..prompt_templates import stage_prompt
-from ..protocol import PatientDoc, StageResult
+from ..protocol import SINGLE_NOTE_ID, NoteDocument, PatientDoc, StageResult, Usage
 from .checks import SIDES, Check, compact, core_schema, parse_json, quote_in_note, with_atom_enum
+from .passages import Passage, split_document
 
 if TYPE_CHECKING:
     from .runtime import Formalizer
 
+MAX_ATOMS_PER_CALL = 16
+# The evidence allowance of one value line: a quote as long as this sentence (168 characters),
+# counted with the answering model's tokenizer. The prompt asks for the shortest quote.
+_SAMPLE_QUOTE = (
+    "On admission she reported chest pain radiating to the left arm for 3 days; troponin I was "
+    "0.04 ng/mL, creatinine 1.2 mg/dL, and she denies smoking or alcohol use."
+)
+# Room kept between a planned prompt and its budget (tokens at the note's edges may merge).
+_PROMPT_MARGIN = 8
 
+
+BUDGET = "budget"  # the rejection reason of a pass that cannot be asked within the model's limits
+
+
+class MinerBudgetError(VerdictError):
+    """A value-miner call cannot fit the model's limits, however small the chunk or passage."""
+
+
+# ---- prompts and checks --------------------------------------------------------------------------
 def side_atoms(program: TrialProgram, side: str) -> list[str]:
     """The atoms a value-miner pass asks about: those the side's criteria use (through definitions too)."""
     sides = program.atom_sides()
@@ -41,14 +82,34 @@ def render_atoms(program: TrialProgram, names: list[str]) -> str:
     return "\n".join(lines)
 
 
-def miner_messages(program: TrialProgram, note: str, side: str, names: list[str], version: str = "v1") -> list[dict[str, str]]:
-    return stage_prompt(f"miner_{side}", version).render(NOTE=note.strip(), ATOMS=render_atoms(program, names))
+def miner_messages(
+    program: TrialProgram, note: str, side: str, names: list[str], version: str = "v1"
+) -> list[dict[str, str]]:
+    return stage_prompt(f"miner_{side}", version).render(
+        NOTE=note.strip(), ATOMS=render_atoms(program, names)
+    )
 
 
-def check_miner_output(content: str | None, finish_reason: str | None, program: TrialProgram, names: list[str],
-                       note: str, *, max_tokens: int) -> Check:
-    """JSON -> ValueMinerOutput schema -> exactly the asked atoms, typed, with verbatim evidence.
-    Output: the values in the prompt's atom order (the canonical training target)."""
+def miner_target(values: list[MinedValue]) -> str:
+    """The compact JSON a student emits for these values (nulls without evidence)."""
+    return compact(
+        {"values": [mv.model_dump(mode="json", exclude_defaults=True) | {"value": mv.value} for mv in values]}
+    )
+
+
+def check_miner_output(
+    content: str | None,
+    finish_reason: str | None,
+    program: TrialProgram,
+    names: list[str],
+    note: str | list[str],
+    *,
+    max_tokens: int,
+) -> Check:
+    """JSON -> ValueMinerOutput schema -> exactly the asked atoms, typed, with verbatim evidence
+    (quoted from `note`: the passage the call read, or one of its passages, a quote never spanning
+    two). Output: the values in the prompt's atom order (the canonical training target)."""
+    texts = [note] if isinstance(note, str) else note
     obj, problems = parse_json(content, finish_reason, max_tokens)
     if problems:
         return Check(problems)
@@ -71,43 +132,496 @@ def check_miner_output(content: str | None, finish_reason: str | None, program: 
             problems.append(("coverage", f"{where}: reported twice"))
             continue
         got[mv.atom] = mv
-        problems += [("type", f"{where}: {p}") for p in value_type_problems(table[mv.atom].domain, mv.value, mv.bounds)]
+        problems += [
+            ("type", f"{where}: {p}") for p in value_type_problems(table[mv.atom].domain, mv.value, mv.bounds)
+        ]
         if mv.value is not None and mv.bounds is not None:
             problems.append(("type", f"{where}: give a value or bounds, not both"))
         has_value = mv.value is not None or mv.bounds is not None
         if has_value and not mv.evidence.strip():
             problems.append(("evidence", f"{where}: a value needs an evidence quote from the note"))
-        elif mv.evidence.strip() and not quote_in_note(mv.evidence, note):
+        elif mv.evidence.strip() and not any(quote_in_note(mv.evidence, t) for t in texts):
             # the message names the atom, never the quote: problems end up in logs and records
             problems.append(("evidence", f"{where}: evidence is not a verbatim quote from the note"))
     missing = [n for n in names if n not in got]
     if missing:
         problems.append(("coverage", f"atoms missing from the output: {', '.join(missing)}"))
     ordered = [got[n] for n in names if n in got]
-    target = {"values": [mv.model_dump(mode="json", exclude_defaults=True) | {"value": mv.value} for mv in ordered]}
-    return Check(problems, ordered, compact(target))
+    return Check(problems, ordered, miner_target(ordered))
 
 
-async def mine_values(fz: "Formalizer", program: TrialProgram, note: PatientDoc | str, side: str, *,
-                      data_class: str | None = None) -> StageResult:
-    """Patient note + the side's atoms -> checked values with evidence (one value-miner pass)."""
+# ---- planning: atom chunks x passages ------------------------------------------------------------
+def value_line_tokens(program: TrialProgram, name: str, count_text: Callable[[str], int]) -> int:
+    """Worst-case completion tokens of one atom's value line: the longer of a value and a bounds
+    answer, with the evidence allowance, and the separating comma."""
+    domain = program.atom_table()[name].domain
+    if domain == "bool":
+        line = {"atom": name, "value": False, "evidence": ""}
+    else:
+        line = {
+            "atom": name,
+            "value": None,
+            "bounds": {"lo": -123456.789, "hi": -123456.789, "lo_strict": False, "hi_strict": False},
+            "evidence": "",
+        }
+    return count_text(compact(line) + ",") + count_text(_SAMPLE_QUOTE)
+
+
+def atom_chunks(
+    program: TrialProgram,
+    names: list[str],
+    *,
+    completion_budget: int,
+    count_text: Callable[[str], int],
+    max_atoms: int = MAX_ATOMS_PER_CALL,
+) -> list[list[str]]:
+    """The atoms in prompt order, in consecutive chunks of at most `max_atoms` whose worst-case
+    answers fit `completion_budget` tokens. Every atom is in exactly one chunk."""
+    envelope = count_text(compact({"values": []}))
+    chunks: list[list[str]] = []
+    used = 0
+    for name in names:
+        need = value_line_tokens(program, name, count_text)
+        if chunks and len(chunks[-1]) < max_atoms and used + need <= completion_budget:
+            chunks[-1].append(name)
+            used += need
+        else:
+            if envelope + need > completion_budget:
+                raise MinerBudgetError(
+                    f"atom '{name}': one value line may need {envelope + need} completion "
+                    f"tokens, more than the stage's max_tokens ({completion_budget})"
+                )
+            chunks.append([name])
+            used = envelope + need
+    return chunks
+
+
+@dataclass
+class PlannedCall:
+    """One value-miner call: a chunk of atoms asked about one passage, or about several short
+    passages of consecutive documents, each under its own document header."""
+
+    stage: str
+    passages: list[Passage]
+    chunk: int  # 1-based
+    chunks: int
+    atoms: list[str]
+    messages: list[dict[str, str]]
+    prompt_tokens: int
+
+    @property
+    def call_id(self) -> str:
+        """Stable within a side: `DOC#PASSAGE/cCHUNK`, or `FIRST..LAST/cCHUNK` for several passages."""
+        first, last = self.passages[0], self.passages[-1]
+        where = first.id if len(self.passages) == 1 else f"{first.id}..{last.id}"
+        return f"{where}/c{self.chunk}"
+
+    @property
+    def label(self) -> str:
+        if len(self.passages) == 1:
+            where = self.passages[0].label
+        else:
+            where = "documents " + ", ".join(f"'{p.document}'" for p in self.passages)
+        return f"{where}, atoms chunk {self.chunk}/{self.chunks}"
+
+    @property
+    def texts(self) -> list[str]:
+        """The passages' texts: an evidence quote must be verbatim in one of them."""
+        return [p.text for p in self.passages]
+
+    def source_of(self, quote: str) -> str:
+        """The document of the first passage of this call the quote is verbatim in."""
+        return next(
+            (p.document for p in self.passages if quote_in_note(quote, p.text)), self.passages[0].document
+        )
+
+
+def as_documents(note: PatientDoc | NoteDocument | str | list[NoteDocument]) -> list[NoteDocument]:
+    if isinstance(note, PatientDoc):
+        return note.note_documents()
+    if isinstance(note, NoteDocument):
+        return [note]
+    if isinstance(note, str):
+        return [NoteDocument(id=SINGLE_NOTE_ID, text=note)]
+    return list(note)
+
+
+def document_header(doc: NoteDocument, passage: Passage) -> str:
+    """The line above a passage when one call reads several: which document (and where in it)."""
+    info = [x for x in (doc.kind, doc.date) if x]
+    if passage.total > 1:
+        info.append(f"passage {passage.index} of {passage.total}")
+    return f"[document {doc.id}" + (f" ({', '.join(info)})" if info else "") + "]"
+
+
+def note_text(passages: list[Passage], docs: dict[str, NoteDocument]) -> str:
+    """What the prompt's note slot holds: one passage as is (the single-note prompt), several each
+    under its document header."""
+    if len(passages) == 1:
+        return passages[0].text
+    return "\n\n".join(f"{document_header(docs[p.document], p)}\n{p.text.strip()}" for p in passages)
+
+
+def _groups(
+    passages: list[Passage],
+    docs: dict[str, NoteDocument],
+    budget: int | None,
+    count_text: Callable[[str], int],
+) -> list[list[Passage]]:
+    """Consecutive passages packed into one call while their note text fits `budget` (None: all)."""
+    groups: list[list[Passage]] = []
+    for p in passages:
+        if groups and (budget is None or count_text(note_text(groups[-1] + [p], docs)) <= budget):
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    return groups
+
+
+def plan_miner_calls(
+    program: TrialProgram,
+    documents: list[NoteDocument],
+    side: str,
+    *,
+    count_messages: Callable[[list[dict[str, str]]], int],
+    count_text: Callable[[str], int],
+    prompt_budget: int | None,
+    completion_budget: int,
+    prompt_version: str = "v1",
+    max_atoms: int = MAX_ATOMS_PER_CALL,
+) -> list[PlannedCall]:
+    """Every call one side's mining makes, in order (passage groups, then chunks), each within
+    `prompt_budget` prompt tokens (None: no limit) and `completion_budget` completion tokens.
+    No model is needed: the budget report and dry runs call this."""
     if side not in SIDES:
         raise ValueError(f"side must be inclusion or exclusion (got '{side}')")
-    text = note.text if isinstance(note, PatientDoc) else note
+    stage = f"miner_{side}"
+    names = side_atoms(program, side)
+    if not names or not documents:
+        return []
+    chunks = atom_chunks(
+        program, names, completion_budget=completion_budget, count_text=count_text, max_atoms=max_atoms
+    )
+    docs = {d.id: d for d in documents}
+
+    def render(text: str, chunk: list[str]) -> list[dict[str, str]]:
+        return miner_messages(program, text, side, chunk, prompt_version)
+
+    def calls_of(group: list[Passage]) -> list[PlannedCall]:
+        text = note_text(group, docs)
+        return [
+            PlannedCall(stage, group, j, len(chunks), c, msgs, count_messages(msgs))
+            for j, c in enumerate(chunks, 1)
+            for msgs in [render(text, c)]
+        ]
+
+    def fits(calls: list[PlannedCall]) -> bool:
+        return prompt_budget is None or all(c.prompt_tokens <= prompt_budget for c in calls)
+
+    note_budget = None
+    if prompt_budget is not None:
+        frame = max(count_messages(render("", c)) for c in chunks)  # the prompt around the note
+        note_budget = prompt_budget - frame - _PROMPT_MARGIN
+        if note_budget < 16:
+            raise MinerBudgetError(
+                f"{stage}: the prompt without the note already takes {frame} tokens of the "
+                f"{prompt_budget}-token prompt budget; lower max_tokens or the atoms per call"
+            )
+    calls: list[PlannedCall] = []
+    for group in _groups(
+        [p for d in documents for p in split_document(d, note_budget, count_text)],
+        docs,
+        note_budget,
+        count_text,
+    ):
+        planned = calls_of(group)
+        if not fits(planned) and len(group) > 1:  # the packing's estimate was optimistic: one call each
+            planned = [c for p in group for c in calls_of([p])]
+        if not fits(planned):
+            planned = _resplit(group, calls_of, fits, note_budget, count_text, stage, prompt_budget)
+        calls += planned
+    return calls
+
+
+def _resplit(group, calls_of, fits, budget, count_text, stage, prompt_budget) -> list[PlannedCall]:
+    """A passage whose rendered calls still overshoot: split its document again with less room."""
+    out: list[PlannedCall] = []
+    for p in group:
+        planned = calls_of([p])
+        room = budget
+        for _ in range(4):
+            if fits(planned):
+                break
+            over = max(c.prompt_tokens for c in planned) - prompt_budget
+            room = max(16, room - over - _PROMPT_MARGIN)
+            part = NoteDocument(id=p.document, text=p.text)
+            pieces = [
+                Passage(p.document, p.index, p.total, p.start + q.start, p.start + q.end, q.text, sub=k)
+                for k, q in enumerate(split_document(part, room, count_text), 1)
+            ]
+            planned = [c for q in pieces for c in calls_of([q])]
+        else:
+            raise MinerBudgetError(
+                f"{stage}: document '{p.document}' does not split into passages that fit "
+                f"the {prompt_budget}-token prompt budget"
+            )
+        out += planned
+    return out
+
+
+def plan_for(fz: "Formalizer", program: TrialProgram, note, side: str) -> list[PlannedCall]:
+    """`plan_miner_calls` with the endpoint's limits and tokenizer."""
+    stage = f"miner_{side}"
+    return plan_miner_calls(
+        program,
+        as_documents(note),
+        side,
+        count_messages=fz.tokens.count_messages,
+        count_text=fz.tokens.count_text,
+        prompt_budget=fz.prompt_budget(stage),
+        completion_budget=fz.endpoint.max_tokens.for_stage(stage),
+        prompt_version=fz.prompts.get(stage, "v1"),
+    )
+
+
+# ---- merging passages (and sides) ----------------------------------------------------------------
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Finding(_Model):
+    """One value as one call found it."""
+
+    value: Value | None = None
+    bounds: Bounds | None = None
+    evidence: str
+    document: str = Field(description="id of the document the evidence quotes")
+    passage: str = Field(description="the call that found it: DOC#PASSAGE/cCHUNK")
+
+    def shown(self, atom: str) -> str:
+        """The value as a rationale states it: `atom >= 5` for bounds, else the JSON value."""
+        return self.bounds.text(atom) if self.bounds is not None else json.dumps(self.value)
+
+
+class PassageConflict(_Model):
+    """Values for one atom that cannot both hold: the atom is left unresolved."""
+
+    atom: str
+    side: str = Field(description="inclusion, exclusion, or 'both' (the two sides' merges disagree)")
+    findings: list[Finding] = Field(min_length=2, description="each distinct value with its first quote")
+
+    def note(self) -> str:
+        """The unresolved atom's note: values and documents, never the quotes."""
+        said = "; ".join(f"document '{f.document}' gives {f.shown(self.atom)}" for f in self.findings)
+        return f"extraction conflict, confirm in the chart: {said}"
+
+
+@dataclass
+class MinedValues:
+    """A side's merged values (one per asked atom, prompt order; iterating yields them), the
+    document each value's evidence comes from, and the conflicts between passages."""
+
+    values: list[MinedValue]
+    sources: dict[str, str] = field(default_factory=dict)
+    conflicts: list[PassageConflict] = field(default_factory=list)
+
+    def __iter__(self):
+        return iter(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def conflict_notes(self) -> dict[str, str]:
+        """atom -> note, for `verdict_core.policy.resolve(conflicts=...)`."""
+        return {c.atom: c.note() for c in self.conflicts}
+
+
+def _compatible(a: Finding, b: Finding) -> Finding | None:
+    """What both findings say, or None if they cannot both hold: the import's rule for two records of
+    one chart fact (`verdict_core.reference`), keeping the document of the quote that stays."""
+    mv_a = MinedValue(atom="x", value=a.value, bounds=a.bounds, evidence=a.evidence)
+    mv_b = MinedValue(atom="x", value=b.value, bounds=b.bounds, evidence=b.evidence)
+    met = meet_values(mv_a, mv_b)
+    if met is None:
+        return None
+    keep = b if met is mv_b else a
+    return keep.model_copy(update={"value": met.value, "bounds": met.bounds})
+
+
+def merge_findings(names: list[str], findings: dict[str, list[Finding]], side: str) -> MinedValues:
+    """One value per atom from the calls' findings (each atom's list in plan order)."""
+    values, sources, conflicts = [], {}, []
+    for name in names:
+        found = findings.get(name, [])
+        if not found:
+            values.append(MinedValue(atom=name, value=None))
+            continue
+        kept, distinct, clash = found[0], [found[0]], False
+        for f in found[1:]:
+            if not any((f.value, f.bounds) == (d.value, d.bounds) for d in distinct):
+                distinct.append(f)
+            merged = None if clash else _compatible(kept, f)
+            if merged is None:
+                clash = True
+            else:
+                kept = merged
+        if clash:
+            conflicts.append(PassageConflict(atom=name, side=side, findings=distinct))
+            values.append(MinedValue(atom=name, value=None))
+        else:
+            values.append(MinedValue(atom=name, value=kept.value, bounds=kept.bounds, evidence=kept.evidence))
+            sources[name] = kept.document
+    return MinedValues(values, sources, conflicts)
+
+
+def _findings_of(values, call: PlannedCall) -> dict[str, list[Finding]]:
+    """A call's non-null values, each with the document its quote is from."""
+    return {
+        mv.atom: [
+            Finding(
+                value=mv.value,
+                bounds=mv.bounds,
+                evidence=mv.evidence,
+                document=call.source_of(mv.evidence),
+                passage=call.call_id,
+            )
+        ]
+        for mv in values
+        if mv.value is not None or mv.bounds is not None
+    }
+
+
+def merge_sides(inclusion: MinedValues, exclusion: MinedValues) -> MinedValues:
+    """The two sides' merges as one (an atom both sides use: the same rule as between passages):
+    what `resolve` takes, with every conflict of either side."""
+    findings: dict[str, list[Finding]] = {}
+    names: list[str] = []
+    for mv_side in (inclusion, exclusion):
+        for mv in mv_side.values:
+            if mv.atom not in names:
+                names.append(mv.atom)
+            if mv.value is not None or mv.bounds is not None:
+                doc = mv_side.sources.get(mv.atom, SINGLE_NOTE_ID)
+                findings.setdefault(mv.atom, []).append(
+                    Finding(value=mv.value, bounds=mv.bounds, evidence=mv.evidence, document=doc, passage=doc)
+                )
+    merged = merge_findings(names, findings, "both")
+    conflicts = inclusion.conflicts + exclusion.conflicts
+    taken = {c.atom for c in conflicts}
+    conflicts += [c for c in merged.conflicts if c.atom not in taken]
+    values = [MinedValue(atom=mv.atom, value=None) if mv.atom in taken else mv for mv in merged.values]
+    sources = {a: d for a, d in merged.sources.items() if a not in taken}
+    return MinedValues(values, sources, conflicts)
+
+
+# ---- the stage ------------------------------------------------------------------------------------
+async def mine_values(
+    fz: "Formalizer",
+    program: TrialProgram,
+    note: PatientDoc | NoteDocument | str | list,
+    side: str,
+    *,
+    data_class: str | None = None,
+) -> StageResult:
+    """Patient record + the side's atoms -> checked, merged values with evidence: one call per
+    passage x atom chunk (`plan_for`). `output` is a `MinedValues`; `calls` each call's result."""
+    if side not in SIDES:
+        raise ValueError(f"side must be inclusion or exclusion (got '{side}')")
     pid = note.patient_id if isinstance(note, PatientDoc) else "-"
     dclass = data_class or (note.data_class if isinstance(note, PatientDoc) else "private")
-    names = side_atoms(program, side)
     stage = f"miner_{side}"
-    messages = fz.miner_messages(program, text, side, names)
+    names = side_atoms(program, side)
+    base = dict(
+        stage=stage, teacher=fz.endpoint.name, model=fz.endpoint.model, prompt_version=fz.prompt(stage).ident
+    )
     if not names:  # nothing to ask: no call, an empty (trivially valid) answer
-        return StageResult(stage=stage, status="accepted", teacher=fz.endpoint.name, model=fz.endpoint.model,
-                           prompt_version=fz.prompt(stage).ident, messages=messages,
-                           output_json=compact({"values": []}), output=[])
-    schema = with_atom_enum(core_schema("value-miner"), names)
+        docs = as_documents(note)
+        return StageResult(
+            **base,
+            status="accepted",
+            messages=fz.miner_messages(program, docs[0].text, side, []),
+            output_json=compact({"values": []}),
+            output=MinedValues([]),
+        )
+    try:
+        plan = await asyncio.to_thread(plan_for, fz, program, note, side)  # exact token counts: off the loop
+    except MinerBudgetError as e:  # no call can fit the model's limits: rejected, no call made
+        docs = as_documents(note)
+        return StageResult(
+            **base,
+            status="rejected",
+            reason=BUDGET,
+            problems=[e.summary],
+            messages=fz.miner_messages(program, docs[0].text, side, names),
+        )
+    max_tokens = fz.endpoint.max_tokens.for_stage(stage)
 
-    def validate(call: CachedCall) -> Check:
-        return check_miner_output(call.content, call.finish_reason, program, names, text,
-                                  max_tokens=fz.endpoint.max_tokens.for_stage(stage))
+    async def one(call: PlannedCall) -> StageResult:
+        schema = with_atom_enum(core_schema("value-miner"), call.atoms)
 
-    return await fz._stage(stage, messages, schema, "value_miner_output", validate, patient_text=True,
-                             data_class=dclass, ids=f"trial={program.trial_id} patient={pid}", sensitive=(text,))
+        def validate(c: CachedCall) -> Check:
+            return check_miner_output(
+                c.content, c.finish_reason, program, call.atoms, call.texts, max_tokens=max_tokens
+            )
+
+        res = await fz._stage(
+            stage,
+            call.messages,
+            schema,
+            "value_miner_output",
+            validate,
+            patient_text=True,
+            data_class=dclass,
+            sensitive=tuple(call.texts),
+            ids=f"trial={program.trial_id} patient={pid} call={call.call_id}",
+        )
+        return res.model_copy(update={"item": call.call_id})
+
+    results = await asyncio.gather(*(one(c) for c in plan))
+    usage = Usage()
+    for r in results:
+        usage = usage.add(r.usage)
+    attempts = [a for r in results for a in r.attempts]
+    rejected = [(c, r) for c, r in zip(plan, results) if not r.accepted]
+    messages = results[0].messages
+    if rejected:
+        problems = [f"{c.label}: {p}" for c, r in rejected for p in r.problems]
+        return StageResult(
+            **base,
+            status="rejected",
+            reason=rejected[0][1].reason,
+            problems=problems,
+            messages=messages,
+            attempts=attempts,
+            usage=usage,
+            calls=list(results),
+            assembly=_assembly(plan, None),
+        )
+    findings: dict[str, list[Finding]] = {}
+    for c, r in zip(plan, results):
+        for atom, fs in _findings_of(r.output, c).items():
+            findings.setdefault(atom, []).extend(fs)
+    merged = merge_findings(names, findings, side)
+    return StageResult(
+        **base,
+        status="accepted",
+        messages=messages,
+        output_json=miner_target(merged.values),
+        output=merged,
+        attempts=attempts,
+        usage=usage,
+        calls=list(results),
+        assembly=_assembly(plan, merged),
+    )
+
+
+def _assembly(plan: list[PlannedCall], merged: MinedValues | None) -> dict:
+    """What the merge did, in ids only (no patient text): calls, passages per document, conflicts."""
+    docs: dict[str, int] = {}
+    for c in plan:
+        for p in c.passages:
+            docs[p.document] = p.total
+    out = {"calls": len(plan), "chunks": plan[0].chunks if plan else 0, "passages": docs}
+    if merged is not None:
+        out["conflicts"] = [c.atom for c in merged.conflicts]
+    return out

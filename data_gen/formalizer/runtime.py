@@ -27,8 +27,9 @@ from ..protocol import ArbiterOutput, Attempt, PatientDoc, StageResult, TrialDoc
 from ..teacher_config import TeacherConfig
 from .budget import TokenCounter, counter_for
 from .checks import Check, compact, parse_json, quote_in_note, with_atom_enum
+from .criteria import CriterionText
 from .miner import miner_messages
-from .parser import parser_messages
+from .parser import criterion_messages
 
 log = logging.getLogger("data_gen.formalizer")
 
@@ -48,7 +49,7 @@ class Formalizer:
         self.repair_prompt = load_prompt("repair", "v1")
         # Single flight: identical requests in flight at once (e.g. the same exclusion atoms for
         # one patient across trials) share one call instead of both missing the cache.
-        self._pending: dict[str, asyncio.Future] = {}
+        self._pending: dict[str, _Flight] = {}
         self._tokens: TokenCounter | None = None
 
     @property
@@ -72,8 +73,21 @@ class Formalizer:
         return stage_prompt(stage, self.prompts.get(stage, "v1"))
 
     # -- requests (also used by dry runs) ----------------------------------------------------------
-    def parser_messages(self, trial: TrialDoc) -> list[dict[str, str]]:
-        return parser_messages(trial, self.prompts.get("parser", "v1"))
+    def criterion_messages(self, criterion: CriterionText) -> list[dict[str, str]]:
+        """The parser request of one criterion (see `parser.py`)."""
+        return criterion_messages(criterion, self.prompts.get("parser", "v1"))
+
+    def parser_key(self, trial: TrialDoc) -> str:
+        """The key of a whole trial parse (criteria + endpoint + prompt version; see `parser.py`)."""
+        from .parser import trial_request_key
+
+        return trial_request_key(self, trial)
+
+    def trial_criteria(self, trial: TrialDoc):
+        """The trial's criteria as this endpoint's parser calls them (split to fit its budget)."""
+        from .parser import trial_criteria
+
+        return trial_criteria(self, trial)
 
     def miner_messages(self, program: TrialProgram, note: str, side: str, names: list[str]) -> list[dict[str, str]]:
         return miner_messages(program, note, side, names, self.prompts.get(f"miner_{side}", "v1"))
@@ -89,7 +103,7 @@ class Formalizer:
 
     # -- stages ------------------------------------------------------------------------------------
     async def parse_trial(self, trial: TrialDoc) -> StageResult:
-        """Criteria text -> checked TrialProgram (see `parser.py`)."""
+        """Criteria text -> one call per criterion -> assembled, checked TrialProgram (see `parser.py`)."""
         from .parser import parse_trial
 
         return await parse_trial(self, trial)
@@ -212,26 +226,36 @@ class Formalizer:
 
     async def _call(self, stage: str, messages: list[dict[str, str]], schema: dict, schema_name: str,
                     patient_text: bool, data_class: str, sensitive: tuple[str, ...]) -> tuple[CachedCall, bool]:
-        """One answered call: from the cache if this exact request was ever paid for, else sent."""
+        """One answered call: from the cache if this exact request was ever paid for, else sent.
+
+        Identical calls in flight share one upstream call. It runs as its own task and each caller
+        awaits a shield of it, so a caller that is cancelled (its client went away, its other pass
+        failed) leaves the others their answer; the call is cancelled only when nobody waits."""
         key, request = self.request_key(stage, messages, schema, schema_name)
-        pending = self._pending.get(key)
-        if pending is not None:
-            call = await asyncio.shield(pending)
+        flight = self._pending.get(key)
+        if flight is None:
+            task = asyncio.ensure_future(
+                self._call_once(key, request, stage, messages, patient_text, data_class, sensitive))
+            flight = self._pending[key] = _Flight(task)
+            task.add_done_callback(lambda _t, k=key, f=flight: self._forget(k, f))
+        flight.waiters += 1
+        try:
+            call, cached = await asyncio.shield(flight.task)
+        finally:
+            flight.waiters -= 1
+            if flight.waiters == 0 and not flight.task.done():
+                self._forget(key, flight)  # a new caller starts afresh instead of joining a cancelled call
+                flight.task.cancel()
+        if flight.claimed:  # the call was answered once already: the others count it as a hit
             if self.cache is not None:
                 await asyncio.to_thread(self.cache.record_hit, call, self._meta(stage))
             return call, True
-        fut = asyncio.get_running_loop().create_future()
-        self._pending[key] = fut
-        try:
-            call, cached = await self._call_once(key, request, stage, messages, patient_text, data_class, sensitive)
-        except BaseException as e:
-            fut.set_exception(e)
-            fut.exception()  # retrieved: waiters re-raise it, nobody else has to
-            raise
-        finally:
-            self._pending.pop(key, None)
-        fut.set_result(call)
+        flight.claimed = True
         return call, cached
+
+    def _forget(self, key: str, flight: "_Flight") -> None:
+        if self._pending.get(key) is flight:
+            del self._pending[key]
 
     def _meta(self, stage: str) -> CallMeta:
         t = self.endpoint
@@ -276,6 +300,15 @@ class Formalizer:
         if self.ledger is not None and ticket is not None:
             self.ledger.settle(ticket, cost)
         return call, False
+
+
+class _Flight:
+    """One upstream call in flight, shared by the identical calls waiting for it."""
+
+    def __init__(self, task: asyncio.Future):
+        self.task = task
+        self.waiters = 0
+        self.claimed = False  # whether a waiter has taken the answer as its own (not a cache hit)
 
 
 _NUMBER = re.compile(r"(?<![A-Za-z_])\d+(?:\.\d+)?")

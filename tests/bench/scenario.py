@@ -27,11 +27,11 @@ from pathlib import Path
 
 import yaml
 
-from data_gen.formalizer import side_atoms
+from data_gen.formalizer import criterion_outputs, side_atoms
 from data_gen.scripted_server import Match, Rule, Script, ScriptedResponse
 from tests.fixtures.vllm import load_teacher_records, teacher_programs, teacher_values
 
-PARSER_MARK = "typed formal trial program"  # in the trial parser's system prompt
+PARSER_MARK = "ONE eligibility criterion"  # in the (per-criterion) trial parser's system prompt
 MATCH_MARK = "clinical research coordinator"  # in the direct matcher's system prompt
 REPAIR_MARK = "rejected by the checker"
 TOKENS = {"prompt_tokens": 1000, "completion_tokens": 100}
@@ -74,11 +74,20 @@ def script(latency: float = 0.0) -> Script:
     recs = records()
     programs = teacher_programs(recs)
     rules: list[Rule] = []
+    # the parser answers per criterion (criterion_parser@v1): the teacher program's formalization
+    # of each; the bad trial's criteria declare no atoms, before and after the repair
     for t in recs["trials"]:
-        rules.append(Rule(match=Match(contains=[PARSER_MARK, f"Trial {t['trial_id']}:"]),
-                          responses=[ok(t["parsed"], latency_s=latency)]))
-    rules.append(Rule(match=Match(contains=[PARSER_MARK, f"Trial {BAD_TRIAL['trial_id']}:"]),
-                      responses=[ok(BAD_PROGRAM, latency_s=latency)]))
+        outputs = criterion_outputs(programs[t["trial_id"]])
+        for _, side, cr in programs[t["trial_id"]].criteria():
+            answer = outputs[cr.id].model_dump(mode="json", exclude_defaults=True)
+            rules.append(Rule(match=Match(contains=[PARSER_MARK, f"{side.capitalize()} criterion:\n{cr.text}"]),
+                              responses=[ok(answer, latency_s=latency)]))
+    for side, formula in (("inclusion", BAD_PROGRAM["cohorts"][0]["inclusion"][0]["formula"]),
+                          ("exclusion", "active_bleeding")):
+        text = BAD_TRIAL[side]
+        rules.append(Rule(match=Match(contains=[PARSER_MARK, f"{side.capitalize()} criterion:\n{text}"]),
+                          responses=[ok({"in_scope": True, "atoms": [], "formula": formula},
+                                        latency_s=latency)]))
     for p in recs["patients"]:
         note_start = p["note"][:30]
         for tid, program in programs.items():

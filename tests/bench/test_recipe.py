@@ -17,7 +17,7 @@ from bench.recipe import Layout, prepare, render, steps
 from bench.recipe_config import load_recipe
 from data_gen.scripted_server import Match, Rule, Script, ScriptedResponse, ScriptedServer
 from slurm.job_config import load_slurm_config
-from tests.data_gen.teacher_data import program
+from tests.data_gen.teacher_data import parser_rules
 from verdict_core.configs import REPO_ROOT
 
 from . import scenario
@@ -125,8 +125,7 @@ def test_shipped_recipe_loads():
 
 def teacher_script() -> Script:
     """Valid programs for every synthetic trial; null values; a fixed direct-matcher answer."""
-    rules = [Rule(match=Match(contains=[scenario.PARSER_MARK, f"Trial NCT9{i:07d}:"]),
-                  responses=[ScriptedResponse(content=program(i))]) for i in range(N_TRIALS)]
+    rules = [r for i in range(N_TRIALS) for r in parser_rules(i)]  # per criterion
     rules.append(Rule(match=Match(contains=[scenario.MATCH_MARK]), responses=[ScriptedResponse(content={
         "criteria": [], "verdict": "eligible", "rationale": "scripted"})]))
     return Script(rules=rules, default=ScriptedResponse(auto="nulls"))
@@ -179,3 +178,39 @@ def test_whole_chain_on_slurm_with_a_tiny_student(slurm_cluster, student_base_di
         assert c["decided"] + c["failed"] == 2 and c["missing"] == 0, name  # every pair has a result
         assert b[name]["tokens"]["completion_total"] > 0, name  # the local students really answered
     assert "paper Table 2, Verdict Qwen2.5-7B (distilled)" in (root / "bench" / "tiny-recipe" / "report.md").read_text()
+
+
+def test_paper_split_every_fifth_trial_and_parse_limited_drop(tmp_path):
+    """split: paper: the sorted NCT ids' 5th and 10th are the test trials (80/20 by trial); the
+    test trial without criteria text is dropped as parse-limited and counted; the rest train."""
+    path = write_recipe(tmp_path, teacher="scripted", split="paper", students={"limits": "paper"})
+    root = tmp_path / "corpus"
+    trials = [json.loads(x) for x in (root / "trials.jsonl").read_text().splitlines()]
+    extra = [{"nct_id": f"NCT9{i:07d}", "title": f"t{i}", "inclusion": "Adults", "exclusion": "Pregnancy"}
+             for i in range(N_TRIALS, 10)]
+    # NCT90000009 (the 10th id) is judged but has no criteria text: no usable program.
+    (root / "trials.jsonl").write_text("".join(json.dumps(t) + "\n" for t in trials + extra[:-1]))
+    with open(root / "pairs.jsonl", "a") as f:
+        for i, t in enumerate(extra):
+            f.write(json.dumps({"patient_id": f"trec-{i}", "nct_id": t["nct_id"], "score": 2}) + "\n")
+    rc = load_recipe(str(path))
+    assert rc.split.method == "paper" and rc.students.max_tokens["parser"] == 2560
+    out = prepare(rc)
+    lay = Layout(rc.root, rc.name)
+    held = [json.loads(x) for x in (lay.data / "heldout_pairs.jsonl").read_text().splitlines()]
+    train_trials = [json.loads(x)["nct_id"] for x in (lay.data / "train_trials.jsonl").read_text().splitlines()]
+    ps = out["split"]["paper_split"]
+    assert ps["trials"] == 10 and ps["test_trials"] == 2
+    assert ps["test_pairs"] == {"pairs": 2, "eligible": 1, "ineligible": 1}  # NCT90000004 (score 1), NCT90000009 (2)
+    assert ps["parse_limited"] == 1 and ps["parse_limited_reasons"] == {"no criteria text": 1}
+    assert [p["nct_id"] for p in held] == ["NCT90000004"] and ps["heldout"]["pairs"] == 1
+    assert "NCT90000004" not in train_trials and "NCT90000009" not in train_trials and len(train_trials) == 8
+    bench = yaml.safe_load((lay.configs / "bench.yaml").read_text())
+    distilled = next(b for b in bench["backends"] if b["name"] == "verdict-qwen-distilled")
+    assert distilled["parser"]["limits"] == "paper" and bench["vllm"]["max_model_len"] == 4096
+
+
+def test_recipe_students_limits_contradiction_names_both(tmp_path):
+    path = write_recipe(tmp_path, teacher="scripted", students={"limits": "paper", "vllm": {"max_model_len": 8192}})
+    with pytest.raises(Exception, match=r"vllm.max_model_len: 8192 contradicts limits 'paper' \(4096\)"):
+        load_recipe(str(path))

@@ -61,10 +61,11 @@ def test_scores_validity_cost_and_agreement_by_hand(tmp_path, server):
     assert v["validity"]["parser"]["accepted_after_repair"]["k"] == 2
     assert v["validity"]["miner_inclusion"]["json_valid"]["k"] == 5
     assert v["validity"]["miner_inclusion"]["accepted_after_repair"]["k"] == 6
-    # cost: 4 parser calls (once per trial, one repair) + 12 miner calls + 1 repair, $0.0028 each, 7 pairs
-    assert v["cost_usd"]["calls"] == 17 and v["cost_usd"]["total"] == pytest.approx(17 * scenario.CALL_USD)
-    assert v["cost_usd"]["per_pair"] == pytest.approx(17 * scenario.CALL_USD / 7)
-    assert v["tokens"]["prompt_total"] == 17000
+    # cost: 10 parser calls (one per criterion: 3 + 3 + 2, and the bad trial's 2 repairs) + 12 miner
+    # calls + 1 repair, $0.0028 each, 7 pairs
+    assert v["cost_usd"]["calls"] == 23 and v["cost_usd"]["total"] == pytest.approx(23 * scenario.CALL_USD)
+    assert v["cost_usd"]["per_pair"] == pytest.approx(23 * scenario.CALL_USD / 7)
+    assert v["tokens"]["prompt_total"] == 23000
     assert m["cost_usd"]["per_pair"] == pytest.approx(scenario.CALL_USD)
     assert set(v["latency_ms"]["stages"]) == {"parser", "miner_inclusion", "miner_exclusion", "solve"}
     assert v["latency_ms"]["pair"]["n"] == 6 and v["latency_ms"]["pair"]["p50"] > 0
@@ -115,7 +116,8 @@ def test_rerun_resumes_and_pays_nothing(tmp_path, server):
     s2 = json.loads((fresh.run_dir / "results.json").read_text())
     assert s2["backends"]["verdict-scripted"]["metrics"] == before["backends"]["verdict-scripted"]["metrics"]
     assert s2["backends"]["verdict-scripted"]["cost_usd"]["paid"] == 0
-    assert s2["backends"]["verdict-scripted"]["cost_usd"]["cache_hits"] == 17
+    # every call of the first run (the parser's per criterion)
+    assert s2["backends"]["verdict-scripted"]["cost_usd"]["cache_hits"] == 23
 
 
 def test_resume_after_kill_9(tmp_path):
@@ -163,8 +165,9 @@ def test_repeats_measure_consistency_and_really_ask_again(tmp_path, server):
     assert v["repeats"] == 2 and (v["same_decision"]["k"], v["same_decision"]["n"]) == (6, 6)
     assert v["same_facts_same_decision"]["rate"] == 1.0
     assert s["backends"]["llmmatch-scripted"]["consistency"]["same_decision"]["n"] == 7
-    # repeat 1 has its own cache: each of the 24 calls of repeat 0 was sent a second time
-    assert len(server.requests) == 48
+    # repeat 1 has its own cache: each of the 30 calls of repeat 0 (the parser's per criterion) was
+    # sent a second time
+    assert len(server.requests) == 60
     assert (out.run_dir / "cache-repeat-1.sqlite").exists()
 
 
@@ -186,7 +189,12 @@ def test_inconsistent_repeats_are_counted(tmp_path):
 
 
 def test_budget_stops_cleanly_and_resumes(tmp_path, server):
-    cfg = scenario.write_config(tmp_path, server.url, budget_usd=0.05, concurrency=1)
+    # one call at a time (a call reserves its worst case, $0.0346, before it is sent; the parser's
+    # criterion calls of a trial would otherwise reserve together)
+    ep = scenario.endpoint(server.url, concurrency=1)
+    cfg = scenario.write_config(tmp_path, server.url, budget_usd=0.05, concurrency=1, backends=[
+        {"name": "verdict-scripted", "kind": "formalizer", "parser": ep, "miner": ep},
+        {"name": "llmmatch-scripted", "kind": "llm_match", "endpoint": ep, "max_tokens": 512}])
     out = run(cfg)
     assert out.status == "stopped_budget" and "budget stop" in out.message
     spent = sum(1 for r in server.requests if r.kind in ("ok", "truncated")) * scenario.CALL_USD

@@ -48,7 +48,10 @@ def test_bad_input_gets_a_clear_error_and_other_files_still_run(tmp_path):
     assert r.returncode == 1
     assert "error:" in r.stderr and "bad.json" in r.stderr and "missing.json" in r.stderr
     assert "Traceback" not in r.stderr
-    assert json.loads(r.stdout.strip())["decision"] == "eligible"
+    bad_out, missing_out, good_out = map(json.loads, r.stdout.strip().splitlines())  # one line per file
+    assert bad_out["source"].endswith("bad.json") and bad_out["error"] == "VerdictError"
+    assert missing_out["error"] == "ReadError" and set(missing_out) == {"source", "error", "message", "problems"}
+    assert good_out["decision"] == "eligible"
     r = run("decide", str(good), "--policy", "nope")
     assert r.returncode == 2 and "no policies config named 'nope'" in r.stderr and "Traceback" not in r.stderr
 
@@ -73,3 +76,45 @@ def test_decision_output_is_byte_for_byte_reproducible_across_processes():
     runs = [run("decide", *map(str, files), "--format", "full-json") for _ in range(2)]
     assert all(r.returncode == 0 for r in runs), runs[0].stderr
     assert runs[0].stdout == runs[1].stdout and runs[0].stdout.count("\n") == len(files)
+
+
+HELDOUT = REPO / "tests" / "core" / "data" / "heldout"
+
+
+def test_held_out_batch_decides_file_by_file_with_an_error_line_where_one_fails():
+    """An unsupported construct in one file (an existential inside a criterion) is that file's
+    error object; every other file, before and after it, is decided; exit status 1 at the end."""
+    files = sorted(HELDOUT.glob("*/*__full.json"))
+    assert len(files) == 6
+    r = run("decide", *map(str, files), "--format", "json", "--summary")
+    assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout
+    assert r.stderr.splitlines()[-1] == ("files 6, decided 5 (eligible 2, ineligible 3), errors 1 "
+                                         "(UnsupportedConstructError 1), conflicts reported 2 (passes 1, threshold_helpers 1)")
+    lines = [json.loads(line) for line in r.stdout.strip().splitlines()]
+    assert [line["source"] for line in lines] == [str(f) for f in files]
+    by_stem = {f.name.split("__")[0]: line for f, line in zip(files, lines)}
+    failed = by_stem.pop("NCT90000002")
+    assert failed["error"] == "UnsupportedConstructError"
+    assert failed["problems"] == ["inclusion side, assertion REQ0_COMPONENT0_CREATININE: 'exists' quantifier in a criterion"]
+    assert all(line["decision"] in ("eligible", "ineligible") for line in by_stem.values())
+    # the existential definition is imported faithfully: creatinine 2.6 fails "renal function adequate"
+    assert by_stem["NCT90000001"]["decision"] == "ineligible"
+    # contradictory threshold helpers and incompatible passes are reported, with the values
+    (thresh,) = by_stem["NCT90000003"]["conflicts"]
+    assert thresh["source"] == "threshold_helpers" and len(thresh["values"]) == 2
+    (passes,) = by_stem["NCT90000004b"]["conflicts"]
+    assert passes["source"] == "passes" and any(v.startswith("exclusion pass:") for v in passes["values"])
+    assert any("recorded by the exclusion pass only" in n for n in by_stem["NCT90000004a"]["import_notes"])
+    # a program no patient can satisfy says so, instead of "MaxSMT did not finish"
+    nobody = by_stem["NCT90000005"]
+    assert nobody["reason"].startswith("the trial program admits no patient") and not nobody["incomplete"]
+
+
+def test_held_out_markdown_shows_conflicts_notes_and_errors():
+    files = sorted(HELDOUT.glob("*/*__full.json"))
+    r = run("decide", *map(str, files), "--format", "md")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stdout.count("## ") >= len(files)
+    assert "**ERROR** (UnsupportedConstructError)" in r.stdout
+    assert "the recorded threshold helpers contradict each other" in r.stdout
+    assert "### Import notes" in r.stdout

@@ -194,3 +194,58 @@ def test_threads_with_garbage_collection_decide_like_one_thread():
         stop.set()
         collector.join()
     assert got == expected * 3
+
+
+def test_a_program_no_patient_can_satisfy_is_named_not_a_solver_limit():
+    """Inclusion age > 18 and an exclusion 'age >= 18' (an exclusion-side requirement recorded the
+    wrong way round): no patient can be eligible. The decision says so and names both criteria,
+    instead of a MaxSMT that 'did not finish'."""
+    atoms = [atom("age", "int", "demographic"), atom("a")]
+    prog = program([{"op": "cmp", "lhs": "age", "rel": "gt", "rhs": 18}, "a"],
+                   exclusion=[{"op": "cmp", "lhs": "age", "rel": "ge", "rhs": 18}], atoms=atoms)
+    with pytest.raises(Exception) as e:
+        ENGINE.check_satisfiable(prog)
+    assert "cohort 'main': criteria main/inc0, main/exc0 cannot all be met together" in str(e.value)
+    for values in ({"age": 40, "a": True}, {"age": 12}, {}):
+        d = ENGINE.decide(prog, patient(prog, **values))
+        assert d.decision == "ineligible" and not d.incomplete, d.incomplete
+        assert d.reason.startswith("the trial program admits no patient") and "main/inc0, main/exc0" in d.reason
+        assert d.pivotal.direction == "to_eligible" and d.pivotal.conditions == []
+    d = ENGINE.decide(A_OR_B, patient(A_OR_B, a=False, b=False))  # an ordinary ineligible: unchanged
+    assert d.reason is None and d.pivotal.conditions
+
+
+def test_a_collection_never_waits_for_a_solver_call():
+    """The collector frees z3 garbage in whichever thread it runs (an event loop's included): it must
+    not wait there for another thread's solver call; the release is deferred to the next lock holder."""
+    import gc
+    import threading
+    import time
+
+    import z3
+
+    engine = Engine()
+    with engine._lock:
+        xs = [z3.Int(f"gc{i}", engine.ctx) for i in range(50)]
+        node = {"terms": xs, "solver": z3.Solver(ctx=engine.ctx)}
+        node["self"] = node
+        del xs
+    held = threading.Event()
+
+    def solver_call():  # stands in for a long solver call in a worker thread
+        with engine._lock:
+            held.set()
+            time.sleep(2.0)
+
+    worker = threading.Thread(target=solver_call)
+    worker.start()
+    held.wait()
+    del node
+    t0 = time.monotonic()
+    gc.collect()
+    waited = time.monotonic() - t0
+    worker.join()
+    assert waited < 0.5, waited
+    with engine._lock:  # the deferred releases run here
+        pass
+    assert engine._lock._pending == []

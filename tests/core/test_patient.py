@@ -59,3 +59,25 @@ def test_resolution_consistency_rules():
         Bounds(lo=3, hi=1)
     assert Bounds(lo=1, hi=3, hi_strict=True).contains(2.9) and not Bounds(lo=1, hi=3, hi_strict=True).contains(3)
     assert isinstance(load_patient('{"patient_id": "p", "trial_id": "T", "program_hash": "x", "resolutions": []}'), ResolvedPatient)
+
+
+@pytest.mark.parametrize("value", [10**400, 10**15 + 1, -(10**16), float("inf"), float("nan")],
+                         ids=["10**400", "10**15+1", "-10**16", "inf", "nan"])
+def test_numbers_beyond_the_range_are_a_type_problem_of_the_miner_output(value):
+    from verdict_core.patient import value_type_problems
+
+    (problem,) = value_type_problems("int" if isinstance(value, int) else "real", value, None)
+    assert problem.startswith("value: ") and ("finite" in problem or "NaN" in problem)
+    assert len(problem) < 200  # 10**400 is not echoed digit by digit
+    prog = program(["a", {"op": "cmp", "lhs": "age", "rel": "ge", "rhs": 18}], atoms=AGE)
+    if isinstance(value, int):
+        with pytest.raises(PatientError, match="too large"):
+            patient(prog, a=True, age=value)
+
+
+def test_numbers_at_the_edge_of_the_range_are_values():
+    from verdict_core.patient import value_type_problems
+
+    assert value_type_problems("int", 10**15, None) == [] and value_type_problems("real", -1e15, None) == []
+    assert value_type_problems("real", None, Bounds(lo=-1e15, hi=1e15)) == []
+    assert value_type_problems("real", None, Bounds(lo=2e15))[0].startswith("bounds.lo: ")

@@ -20,3 +20,21 @@ def test_rationale_restates_the_decision_with_evidence_and_requirements():
     p2 = patient(prog, dx=True, creat=1.0)
     md2 = render_markdown(prog, p2, Engine().decide(prog, p2))
     assert "To confirm at the screening visit" in md2 and "must be absent" in md2
+
+
+def test_markup_from_criteria_definitions_and_notes_is_inert_in_the_markdown():
+    from verdict_core.patient import MinedValue
+    from verdict_core.policy import load_policy, resolve
+
+    atoms = [atom("dx"), atom("age", "int", "demographic")]
+    atoms[0]["definition"] = "Has <b>dx</b>"
+    prog = program(["dx", {"op": "cmp", "lhs": "age", "rel": "ge", "rhs": 18}], atoms=atoms)
+    prog = prog.model_copy(deep=True)
+    prog.cohorts[0].inclusion[0].text = "Diagnosis <script>alert(1)</script> [click](javascript:x)"
+    quote = "<img src=x onerror=alert(1)> ![p](http://evil.example/p.png)"
+    mined = [MinedValue(atom="dx", value=True, evidence=quote), MinedValue(atom="age", value=40, evidence="40 & up")]
+    p = resolve(prog, "p1", mined, load_policy("prescreen"))
+    md = render_markdown(prog, p, Engine().decide(prog, p))
+    assert "<script" not in md and "<img" not in md and "<b>" not in md
+    assert "](" not in md.replace("\\](", "")  # no link or image syntax survives
+    assert "&lt;script&gt;" in md and "&lt;img src=x onerror=alert(1)&gt;" in md and "40 &amp; up" in md

@@ -85,19 +85,50 @@ def write_inputs(tmp: Path, n_trials: int, n_patients: int, pairs: list[tuple[in
     return out
 
 
+CRITERION_IDS = {"inc1": "inc-1", "inc2": "inc-2", "exc1": "exc-1"}  # program(i)'s ids -> the splitter's
+
+
+def criterion_prompt(side: str, text: str) -> str:
+    """The user turn of the per-criterion parser prompt (criterion_parser@v1)."""
+    return f"{side.capitalize()} criterion:\n{text}"
+
+
+def criterion_answers(i: int, bad: bool = False) -> list[tuple[str, dict]]:
+    """(user turn, per-criterion answer) for each criterion of trial(i), from program(i) (the
+    answer to inc-2, the trial's own criterion, uses an undeclared atom if `bad`)."""
+    from data_gen.formalizer import criterion_outputs
+    from verdict_core.program import TrialProgram
+
+    p = TrialProgram(trial_id=trial_id(i), **program(i))
+    outs = criterion_outputs(p)
+    answers = [(criterion_prompt(side, cr.text), outs[cr.id].model_dump(mode="json", exclude_defaults=True))
+               for _, side, cr in p.criteria()]
+    if bad:  # the trial's own criterion (the others recur in every trial)
+        answers[1][1]["formula"] = f"has_condition_{i}_now"
+    return answers
+
+
+def parser_rules(i: int, bad_first: bool = False) -> list[Rule]:
+    """Rules answering trial(i)'s criterion calls (a bad first answer to inc-2, fixed by the repair)."""
+    rules = []
+    good = criterion_answers(i)
+    if bad_first:
+        for (prompt, fixed), (_, broken) in zip(good, criterion_answers(i, bad=True)):
+            if fixed != broken:
+                rules.append(Rule(match=Match(contains=[prompt, "rejected by the checker"]),
+                                  responses=[ScriptedResponse(content=fixed)]))
+                rules.append(Rule(match=Match(contains=[prompt]), responses=[ScriptedResponse(content=broken)]))
+    rules += [Rule(match=Match(contains=[prompt]), responses=[ScriptedResponse(content=ans)]) for prompt, ans in good]
+    return rules
+
+
 def parser_script(n_trials: int, latency: float = 0.0, bad_first: set[int] = frozenset()) -> Script:
-    """Valid parser answers for trials 0..n-1 (an invalid first answer for those in bad_first,
-    fixed by the repair), all-null value-miner answers for everything else."""
+    """Valid per-criterion parser answers for trials 0..n-1 (an invalid first answer for those in
+    bad_first, fixed by the repair), all-null value-miner answers for everything else. The
+    criteria "Adults aged 18 or older" and "Pregnancy" recur in every trial: one call each."""
     rules = []
     for i in range(n_trials):
-        if i in bad_first:
-            rules.append(Rule(match=Match(contains=[f"Trial {trial_id(i)}", "rejected by the checker"]),
-                              responses=[ScriptedResponse(content=program(i))]))
-            rules.append(Rule(match=Match(contains=[f"Trial {trial_id(i)}"]),
-                              responses=[ScriptedResponse(content=bad_program(i))]))
-        else:
-            rules.append(Rule(match=Match(contains=[f"Trial {trial_id(i)}"]),
-                              responses=[ScriptedResponse(content=program(i))]))
+        rules += parser_rules(i, bad_first=i in bad_first)
     return Script(rules=rules, default=ScriptedResponse(auto="nulls"), default_latency_s=latency)
 
 

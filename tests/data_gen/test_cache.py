@@ -24,7 +24,15 @@ def teacher(**over):
 
 def key(t=None, i=0, prompts=None):
     fz = Formalizer(t or teacher(), prompts=prompts)
-    return fz.request_key("parser", fz.parser_messages(trial(i)), {"type": "object"}, "x")[0]
+    own = fz.trial_criteria(trial(i)).criteria[1]  # "Diagnosis of condition i": differs per trial
+    return fz.request_key("parser", fz.criterion_messages(own), {"type": "object"}, "x")[0]
+
+
+def test_the_same_criterion_in_two_trials_is_one_key():
+    fz = Formalizer(teacher())
+    a, b = (fz.trial_criteria(trial(i)).criteria[0] for i in (0, 1))  # "Adults aged 18 or older"
+    assert (fz.request_key("parser", fz.criterion_messages(a), {"type": "object"}, "x")[0]
+            == fz.request_key("parser", fz.criterion_messages(b), {"type": "object"}, "x")[0])
 
 
 def test_key_covers_endpoint_model_params_and_inputs():

@@ -7,14 +7,14 @@ import pytest
 
 from data_gen.cache import CallCache
 from data_gen.formalizer import Formalizer, quote_in_note, side_atoms
-from data_gen.protocol import PatientDoc
+from data_gen.protocol import PatientDoc, TrialDoc
 from data_gen.scripted_server import Match, Rule, Script
 from data_gen.scripted_server import ScriptedResponse as R
 from data_gen.teacher_config import TeacherConfig
 from verdict_core.patient import ValueMinerOutput
-from verdict_core.program import ParsedTrial, TrialProgram, check_program
+from verdict_core.program import ParsedCriterion, TrialProgram, check_program
 
-from .teacher_data import bad_program, patient, program, trial, trial_id
+from .teacher_data import criterion_answers, criterion_prompt, parser_rules, patient, program, trial, trial_id
 
 
 def teacher(url, **over):
@@ -47,74 +47,183 @@ def set_answers(srv, *responses, repair=None):
     srv.set_script(Script(rules=rules))
 
 
-def test_accepts_a_valid_program(scripted_server):
-    set_answers(scripted_server, R(content=program(0)))
+def set_parser(srv, *rules):
+    srv.set_script(Script(rules=list(rules)))
+
+
+def answer(prompt: str, *responses) -> Rule:
+    return Rule(match=Match(contains=[prompt]), responses=list(responses))
+
+
+def test_accepts_a_valid_program_one_call_per_criterion(scripted_server):
+    set_parser(scripted_server, *parser_rules(0))
     res = parse(scripted_server.url)
-    assert res.status == "accepted" and not res.repaired and len(res.attempts) == 1
+    assert res.status == "accepted" and not res.repaired
     assert isinstance(res.output, TrialProgram) and res.output.trial_id == trial_id(0)
     check_program(res.output)
-    # the training target: compact JSON that is itself a valid ParsedTrial
-    assert " " not in res.output_json.split('"definition"')[0]
-    assert ParsedTrial.model_validate_json(res.output_json).model_dump() == ParsedTrial.model_validate(program(0)).model_dump()
-    assert [m["role"] for m in res.messages] == ["system", "user"] and trial_id(0) in res.messages[1]["content"]
+    assert [c.item for c in res.calls] == ["inc-1", "inc-2", "exc-1"] and all(c.accepted for c in res.calls)
+    assert [cr.id for _, _, cr in res.output.criteria()] == ["inc-1", "inc-2", "exc-1"]
+    assert {a.name: a.source_criteria for a in res.output.atoms}["is_pregnant"] == ["exc-1"]
+    # each call's training target: compact JSON that is itself a valid ParsedCriterion
+    first = res.calls[0]
+    assert " " not in first.output_json.split('"definition"')[0]
+    assert ParsedCriterion.model_validate_json(first.output_json).formula.rel == "ge"
+    # the request carries the criterion and its side, never the trial id or title (cacheable across trials)
+    assert [m["role"] for m in first.messages] == ["system", "user"]
+    assert first.messages[1]["content"] == criterion_prompt("inclusion", "Adults aged 18 or older")
+    assert all(trial_id(0) not in json.dumps(r.body) and "Synthetic trial" not in json.dumps(r.body)
+               for r in scripted_server.requests)
     body = scripted_server.requests[0].body
-    assert body["response_format"]["json_schema"]["schema"]["required"] == ["atoms", "cohorts"]
-    assert res.usage.calls_paid == 1 and res.usage.cost_usd > 0
+    assert body["response_format"]["json_schema"]["schema"]["required"] == ["in_scope"]
+    assert res.usage.calls_paid == 3 and res.usage.cost_usd > 0
+    assert res.usage.cost_usd == pytest.approx(sum(c.usage.cost_usd for c in res.calls))
 
 
-def test_repair_with_the_problems_fed_back(scripted_server):
-    set_answers(scripted_server, R(content=bad_program(0)), repair=[R(content=program(0))])
+def test_repair_of_one_criterion_with_the_problems_fed_back(scripted_server):
+    set_parser(scripted_server, *parser_rules(0, bad_first=True))
     res = parse(scripted_server.url)
-    assert res.status == "accepted" and res.repaired
-    assert [a.reason for a in res.attempts] == ["undeclared_atom", None]
-    repair = scripted_server.requests[1].body["messages"]
+    assert res.status == "accepted"
+    inc = next(c for c in res.calls if c.item == "inc-2")
+    assert inc.repaired and [a.reason for a in inc.attempts] == ["undeclared_atom", None]
+    assert [c.repaired for c in res.calls] == [False, True, False]
+    repair = next(r.body["messages"] for r in scripted_server.requests if len(r.body["messages"]) == 4)
     assert [m["role"] for m in repair] == ["system", "user", "assistant", "user"]
-    assert json.loads(repair[2]["content"]) == bad_program(0)  # its own previous output
-    assert "undeclared atom 'is_pregnant_now'" in repair[3]["content"]
-    assert res.messages == repair[:2]  # the record keeps the original prompt, not the repair turn
+    assert "- formula: undeclared atom 'has_condition_0_now'" in repair[3]["content"]
+    assert inc.messages == repair[:2]  # the record keeps the original prompt, not the repair turn
 
 
-@pytest.mark.parametrize("answer, reason", [
-    (R(content=bad_program(0)), "undeclared_atom"),
-    (R(content={"atoms": []}), "schema"),
-    (R(content=program(0), fault="truncated"), "truncated"),
-    (R(content=program(0), fault="malformed_content"), "json"),
+@pytest.mark.parametrize("bad, reason", [
+    (R(content={"in_scope": True, "atoms": []}), "schema"),
+    (R(content={"in_scope": True, "atoms": [{"name": "is_pregnant", "domain": "bool", "kind": "other",
+                                              "definition": "Pregnant."}], "formula": "is_pregnant_now"}),
+     "undeclared_atom"),
+    (R(content={"in_scope": True, "atoms": [{"name": "n_pregnancies", "domain": "int", "kind": "other",
+                                              "definition": "Pregnancies."}], "formula": "n_pregnancies"}), "program"),
+    (R(content=criterion_answers(0)[2][1], fault="truncated"), "truncated"),
+    (R(content=criterion_answers(0)[2][1], fault="malformed_content"), "json"),
     (R(content=""), "empty"),
 ])
-def test_rejected_after_one_repair(scripted_server, answer, reason):
-    set_answers(scripted_server, answer)
+def test_a_failing_criterion_is_reported_alone_and_the_rest_assembles(scripted_server, bad, reason):
+    exc_prompt = criterion_prompt("exclusion", "Pregnancy")
+    set_parser(scripted_server, answer(exc_prompt, bad), *parser_rules(0))
     res = parse(scripted_server.url)
-    assert res.status == "rejected" and res.reason == reason and res.problems
-    assert res.output is None and res.output_json is None
-    assert len(scripted_server.requests) == 2  # the output and exactly one repair
+    assert res.status == "accepted"
+    exc = next(c for c in res.calls if c.item == "exc-1")
+    assert exc.status == "rejected" and exc.reason == reason and exc.output is None
+    assert len([r for r in scripted_server.requests if exc_prompt in json.dumps(r.body, ensure_ascii=False)
+                .replace("\\n", "\n")]) == 2  # the output and exactly one repair
+    assert res.assembly["unformalized"] == [{"id": "exc-1", "reason": reason}]
+    assert res.assembly["formalized"] == ["inc-1", "inc-2"]
+    # represented soundly: an open atom the core leaves to screening, never dropped
+    (cr,) = res.output.cohorts[0].exclusion
+    atom = res.output.atom_table()[cr.formula]
+    assert cr.formula == "criterion_exc_1_unformalized" and atom.domain == "bool" and "Pregnancy" in atom.definition
+    from verdict_core.engine import Engine
+    from verdict_core.patient import ResolvedPatient, Resolution
+
+    patient = ResolvedPatient(patient_id="p", trial_id=res.output.trial_id, program_hash=res.output.content_hash,
+                              resolutions=[
+        Resolution(atom="age_years", status="observed", value=40),
+        Resolution(atom="has_condition_0", status="observed", value=True)])
+    decision = Engine(alternatives=0).decide(res.output, patient)
+    # open, not false: eligible only on the assumption, listed to confirm at the visit
+    assert decision.decision == "eligible"
+    assert "criterion_exc_1_unformalized" in {x.atom for x in decision.assumptions}
 
 
-def test_unsatisfiable_program_is_rejected(scripted_server):
-    p = program(0)
-    p["cohorts"][0]["inclusion"].append({"id": "inc3", "text": "Children under 10",
-                                         "formula": {"op": "cmp", "lhs": "age_years", "rel": "lt", "rhs": 10}})
-    set_answers(scripted_server, R(content=p))
-    res = parse(scripted_server.url)
-    assert res.status == "rejected" and res.reason == "unsatisfiable"
-    assert any("contradict" in x or "never be met" in x for x in res.problems)
+def test_out_of_scope_criterion_is_left_out_and_reported(scripted_server):
+    t = TrialDoc(trial_id="NCT77", inclusion="Adults aged 18 or older\nWilling to sign informed consent")
+    set_parser(scripted_server,
+               answer(criterion_prompt("inclusion", "Willing to sign informed consent"),
+                      R(content={"in_scope": False, "reason": "consent"})),
+               *parser_rules(0))
+    res = run(lambda fz: fz.parse_trial(t), teacher(scripted_server.url))
+    assert res.status == "accepted" and res.assembly["out_of_scope"] == [{"id": "inc-2", "reason": "consent"}]
+    assert [cr.id for _, _, cr in res.output.criteria()] == ["inc-1"]
+    assert res.calls[1].output_json == '{"in_scope":false,"reason":"consent"}'
 
 
-def test_type_errors_in_formulas_are_rejected(scripted_server):
-    p = program(0)
-    p["cohorts"][0]["inclusion"][1]["formula"] = "age_years"  # a number used as a condition
-    set_answers(scripted_server, R(content=p))
-    res = parse(scripted_server.url)
-    assert res.status == "rejected" and res.reason == "program"
+def test_unsatisfiable_assembly_names_the_criteria_in_conflict(scripted_server):
+    t = TrialDoc(trial_id="NCT78", inclusion="Adults aged 18 or older\nChildren under 10", exclusion="Pregnancy")
+    young = {"in_scope": True, "atoms": [{"name": "age_years", "domain": "int", "kind": "demographic",
+                                          "unit": "years", "definition": "Age."}],
+             "formula": {"op": "cmp", "lhs": "age_years", "rel": "lt", "rhs": 10}}
+    set_parser(scripted_server, answer(criterion_prompt("inclusion", "Children under 10"), R(content=young)),
+               *parser_rules(0))
+    res = run(lambda fz: fz.parse_trial(t), teacher(scripted_server.url))
+    assert all(c.accepted for c in res.calls)  # each criterion alone is fine
+    assert res.status == "rejected" and res.reason == "unsatisfiable" and res.output is None
+    assert res.assembly["conflict"] == ["inc-1", "inc-2"]
+    assert any("criteria in conflict: inc-1, inc-2" in p for p in res.problems)
 
 
 def test_identical_call_is_never_paid_twice(scripted_server, tmp_path):
-    set_answers(scripted_server, R(content=bad_program(0)), repair=[R(content=program(0))])
+    set_parser(scripted_server, *parser_rules(0, bad_first=True))
     cache = CallCache(tmp_path / "c.sqlite")
     first = parse(scripted_server.url, cache=cache)
+    n = len(scripted_server.requests)
     second = parse(scripted_server.url, cache=cache)
-    assert len(scripted_server.requests) == 2
-    assert [a.cached for a in second.attempts] == [True, True] and second.usage.calls_paid == 0
+    assert len(scripted_server.requests) == n == 4  # 3 criteria + 1 repair
+    assert all(a.cached for c in second.calls for a in c.attempts) and second.usage.calls_paid == 0
     assert second.output_json == first.output_json and second.status == "accepted"
+
+
+def test_criterion_cache_answers_a_repeated_criterion_across_trials(scripted_server, tmp_path):
+    """The criterion-level cache: the same criterion text in another trial is the same request."""
+    set_parser(scripted_server, *parser_rules(0), *parser_rules(1))
+    cache = CallCache(tmp_path / "c.sqlite")
+    parse(scripted_server.url, 0, cache=cache)
+    assert len(scripted_server.requests) == 3
+    other = TrialDoc(trial_id="NCT00000042", title="Another title",
+                     inclusion="Inclusion Criteria:\n\n-  Adults aged 18 or older\n\n-  Diagnosis of condition 0",
+                     exclusion="Exclusion Criteria:\n\n-  Pregnancy")
+    res = run(lambda fz: fz.parse_trial(other), teacher(scripted_server.url), cache=cache)
+    assert len(scripted_server.requests) == 3  # 0 new calls
+    assert res.status == "accepted" and res.usage.calls_paid == 0 and res.usage.cache_hits == 3
+    assert res.output.trial_id == "NCT00000042"
+    # a trial sharing two of three criteria pays for the third only
+    parse(scripted_server.url, 1, cache=cache)
+    assert len(scripted_server.requests) == 4
+
+
+def test_type_errors_in_formulas_are_rejected_per_call(scripted_server):
+    bad = {"in_scope": True, "atoms": [{"name": "age_years", "domain": "int", "kind": "demographic",
+                                        "unit": "years", "definition": "Age."}], "formula": "age_years"}
+    set_parser(scripted_server, answer(criterion_prompt("inclusion", "Adults aged 18 or older"), R(content=bad)),
+               *parser_rules(0))
+    res = parse(scripted_server.url)
+    inc = res.calls[0]
+    assert inc.status == "rejected" and inc.reason == "program"
+    assert any("is int but is used as a condition" in p for p in inc.problems)
+
+
+def test_parser_key_follows_criteria_model_and_prompt_version(monkeypatch):
+    from data_gen.prompt_templates import PromptTemplate
+
+    def key(t=None, doc=None):
+        return Formalizer(t or teacher("http://127.0.0.1:9/v1")).parser_key(doc or trial(0))
+
+    base = key()
+    assert key() == base
+    assert key(doc=trial(1)) != base  # other criteria
+    assert key(teacher("http://127.0.0.1:9/v1", model="m2")) != base
+    reflowed = trial(0).model_copy(update={"inclusion": "Adults aged 18 or older\n\nDiagnosis of  condition 0"})
+    assert key(doc=reflowed) == base  # the same criteria, laid out otherwise
+    real = Formalizer.prompt
+    monkeypatch.setattr(Formalizer, "prompt", lambda self, stage: PromptTemplate(
+        real(self, stage).name, "v2", "parser", real(self, stage).system, real(self, stage).user, "0" * 64))
+    assert key() != base
+
+
+def test_a_criterion_over_the_prompt_budget_is_split_before_any_call():
+    long = " ".join(f"Sentence {i} states one more requirement about the patient's chart." for i in range(90))
+    t = teacher("http://127.0.0.1:9/v1", context_tokens=2400, max_tokens={"parser": 400})
+    fz = Formalizer(t)
+    budget = fz.prompt_budget("parser")
+    split = fz.trial_criteria(TrialDoc(trial_id="NCT5", inclusion=long))
+    assert len(split.criteria) > 1 and split.oversize == []
+    assert all(fz.tokens.count_messages(fz.criterion_messages(c)) <= budget for c in split.criteria)
+    assert " ".join(c.text for c in split.criteria) == long
 
 
 # ---- value miner ------------------------------------------------------------------------------------
@@ -150,6 +259,9 @@ def test_miner_accepts_verbatim_evidence(scripted_server, prog):
     # the schema sent restricts atom names to the pass's atoms
     enum = body["response_format"]["json_schema"]["schema"]["$defs"]["MinedValue"]["properties"]["atom"]["enum"]
     assert enum == ["age_years", "has_condition_1"]
+    # one short note: one call, whose prompt and answer are the pass's; each value names the note
+    assert [c.item for c in res.calls] == ["note#1/c1"] and res.calls[0].output_json == res.output_json
+    assert res.output.sources == {"age_years": "note", "has_condition_1": "note"} and not res.output.conflicts
 
 
 NULL_COND = {"atom": "has_condition_1", "value": None, "evidence": ""}

@@ -1,4 +1,5 @@
-"""The recorded teacher: the paper authors' value-miner outputs as checked records (no API calls)."""
+"""The recorded teacher: the paper authors' outputs as checked per-criterion parser records and
+value-miner records (no API calls)."""
 
 import json
 
@@ -6,7 +7,8 @@ import pytest
 
 from data_gen.export import export_datasets
 from data_gen.formalizer import check_miner_output, quote_in_note
-from data_gen.recorded import import_recorded, recorded_evidence
+from data_gen.recorded import import_recorded, recorded_evidence, requirement_outputs
+from verdict_core.program import ParsedCriterion
 from data_gen.records import RecordStore
 from tests.support import BENCHMARKS, REFERENCE_V6, need
 
@@ -15,8 +17,12 @@ from tests.support import BENCHMARKS, REFERENCE_V6, need
 def recorded(tmp_path_factory):
     need(REFERENCE_V6.is_dir() and (BENCHMARKS / "patients_sigir.jsonl").exists(), "shared reference data")
     out = tmp_path_factory.mktemp("recorded")
-    summary = import_recorded(REFERENCE_V6, BENCHMARKS / "patients_sigir.jsonl", out / "runs")
+    summary = import_recorded(REFERENCE_V6, BENCHMARKS / "patients_sigir.jsonl", out / "runs",
+                              trials_path=TRIAL_FILES)
     return out, summary
+
+
+TRIAL_FILES = [BENCHMARKS / "trials.jsonl", BENCHMARKS / "trials_judged0_only.jsonl"]
 
 
 def test_import_checks_every_record(recorded):
@@ -29,8 +35,9 @@ def test_import_checks_every_record(recorded):
     store.close()
     notes = {json.loads(line)["_id"]: json.loads(line)["text"]
              for line in (BENCHMARKS / "patients_sigir.jsonl").read_text().splitlines()}
+    recs = [r for r in recs if r.task == "value_miner"]
     for r in recs:
-        assert r.task == "value_miner" and r.teacher == "recorded-v6" and r.trial_id.startswith("NCT")
+        assert r.teacher == "recorded-v6" and r.trial_id.startswith("NCT")
         assert notes[r.patient_id].split(".")[0] in r.messages[1]["content"]
         if r.status == "accepted":
             for v in json.loads(r.output_json)["values"]:
@@ -38,6 +45,41 @@ def test_import_checks_every_record(recorded):
     # variants a, b, ... of one trial are separate records under the same trial id
     variants = [r for r in recs if r.trial_id == "NCT01356992" and r.patient_id == "sigir-20141"]
     assert len({r.record_id for r in variants}) >= 6
+
+
+def test_import_makes_per_criterion_parser_records(recorded):
+    out, s = recorded
+    store = RecordStore(out / "runs" / "recorded-v6" / "records.sqlite")
+    recs = store.records(task="parser")
+    programs = store.programs()
+    store.close()
+    # every file with trial text gives one record per aligned criterion; the rest are counted
+    assert s.parser_accepted >= 300 and s.parser_rejected <= 2
+    assert s.no_trial_text + len({r.record_id.split("#")[0] for r in recs}) == s.files
+    assert s.requirements >= 400 and 0 < s.requirements_unaligned < s.requirements / 5
+    assert set(s.alignment) == {"index", "overlap"}
+    r = next(r for r in recs if r.status == "accepted")
+    assert r.prompt_version == "criterion_parser@v1" and r.messages[1]["content"].startswith(("Inclusion criterion:\n",
+                                                                                              "Exclusion criterion:\n"))
+    crit = ParsedCriterion.model_validate_json(r.output_json)
+    assert crit.in_scope and crit.atoms
+    assert r.trial_id in programs  # the recorded program itself, for mining
+    assert r.trial_id not in r.messages[1]["content"]  # the request carries the criterion only
+
+
+def test_requirement_outputs_re_express_every_recorded_requirement():
+    need(REFERENCE_V6.is_dir(), "shared reference data")
+    from verdict_core.reference import load_reference
+
+    p = load_reference(REFERENCE_V6 / "sigir-20147" / "NCT00602537a__full.json").program
+    reqs = requirement_outputs(p)
+    assert [r.req for r in reqs if r.side == "inclusion"] == ["REQ0", "REQ1", "REQ2", "REQ3"]
+    req2 = next(r for r in reqs if r.side == "inclusion" and r.req == "REQ2")
+    assert len(req2.criteria) == 2 and req2.output.formula.op == "and"  # components joined
+    covered = {cid for r in reqs for cid in r.criteria}
+    assert covered == {cr.id for _, _, cr in p.criteria()}
+    declared = {a.name for r in reqs for a in r.output.atoms}
+    assert declared == {a.name for a in p.atoms}
 
 
 def test_recorded_set_exports_without_leakage(recorded, tmp_path):

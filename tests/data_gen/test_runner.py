@@ -43,6 +43,11 @@ def records(run_dir: Path) -> list[tuple]:
         db.close()
 
 
+def items(recs: list[tuple]) -> list[tuple]:
+    """The records of whole items (a trial's program, a miner pass), not those of their calls."""
+    return [x for x in recs if "#" not in x[0]]
+
+
 def cache_rows(path: Path, sql: str) -> list[tuple]:
     db = sqlite3.connect(path)
     try:
@@ -67,24 +72,35 @@ def test_run_records_every_item_and_a_rerun_pays_nothing(setup):
     assert r.returncode == 0, r.stderr
     assert "complete" in r.stdout
     recs = records(tmp / "runs" / "test-run")
-    assert len(recs) == 3 + 3 * 3 * 2 and all(x[1] == "accepted" for x in recs)
-    parsed = {x[0]: json.loads(x[3]) for x in recs if x[0].startswith("parser:")}
-    assert parsed[f"parser:{trial_id(1)}"]["cohorts"][0]["exclusion"][0]["formula"] == "is_pregnant"  # repaired
+    # per trial: the assembled program + one row per criterion call; per miner item: the merged
+    # result + one row per chunk call
+    assert len(recs) == 3 * (1 + 3) + 3 * 3 * 2 * 2 and all(x[1] == "accepted" for x in recs)
+    parsed = {x[0]: json.loads(x[3]) for x in recs if x[0].startswith("parser:") and "#" not in x[0]}
+    assert parsed[f"parser:{trial_id(1)}"]["cohorts"][0]["inclusion"][1]["formula"] == "has_condition_1"  # repaired
+    calls = {x[0]: json.loads(x[3]) for x in recs if x[0].startswith("parser:") and "#" in x[0]}
+    assert calls[f"parser:{trial_id(1)}#inc-2"] == {"in_scope": True, "atoms": [
+        {"name": "has_condition_1", "domain": "bool", "kind": "diagnosis",
+         "definition": "The patient has a diagnosis of condition 1."}], "formula": "has_condition_1"}
     sent = len(srv.requests)
-    # parser calls, one repair, 9 inclusion passes; the exclusion atoms are the same in every trial,
-    # so each patient's exclusion prompt is one call shared by the three trials
-    assert sent == 3 + 1 + 9 + 3
+    # criterion calls: "Adults aged 18 or older" and "Pregnancy" recur in the three trials (one call
+    # each), "Diagnosis of condition i" is each trial's own, plus one repair; 9 inclusion passes; the
+    # exclusion atoms are the same in every trial, so each patient's exclusion prompt is one call
+    assert sent == (2 + 3 + 1) + 9 + 3
     assert len(set(x.request_id for x in srv.requests)) == sent
 
     from data_gen.export import export_datasets
 
     cards = export_datasets([tmp / "runs" / "test-run"], tmp / "ds")
-    assert sum(cards["parser"]["counts"].values()) == 3 and cards["parser"]["records"]["repaired"] == 1
+    # one SFT row per criterion call; a recurring criterion is one prompt, exported once
+    assert sum(cards["parser"]["counts"].values()) == 5 and cards["parser"]["records"]["repaired"] == 1
+    assert cards["parser"]["records"]["duplicates_dropped"] == 4
     # each patient's exclusion prompt is identical for the three trials: exported once
     assert cards["value_miner"]["records"]["duplicates_dropped"] == 6
     row = json.loads((tmp / "ds" / "parser" / "train.jsonl").read_text().splitlines()[0])
     assert [m["role"] for m in row["messages"]] == ["system", "user", "assistant"]
-    assert json.loads(row["messages"][2]["content"]) == parsed[f"parser:{row['trial_id']}"]
+    assert row["record_id"].startswith("test-run:parser:") and "#" in row["record_id"]
+    assert json.loads(row["messages"][2]["content"]) == calls[row["record_id"].split(":", 1)[1]]
+    assert "Synthetic trial" not in row["messages"][1]["content"]
 
     again = verdict("teacher", "run", "-c", cfg, "--no-progress")
     assert again.returncode == 0 and len(srv.requests) == sent
@@ -93,13 +109,14 @@ def test_run_records_every_item_and_a_rerun_pays_nothing(setup):
                                                          "patients": tmp / "patients.jsonl"}, name="other-run")
     r3 = verdict("teacher", "run", "-c", other, "--no-progress")
     assert r3.returncode == 0 and len(srv.requests) == sent
-    assert "22 cache hits" in r3.stdout  # 21 items + the repair call
+    assert "28 cache hits" in r3.stdout  # 9 criterion calls + the repair call + 18 miner calls
 
     stats = json.loads(verdict("teacher", "stats", tmp / "runs" / "other-run", "--json").stdout)
-    assert stats["calls"] == {"paid": 0, "cache_hits": 22, "unanswered_in_flight": 0}
+    assert stats["calls"] == {"paid": 0, "cache_hits": 28, "unanswered_in_flight": 0}
     s1 = json.loads(verdict("teacher", "stats", tmp / "runs" / "test-run", "--json").stdout)
-    assert s1["calls"] == {"paid": 16, "cache_hits": 6, "unanswered_in_flight": 0}
-    assert s1["stages"]["parser"]["repaired"] == 1
+    assert s1["calls"] == {"paid": 18, "cache_hits": 10, "unanswered_in_flight": 0}
+    assert s1["stages"]["parser"]["repaired"] == 1 and s1["stages"]["parser"]["records"] == 9
+    assert s1["stages"]["parser (assembled)"]["records"] == 3
     assert s1["cost_usd"] > 0 and s1["tokens"]["prompt"] > 0
 
 
@@ -109,7 +126,10 @@ def test_dry_run_sends_nothing(setup):
     assert r.returncode == 0, r.stderr
     assert len(srv.requests) == 0 and srv.connections == 0
     total = [line for line in r.stdout.splitlines() if line.strip().startswith("total")][0].split()
-    assert total[1:4] == ["21", "0", "21"]  # items, cached, calls
+    # items, cached, calls: 9 criterion calls of which 4 repeat a criterion of another trial, 18 miner passes
+    assert total[1:4] == ["27", "4", "23"]
+    parser = [line for line in r.stdout.splitlines() if line.strip().startswith("parser")][0].split()
+    assert parser[1:4] == ["9", "4", "5"]
     assert float(total[-1]) > 0
     assert verdict("teacher", "run", "-c", cfg, "--no-progress").returncode == 0
     r = verdict("teacher", "run", "-c", cfg, "--dry-run")
@@ -133,7 +153,7 @@ def test_budget_stops_before_exceeding(tmp_path, scripted_server):
     assert 0 < paid_first < 9 and spent <= budget
     r = verdict("teacher", "run", "-c", cfg, "--budget-usd", 100, "--no-progress")
     assert r.returncode == 0, r.stderr
-    assert len(records(tmp_path / "runs" / "test-run")) == 3 + 3 * 2 * 2
+    assert len(items(records(tmp_path / "runs" / "test-run"))) == 3 + 3 * 2 * 2
     ids = [x.request_id for x in scripted_server.requests]
     assert len(ids) == len(set(ids))  # nothing paid twice across the stop
 
@@ -172,7 +192,7 @@ def test_resume_after_kill_9_repeats_no_answered_call(tmp_path):
         assert not repeated & answered  # no call whose answer was stored was ever sent again
         assert repeated <= in_flight and max(counts.values()) <= 2
         recs = records(tmp_path / "runs" / "test-run")
-        assert len(recs) == n_trials + 2 * n_trials * n_patients and all(x[1] == "accepted" for x in recs)
+        assert len(items(recs)) == n_trials + 2 * n_trials * n_patients and all(x[1] == "accepted" for x in recs)
         db = sqlite3.connect(tmp_path / "runs" / "test-run" / "records.sqlite")
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         db.close()
@@ -215,15 +235,21 @@ def test_patient_text_never_reaches_logs(tmp_path):
 def test_endpoint_failures_leave_items_for_the_next_run(tmp_path, scripted_server):
     inputs = write_inputs(tmp_path, 3, 1)
     script = parser_script(3)
-    script.rules.insert(0, Rule(match=Match(contains=[f"Trial {trial_id(2)}"]), responses=[R(fault="status", status=503)]))
+    own = "Diagnosis of condition 2"  # trial 2's own criterion: its endpoint error fails that trial only
+    script.rules.insert(0, Rule(match=Match(contains=[own]), responses=[R(fault="status", status=503)]))
     scripted_server.set_script(script)
     cfg = write_run(tmp_path, write_teacher(tmp_path, scripted_server.url, max_retries=1), inputs)
     r = verdict("teacher", "run", "-c", cfg, "--no-progress")
     assert r.returncode == 1 and "incomplete" in r.stdout and "run the same command again" in r.stderr
-    assert len(records(tmp_path / "runs" / "test-run")) == 2 + 2 * 2
+    assert len(items(records(tmp_path / "runs" / "test-run"))) == 2 + 2 * 2
     scripted_server.set_script(parser_script(3))
+    before = len(scripted_server.requests)
     r = verdict("teacher", "run", "-c", cfg, "--no-progress")
-    assert r.returncode == 0 and len(records(tmp_path / "runs" / "test-run")) == 3 + 3 * 2
+    assert r.returncode == 0 and len(items(records(tmp_path / "runs" / "test-run"))) == 3 + 3 * 2
+    # the retry pays for the failed criterion and trial 2's inclusion pass; its other criteria and
+    # its exclusion pass (the same prompt as the other trials') come from the cache
+    assert [x for x in scripted_server.requests[before:] if own in str(x.body)]
+    assert len(scripted_server.requests) - before == 1 + 1
 
 
 def test_wrong_key_stops_the_run_with_a_clear_error(tmp_path, scripted_server):
@@ -232,7 +258,8 @@ def test_wrong_key_stops_the_run_with_a_clear_error(tmp_path, scripted_server):
     cfg = write_run(tmp_path, write_teacher(tmp_path, scripted_server.url), inputs)
     r = verdict("teacher", "run", "-c", cfg, "--no-progress")
     assert r.returncode == 2 and "error:" in r.stderr and "HTTP 401" in r.stderr and "Traceback" not in r.stderr
-    assert len(scripted_server.requests) <= 4  # stops at once (calls already in flight finish)
+    assert len(scripted_server.requests) <= 4 * 3  # stops at once (calls already in flight finish: the
+    # criteria of the trials being parsed)
 
 
 def test_pairs_select_what_is_mined(tmp_path, scripted_server):
@@ -241,7 +268,7 @@ def test_pairs_select_what_is_mined(tmp_path, scripted_server):
     cfg = write_run(tmp_path, write_teacher(tmp_path, scripted_server.url), inputs, stages=["parser", "miner_exclusion"])
     r = verdict("teacher", "run", "-c", cfg, "--no-progress")
     assert r.returncode == 0, r.stderr
-    ids = [x[0] for x in records(tmp_path / "runs" / "test-run")]
+    ids = [x[0] for x in items(records(tmp_path / "runs" / "test-run"))]
     assert sorted(ids) == sorted([f"parser:{trial_id(0)}", f"parser:{trial_id(1)}",
                                   f"miner_exclusion:{trial_id(0)}:synth-0", f"miner_exclusion:{trial_id(0)}:synth-2",
                                   f"miner_exclusion:{trial_id(1)}:synth-1"])

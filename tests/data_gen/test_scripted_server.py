@@ -49,6 +49,16 @@ def test_auto_nulls_read_the_schema():
     assert auto_nulls(body("x", structured_outputs={"json": schema}))["values"][1]["atom"] == "b"
 
 
+def test_auto_values_answer_only_the_atoms_a_request_asks(scripted_server):
+    scripted_server.set_script(Script(default=R(auto="nulls", auto_values={"b": {"value": 3, "evidence": "b is 3"},
+                                                                          "z": {"value": True, "evidence": "z"}})))
+    schema = {"properties": {"atom": {"type": "string", "enum": ["a", "b"]}, "value": {}}}
+    b = body("x", response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+    content = json.loads(post(scripted_server, b).json()["choices"][0]["message"]["content"])
+    assert content == {"values": [{"atom": "a", "value": None, "evidence": ""},
+                                  {"atom": "b", "value": 3, "evidence": "b is 3"}]}  # z is not asked
+
+
 def test_log_holds_hashes_not_content(tmp_path):
     log = tmp_path / "server.log"
     with ScriptedServer(Script(default=R(content="ok")), log_path=log) as srv:

@@ -40,3 +40,27 @@ def test_unknown_run_is_a_clear_error(tmp_path):
     r = subprocess.run([sys.executable, "-c", "from verdict_core.cli import main; main()", "teacher", "stats",
                         "nope", "--runs-dir", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 2 and "no teacher run 'nope'" in r.stderr
+
+
+def test_criteria_figures_count_what_the_criterion_cache_saves(tmp_path):
+    import json
+
+    from data_gen.stats import criteria_figures
+
+    rows = [{"nct_id": "NCT1", "inclusion": "Inclusion Criteria:\n\n- Age 18 or older\n\n- Diabetes",
+             "exclusion": "Exclusion Criteria:\n\n- Pregnancy"},
+            {"nct_id": "NCT2", "inclusion": "Inclusion Criteria:\n\n- age  18 or older\n\n- Asthma",
+             "exclusion": "Exclusion Criteria:\n\n- Pregnancy"},
+            {"nct_id": "NCT3", "inclusion": "- Pregnancy", "exclusion": "- Pregnancy"}]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    f = criteria_figures([path, path])  # a trial in two files counts once
+    assert f["trials"] == 3 and f["criteria"] == 8 and f["headings_dropped"] == 4
+    # requests are (side, text): "Pregnancy" on the exclusion side 3x, on the inclusion side once
+    assert f["distinct"] == 6 and f["cache_saves"] == 0.25
+    assert f["distinct_case_folded"] == 5 and f["distinct_texts_any_side"] == 5
+    assert f["most_repeated"][0] == {"side": "exclusion", "text": "Pregnancy", "trials": 3}
+    r = subprocess.run([sys.executable, "-c", "from verdict_core.cli import main; main()", "teacher", "criteria",
+                        "--trials", str(path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "criteria: trials=3 total=8 distinct=6 saved=0.2500 headings_dropped=4"

@@ -108,8 +108,11 @@ def test_teacher_run_with_local_students(vllm_server, student_records, tmp_path)
     stats = json.loads(subprocess.run([*cli, "stats", str(tmp_path / "runs" / "local-students"), "--json"],
                                       capture_output=True, text=True).stdout)
     assert stats["status"] == "complete" and stats["calls"]["paid"] > 0
-    parsed = stats["stages"]["parser"]
-    assert parsed["accepted"] + parsed["rejected"] == len(student_records["trials"])
+    assembled, calls = stats["stages"]["parser (assembled)"], stats["stages"]["parser"]
+    assert assembled["accepted"] == len(student_records["trials"])  # each trial assembled from its criteria
+    n_criteria = sum(len(t["parsed"]["cohorts"][0]["inclusion"]) + len(t["parsed"]["cohorts"][0]["exclusion"])
+                     for t in student_records["trials"])
+    assert calls["accepted"] == n_criteria and calls["rejected"] == 0  # one call per criterion
     from data_gen.formalizer import side_atoms
     from data_gen.records import RecordStore
     from verdict_core.program import TrialProgram

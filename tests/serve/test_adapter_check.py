@@ -62,7 +62,7 @@ def test_vllm_serves_the_trained_adapters_like_peft(tmp_path, vllm_server, stude
     )
     assert result.passed
     by = {a.adapter: a for a in result.adapters}
-    assert (by["parser"].total, by["value_miner"].total) == (2, 12)
+    assert (by["parser"].total, by["value_miner"].total) == (6, 12)  # one parser record per criterion
     for a in result.adapters:
         assert a.agree == a.total and a.json_equal == a.total
         assert a.teacher_match == a.total  # and both reproduce the teacher's records
@@ -104,7 +104,7 @@ def test_an_adapter_served_differently_is_caught(
         timeout=900,
     )
     assert r.returncode == 1, r.stderr[-2000:]
-    assert "parser: 0/2 records identical" in r.stdout and "DISAGREES" in r.stdout
+    assert "parser: 0/6 records identical" in r.stdout and "DISAGREES" in r.stdout  # one per criterion
     assert "first difference at character" in r.stdout
     data = json.loads(report.read_text())
-    assert data["passed"] is False and data["adapters"][0]["records"][0]["vllm_output"].startswith('{"atoms"')
+    assert data["passed"] is False and data["adapters"][0]["records"][0]["vllm_output"].startswith('{"in_scope"')

@@ -65,7 +65,9 @@ def core_decision(records: dict, trial_id: str, patient: dict, policy_name: str 
     values = teacher_values(records, program, patient, "inclusion") + teacher_values(
         records, program, patient, "exclusion"
     )
-    resolved = resolve(program, patient["patient_id"], values, load_policy(policy_name))
+    # a single `note` is the one document 'note': every observed value's quote names it
+    sources = {v.atom: "note" for v in values if v.value is not None or v.bounds is not None}
+    resolved = resolve(program, patient["patient_id"], values, load_policy(policy_name), sources=sources)
     d = Engine(timeout_ms=5000, alternatives=2).decide(program, resolved)
     return program, resolved, d, render_markdown(program, resolved, d)
 
@@ -298,8 +300,8 @@ def test_clinician_page_in_headless_chromium(svc, trials, student_records):
             assert page.locator("#decision").inner_text().lower() == "eligible"
             rows = page.locator("#criteria tbody tr")
             assert rows.count() == 3
-            assert page.locator("tr[data-criterion='inc1'] td").nth(2).inner_text() == "met"
-            assert page.locator("tr[data-criterion='exc1'] td").nth(2).inner_text() == "does not apply"
+            assert page.locator("tr[data-criterion='inc-1'] td").nth(2).inner_text() == "met"
+            assert page.locator("tr[data-criterion='exc-1'] td").nth(2).inner_text() == "does not apply"
             marks = [page.locator("mark").nth(i).inner_text() for i in range(page.locator("mark").count())]
             assert marks == ["58-year-old", "type 2 diabetes", "Postmenopausal"]  # in note order
             assert page.locator("#note").inner_text().strip() == p["note"]

@@ -17,7 +17,7 @@ import pytest
 
 from data_gen.scripted_server import Script, ScriptedServer
 from tests.serve.conftest import start_service
-from tests.serve.test_serving import PROGRAM
+from tests.serve.test_serving import EXCLUSION, INCLUSION  # the scripted per-criterion parser answers
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +25,12 @@ def svc(tmp_path_factory):
     srv = ScriptedServer(
         Script.model_validate(
             {
-                "rules": [{"match": {"contains": ["Patient note"]}, "responses": [{"auto": "nulls"}]}],
-                "default": {"content": PROGRAM},
+                "rules": [
+                    {"match": {"contains": ["Patient note"]}, "responses": [{"auto": "nulls"}]},
+                    # a satisfiable program whatever the criteria: adults, excluded with chest pain
+                    {"match": {"contains": ["Exclusion criterion:\n"]}, "responses": [{"content": EXCLUSION}]},
+                ],
+                "default": {"content": INCLUSION},
             }
         )
     ).start()
@@ -36,6 +40,7 @@ def svc(tmp_path_factory):
         {
             "formalizer": {"parser_model": "scripted", "value_miner_model": "scripted"},
             "solver_timeout_ms": 2000,
+            "docs": True,  # /openapi.json, behind a key
         },
     )
     yield s
@@ -44,7 +49,9 @@ def svc(tmp_path_factory):
 
 
 def test_openapi_documents_every_route_and_the_key(svc):
-    with svc.client(None) as c:
+    with svc.client(None) as anon:
+        assert anon.get("/openapi.json").status_code == 401
+    with svc.client("audit") as c:
         spec = c.get("/openapi.json").json()
     assert {
         "/v1/trials",
@@ -70,10 +77,15 @@ def test_schemathesis_finds_no_server_errors(svc, tmp_path):
         )
     exe = Path(sys.executable).with_name("schemathesis")
     report = tmp_path / "report.json"
+    schema = tmp_path / "openapi.json"
+    with svc.client("admin") as c:
+        schema.write_text(c.get("/openapi.json").text)  # the schema needs a key: read it first
     cmd = [
         str(exe),
         "run",
-        svc.url + "/openapi.json",
+        str(schema),
+        "--url",
+        svc.url,
         "--header",
         f"Authorization: Bearer {svc.keys['admin']}",
         "--checks",

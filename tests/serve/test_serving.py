@@ -16,31 +16,12 @@ from data_gen.scripted_server import Script, ScriptedServer
 from tests.serve.conftest import CHROMIUM, launch_chromium, start_service
 from tests.support import need
 
-PROGRAM = {  # what the scripted parser answers for any criteria
-    "atoms": [
-        {
-            "name": "age_years",
-            "domain": "int",
-            "kind": "demographic",
-            "unit": "years",
-            "definition": "Age in years.",
-        },
-        {"name": "has_chest_pain", "domain": "bool", "kind": "diagnosis", "definition": "Has chest pain."},
-    ],
-    "cohorts": [
-        {
-            "id": "main",
-            "inclusion": [
-                {
-                    "id": "inc1",
-                    "text": "Adults",
-                    "formula": {"op": "cmp", "lhs": "age_years", "rel": "ge", "rhs": 18},
-                }
-            ],
-            "exclusion": [{"id": "exc1", "text": "Chest pain", "formula": "has_chest_pain"}],
-        }
-    ],
-}
+AGE = {"name": "age_years", "domain": "int", "kind": "demographic", "unit": "years", "definition": "Age in years."}
+PAIN = {"name": "has_chest_pain", "domain": "bool", "kind": "diagnosis", "definition": "Has chest pain."}
+# what the scripted parser answers, per criterion (criterion_parser@v1): any inclusion criterion is
+# "adults", any exclusion criterion "chest pain"
+INCLUSION = {"in_scope": True, "atoms": [AGE], "formula": {"op": "cmp", "lhs": "age_years", "rel": "ge", "rhs": 18}}
+EXCLUSION = {"in_scope": True, "atoms": [PAIN], "formula": "has_chest_pain"}
 XSS_NOTE = (
     "40 years old. <script>document.title='pwned'</script> Reports <b>chest pain</b> & "
     "<img src=x onerror=alert(1)>."
@@ -64,10 +45,10 @@ SCRIPT = {
             "match": {"contains": ["<script>", EXC_ATOMS]},
             "responses": [values(("has_chest_pain", True, "<b>chest pain</b>"))],
         },
-        # a hard program for the solver: w observed, the rest open
+        # a hard program for the solver: w observed, the rest open (whichever atom chunk asks for w)
         {
-            "match": {"contains": ["w is zero", '"name": "w"']},
-            "responses": [values(("w", 0, "w is zero"), ("x", None, ""), ("y", None, ""), ("z", None, ""))],
+            "match": {"contains": ["w is zero"]},
+            "responses": [{"auto": "nulls", "auto_values": {"w": {"value": 0, "evidence": "w is zero"}}}],
         },
         # the first answer quotes nothing from the note ("fifty"); the repair (which carries that
         # answer back) gets it right
@@ -84,8 +65,9 @@ SCRIPT = {
             "responses": [values(("age_years", 50, "never right, at 50 years of age with a long quote"))],
         },
         {"match": {"contains": ["Patient note"]}, "responses": [{"auto": "nulls", "latency_s": 0.3}]},
+        {"match": {"contains": ["Exclusion criterion:\n"]}, "responses": [{"content": EXCLUSION, "latency_s": 0.5}]},
     ],
-    "default": {"content": PROGRAM, "latency_s": 0.5},
+    "default": {"content": INCLUSION, "latency_s": 0.5},
 }
 
 
@@ -112,7 +94,8 @@ def svc(tmp_path_factory, scripted):
 
 
 def register(c, criteria: str, trial_id: str = "T-SCRIPTED") -> dict:
-    r = c.post("/v1/trials", json={"text": {"trial_id": trial_id, "criteria": criteria}})
+    """A trial with `criteria` as its inclusion criterion and 'Chest pain' as its exclusion one."""
+    r = c.post("/v1/trials", json={"text": {"trial_id": trial_id, "inclusion": criteria, "exclusion": "Chest pain"}})
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -138,7 +121,7 @@ def test_concurrent_requests_for_a_new_trial_parse_it_once(svc, scripted):
     for t in threads:
         t.join()
     assert not errors and len(results) == 8
-    assert parser_calls(scripted) - before == 1  # one model call for eight requests
+    assert parser_calls(scripted) - before == 2  # one model call per criterion for eight requests
     assert sum(not r["cached"] for r in results) == 1 and len({r["program_hash"] for r in results}) == 1
 
 

@@ -165,20 +165,24 @@ def test_cli_print_command_and_errors(tmp_path):
     )
 
 
+def random_adapter(base: Path, folder: Path) -> Path:
+    """A random (untrained) rank-8 adapter on the base: real LoRA loading, real rank derivation."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    get_peft_model(
+        AutoModelForCausalLM.from_pretrained(base),
+        LoraConfig(r=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    ).save_pretrained(folder)
+    return folder
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_real_vllm_detached_start_and_stop_through_the_cli(tmp_path, student_base_dir):
     """`verdict serve vllm --detach` brings up a real CPU vLLM; `verdict serve stop` stops every process."""
     need(vllm_available(), f"vLLM environment missing ({vllm_python()})")
-    a = write_adapter(tmp_path / "p", 8)
-    # A random (untrained) rank-8 adapter on the same base: real LoRA loading, real rank derivation.
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    get_peft_model(
-        AutoModelForCausalLM.from_pretrained(student_base_dir),
-        LoraConfig(r=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
-    ).save_pretrained(a)
+    a = random_adapter(student_base_dir, tmp_path / "p")
     cfg = tmp_path / "s.yaml"
     cfg.write_text(
         f"vllm:\n  model: {student_base_dir}\n  adapters: {{parser: {a}}}\n  max_model_len: 512\n"
@@ -198,3 +202,121 @@ def test_real_vllm_detached_start_and_stop_through_the_cli(tmp_path, student_bas
     finally:
         r = verdict("serve", "stop", "--state-file", str(state), timeout=120)
     assert r.returncode == 0 and not _group_alive(info["pid"], None)
+
+
+# ---- supervision: a leader that dies (SIGKILL) leaves nothing behind --------------------------------
+FORKING_STANDIN = STANDIN.replace(
+    "HTTPServer((", """import os, subprocess, tempfile
+open(os.path.join(tempfile.gettempdir(), "engine.sock"), "w").close()
+child = subprocess.Popen(["sleep", "300"])  # an "engine process": outlives a SIGKILL of the leader
+open(os.path.join(os.path.dirname(sys.argv[0]), "child.pid"), "w").write(str(child.pid))
+HTTPServer(("""
+)
+
+
+def group_members(pgid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_supervisor_cleans_up_after_a_sigkilled_leader(tmp_path):
+    import signal
+    import threading
+
+    from serve.vllm_server import exit_note
+
+    py = executable(tmp_path / "python", FORKING_STANDIN.format(python=sys.executable))
+    cfg = VLLMConfig(model=str(tiny_model_folder(tmp_path)), python=str(py), ready_timeout_s=30)
+    server = VLLMServer(cfg).start()
+    try:
+        tmp_dir = server.tmp_dir
+        assert (tmp_dir / "engine.sock").exists()  # the server's temp files go to its own folder
+        assert server.state().tmp_dir == str(tmp_dir)
+        pgid = server.process.pid
+        child = int((tmp_path / "child.pid").read_text())
+        assert child in group_members(pgid)
+        told: list[str] = []
+        done = threading.Event()
+        server.supervise(lambda m: (told.append(m), done.set()), interval_s=0.1)
+        assert exit_note(server.base_url) is None  # running
+        os.kill(pgid, signal.SIGKILL)
+        assert done.wait(15), "the supervisor did not notice the leader's death"
+        assert "killed by SIGKILL" in told[0] and "removed its temporary files" in told[0]
+        assert group_members(pgid) == [] and not tmp_dir.exists()
+        assert "killed by SIGKILL" in exit_note(server.base_url)
+        assert not server.running and server.stop() == -signal.SIGKILL
+    finally:
+        server.stop()
+
+
+def test_stop_removes_the_temp_folder(tmp_path):
+    py = executable(tmp_path / "python", FORKING_STANDIN.format(python=sys.executable))
+    cfg = VLLMConfig(model=str(tiny_model_folder(tmp_path)), python=str(py), ready_timeout_s=30)
+    with VLLMServer(cfg) as server:
+        tmp_dir, pgid = server.tmp_dir, server.process.pid
+        assert tmp_dir.is_dir()
+    assert not tmp_dir.exists() and group_members(pgid) == []
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_real_vllm_killed_under_serve_up_leaves_nothing_behind(tmp_path, student_base_dir):
+    """`verdict serve up` with the real CPU vLLM; kill -9 of the vLLM leader: no process of its group
+    survives, its temp folder is gone, stderr and /readyz say why, the API keeps answering."""
+    import signal
+
+    import httpx
+    import yaml
+
+    from serve.students import STUDENT_MAX_TOKENS, student_vllm_config
+
+    need(vllm_available(), f"vLLM environment missing ({vllm_python()})")
+    adapters = {name: random_adapter(student_base_dir, tmp_path / name) for name in ("parser", "value_miner")}
+    vllm = student_vllm_config(student_base_dir, adapters, tmp_path / "vllm.log").model_dump()
+    cfg = tmp_path / "up.yaml"
+    cfg.write_text(yaml.safe_dump({"vllm": vllm, "api": {
+        "host": "127.0.0.1", "port": 0,
+        "formalizer": {"max_tokens": STUDENT_MAX_TOKENS, "health_check_interval_s": 1},
+        "audit_db": str(tmp_path / "audit.sqlite"), "api_keys": str(tmp_path / "keys.json"),
+        "log_file": str(tmp_path / "api.log")}}))
+    ready = tmp_path / "ready.json"
+    out, err = open(tmp_path / "stdout.txt", "w"), open(tmp_path / "stderr.txt", "w")
+    exe = Path(sys.executable).with_name("verdict")
+    proc = subprocess.Popen([str(exe), "serve", "up", "--config", str(cfg), "--ready-file", str(ready)],
+                            stdout=out, stderr=err, cwd=REPO)
+    out.close(), err.close()
+    try:
+        deadline = time.monotonic() + 400
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.txt").read_text()
+            time.sleep(0.5)
+        url = json.loads(ready.read_text())["url"]
+        state = json.loads((tmp_path / "stdout.txt").read_text().splitlines()[0])
+        pgid, tmp_dir = state["pid"], Path(state["tmp_dir"])
+        assert tmp_dir.is_dir() and len(group_members(pgid)) >= 2  # the API server and its engine core
+        assert httpx.get(url + "/readyz", timeout=10).status_code == 200
+        os.kill(pgid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while "killed by SIGKILL" not in (tmp_path / "stderr.txt").read_text():
+            assert time.monotonic() < deadline, (tmp_path / "stderr.txt").read_text()[-3000:]
+            time.sleep(0.2)
+        assert group_members(pgid) == [] and not tmp_dir.exists()
+        r = httpx.get(url + "/readyz", timeout=10)
+        assert r.status_code == 503 and "killed by SIGKILL" in r.json()["reason"], r.text
+        assert r.json()["endpoints"][0]["state"] == "down"
+        assert "killed by SIGKILL" in (tmp_path / "api.log").read_text()
+        assert proc.poll() is None  # the API itself stays up (503 + Retry-After, not a crash)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    assert "Traceback" not in (tmp_path / "stderr.txt").read_text()

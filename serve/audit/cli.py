@@ -1,0 +1,80 @@
+"""`verdict serve audit ...`: check and set up the audit store.
+
+verdict serve audit verify --config NAME            (or --db PATH|postgresql://URL)
+verdict serve audit verify --db URL --head SEQ:HASH  a head recorded earlier must still be in the chain
+verdict serve audit setup-postgres --url ADMIN_URL --writer ROLE
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from verdict_core.cli_errors import fail
+from verdict_core.errors import VerdictError
+
+audit_app = typer.Typer(help="the append-only audit store: verify it, set it up", no_args_is_help=True)
+CONFIG_HELP = "serve config: NAME in configs/serve/ or a YAML path (its api.audit_db)"
+
+
+@audit_app.command("verify")
+def verify_cmd(
+    config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    db: Optional[str] = typer.Option(None, "--db", help="a SQLite file or a postgresql:// URL"),
+    password_env: Optional[str] = typer.Option(
+        None, help="with a --db URL: environment variable with the password (default: PGPASSWORD)"
+    ),
+    head: Optional[str] = typer.Option(None, help="SEQ:HASH printed by an earlier verify: must still match"),
+) -> None:
+    """Check the database's own protections (triggers) and the hash chain over every row. Exit 0 and the
+    head (SEQ:HASH, worth recording elsewhere) when intact; exit 1 naming the first bad row."""
+    from ..api_config import ApiConfig
+    from .store import open_store
+
+    if (config is None) == (db is None):
+        fail("give --config NAME or --db PATH|URL")
+    try:
+        if config is not None:
+            from ..config import load_serve_config
+
+            api = load_serve_config(config).require("api")
+        else:
+            api = ApiConfig(audit_db=db, audit_password_env=password_env)
+        store = open_store(api, read_only=True)
+        try:
+            report = store.verify(head)
+        finally:
+            store.close()
+    except VerdictError as e:
+        fail(str(e))
+    counts = ", ".join(f"{n} {t}" for t, n in report.rows.items())
+    if not report.ok:
+        for p in report.problems:
+            typer.echo(f"FAIL: {p}", err=True)
+        typer.echo(f"audit store {store.backend}: NOT intact ({counts} read)", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"audit store {store.backend}: intact, {counts}; head {report.head_text}", err=True)
+    typer.echo(report.head_text)
+
+
+@audit_app.command("setup-postgres")
+def setup_postgres_cmd(
+    url: str = typer.Option(..., help="postgresql://ADMIN@HOST:PORT/DB, a role that may create the schema"),
+    writer: str = typer.Option(..., help="the service's role: gets SELECT and INSERT only"),
+    password_env: Optional[str] = typer.Option(
+        None, help="environment variable with the administrator's password (default: PGPASSWORD)"
+    ),
+) -> None:
+    """Create the audit schema as an administrator and grant the service's role only SELECT and INSERT,
+    so that it cannot change rows or drop the triggers."""
+    from .postgres import setup_schema
+    from .store import is_postgres_url
+
+    if not is_postgres_url(url):
+        fail("--url: expected postgresql://USER@HOST:PORT/DB")
+    try:
+        for line in setup_schema(url, writer, password_env=password_env):
+            typer.echo(line, err=True)
+    except VerdictError as e:
+        fail(str(e))

@@ -1,0 +1,202 @@
+"""The audit store in one SQLite file (the single-node default).
+
+What the database enforces: triggers refuse UPDATE and DELETE on every table, and a BEFORE INSERT
+trigger refuses a row whose key exists (so `INSERT OR REPLACE` cannot rewrite one: conflict clauses
+are honoured despite UPDATE/DELETE triggers). Writes are serialized (`BEGIN IMMEDIATE`, also across
+processes) and durable (`synchronous=FULL`). Whoever can write the file can still drop the triggers:
+`verify` reports missing or altered triggers and any break in the hash chain.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ..errors import AuditUnavailable, ServeConfigError
+from .chain import link
+from .store import COLUMNS, HEAD_SQL, SCHEMA_VERSION, AuditStore, tampered
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS trials (
+    seq INTEGER PRIMARY KEY,      -- place in the one hash chain over trials and decisions
+    trial_id TEXT NOT NULL,
+    program_hash TEXT NOT NULL,
+    source_key TEXT,              -- parse-cache key: hash of criteria text + parser model + prompt version
+    origin TEXT NOT NULL,         -- 'parser' | 'upload' (see store.py: who may create which)
+    parser_model TEXT,
+    prompt_version TEXT,
+    created_at REAL NOT NULL,
+    created_by TEXT NOT NULL,     -- API key id
+    program_json TEXT NOT NULL,
+    details_json TEXT,            -- origin-specific facts (JSON), e.g. what a revision revises
+    prev_hash TEXT NOT NULL,
+    row_hash TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS trials_by_id ON trials (trial_id, seq);
+CREATE INDEX IF NOT EXISTS trials_by_source ON trials (source_key);
+CREATE INDEX IF NOT EXISTS trials_by_hash ON trials (program_hash);
+CREATE TABLE IF NOT EXISTS decisions (
+    seq INTEGER PRIMARY KEY,
+    decision_id TEXT NOT NULL UNIQUE,
+    created_at REAL NOT NULL,
+    created_by TEXT NOT NULL,
+    trial_id TEXT NOT NULL,
+    program_hash TEXT NOT NULL,
+    patient_id TEXT NOT NULL,
+    note_hash TEXT NOT NULL,
+    patient_hash TEXT NOT NULL,
+    policy_name TEXT NOT NULL,
+    policy_version TEXT NOT NULL,
+    engine_version TEXT NOT NULL,
+    decision TEXT NOT NULL,
+    models_json TEXT NOT NULL,    -- parser / value-miner adapters, base model, endpoint
+    timings_json TEXT NOT NULL,
+    artifacts_json TEXT NOT NULL, -- decision, resolved patient, miner outputs, rationale
+    note_text TEXT,               -- NULL when store_notes is off
+    prev_hash TEXT NOT NULL,
+    row_hash TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS decisions_by_pair ON decisions (patient_id, trial_id);
+"""
+_KEYS = {"meta": "key = NEW.key", "trials": "seq = NEW.seq",
+         "decisions": "seq = NEW.seq OR decision_id = NEW.decision_id"}  # fmt: skip
+TRIGGERS = {
+    **{
+        f"{t}_no_{op.lower()}": f"CREATE TRIGGER IF NOT EXISTS {t}_no_{op.lower()} BEFORE {op} ON {t} "
+        f"BEGIN SELECT RAISE(ABORT, 'audit store is append-only: {op} on {t} refused'); END"
+        for t in _KEYS
+        for op in ("UPDATE", "DELETE")
+    },
+    **{
+        f"{t}_no_replace": f"CREATE TRIGGER IF NOT EXISTS {t}_no_replace BEFORE INSERT ON {t} "
+        f"WHEN EXISTS (SELECT 1 FROM {t} WHERE {key}) "
+        f"BEGIN SELECT RAISE(ABORT, 'audit store is append-only: replacing a row of {t} refused'); END"
+        for t, key in _KEYS.items()
+    },
+}
+
+
+class SqliteAuditStore(AuditStore):
+    """One connection, one lock (writes are small; WAL mode)."""
+
+    backend = "sqlite"
+
+    def __init__(self, location: str | os.PathLike, store_notes: bool = True, *, read_only: bool = False):
+        self.path = Path(location)
+        self.location = str(location)
+        self.store_notes = store_notes
+        memory = self.location == ":memory:"
+        if read_only and not self.path.exists():
+            raise ServeConfigError(f"audit store {location} does not exist")
+        if not read_only and not memory and not self.path.exists():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Created private before the first byte of patient text can land in it.
+            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+        try:
+            if read_only:
+                uri = self.path.resolve().as_uri() + "?mode=ro"
+                self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+            else:
+                self._db = sqlite3.connect(self.location, check_same_thread=False, isolation_level=None)
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=FULL")
+                self._db.execute("PRAGMA busy_timeout=10000")
+                self._create_schema()
+            self._check_schema_version()
+        except sqlite3.DatabaseError as e:
+            raise ServeConfigError(f"audit store {location} is unusable: {e}") from None
+        self._lock = threading.Lock()
+
+    def _create_schema(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            old = self._db.execute(
+                "SELECT 1 FROM sqlite_master WHERE name = 'trials' AND sql NOT LIKE '%row_hash%'"
+            ).fetchone()
+            existing = self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'trials'").fetchone()
+            problems = self._protection_problems() if existing and old is None else []
+            if problems:
+                raise ServeConfigError(tampered(self.location, problems))
+            if old is None:  # one statement at a time: executescript would commit
+                for stmt in [s for s in _SCHEMA.split(";") if s.strip()] + list(TRIGGERS.values()):
+                    self._db.execute(stmt)
+                self._db.execute(
+                    "INSERT INTO meta SELECT 'schema_version', ? "
+                    "WHERE NOT EXISTS (SELECT 1 FROM meta WHERE key = 'schema_version')",
+                    (str(SCHEMA_VERSION),),
+                )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    def _check_schema_version(self) -> None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None or row[0] != str(SCHEMA_VERSION):
+            raise ServeConfigError(
+                f"audit store {self.location} has schema version {row[0] if row else 'none'}, this service "
+                f"writes {SCHEMA_VERSION} (the hash chain): keep the old file as the record and point "
+                "api.audit_db at a new one"
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _append(self, table: str, columns: dict[str, Any]) -> dict[str, Any]:
+        names = COLUMNS[table]
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")  # one writer at a time, across processes too
+            except sqlite3.OperationalError as e:  # locked past busy_timeout, disk trouble
+                raise AuditUnavailable(f"the audit store is unavailable: {e}") from None
+            try:
+                head = self._db.execute(HEAD_SQL).fetchone()
+                row = link(table, columns, tuple(head) if head else None)
+                self._db.execute(
+                    f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                    tuple(row[n] for n in names),
+                )
+                self._db.execute("COMMIT")
+            except BaseException as e:
+                self._db.execute("ROLLBACK")
+                if isinstance(e, sqlite3.OperationalError):
+                    raise AuditUnavailable(f"the audit store is unavailable: {e}") from None
+                raise
+        return row
+
+    def _select(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    @contextmanager
+    def _snapshot(self):
+        with self._lock:
+            self._db.execute("BEGIN")  # one read transaction: one snapshot of both tables
+            try:
+                yield
+            finally:
+                self._db.execute("COMMIT")
+
+    def _stream(self, table: str) -> Iterator[dict[str, Any]]:
+        names = COLUMNS[table]
+        cur = self._db.cursor()  # its own cursor: verify reads both tables side by side
+        cur.execute(f"SELECT {', '.join(names)} FROM {table} ORDER BY seq")
+        for r in cur:
+            yield dict(zip(names, r))
+
+    def _protection_problems(self) -> list[str]:
+        have = dict(self._db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'").fetchall())
+        problems = []
+        for name, stmt in TRIGGERS.items():
+            if name not in have:
+                problems.append(f"trigger {name} is missing (dropped)")
+            elif have[name] != stmt.replace("IF NOT EXISTS ", ""):
+                problems.append(f"trigger {name} was altered")
+        return problems

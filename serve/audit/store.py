@@ -1,0 +1,302 @@
+"""The audit store's one interface; the backends (`sqlite.py`, `postgres.py`) only move rows.
+
+    store = AuditStore("runs/serve/audit.sqlite")       # or "postgresql://verdict@db.site/verdict"
+
+Trial versions are explicit. Each version has an origin, and the origin says who may create it and
+whether it is reviewed:
+
+    origin     created by           reviewed
+    parser     match role           no       (the trial parser's output for criteria text)
+    upload     admin role           yes      (a program a person reviewed, POST /v1/trials {program})
+
+The *active* version of a trial, the one a match on its id uses, is the newest reviewed version, or
+the newest parser version when there is none. So a parser run never supersedes a reviewed program:
+it is stored (the parse cache and the audit keep it) but is not active. An explicit `program_hash`
+still selects any stored version.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .chain import TABLES, ChainReport, check_chain, merge_by_seq
+
+SCHEMA_VERSION = 2
+ORIGIN_ROLE = {"parser": "match", "upload": "admin"}  # origin -> the role that may create it
+REVIEWED_ORIGINS = ("upload",)
+TRIAL_COLUMNS = (
+    "seq", "trial_id", "program_hash", "source_key", "origin", "parser_model", "prompt_version",
+    "created_at", "created_by", "program_json", "details_json", "prev_hash", "row_hash",
+)  # fmt: skip
+DECISION_COLUMNS = (
+    "seq", "decision_id", "created_at", "created_by", "trial_id", "program_hash", "patient_id",
+    "note_hash", "patient_hash", "policy_name", "policy_version", "engine_version", "decision",
+    "models_json", "timings_json", "artifacts_json", "note_text", "prev_hash", "row_hash",
+)  # fmt: skip
+COLUMNS = {"trials": TRIAL_COLUMNS, "decisions": DECISION_COLUMNS}
+_REVIEWED_SQL = ", ".join(f"'{o}'" for o in REVIEWED_ORIGINS)
+_ACTIVE_ORDER = f"ORDER BY CASE WHEN origin IN ({_REVIEWED_SQL}) THEN 1 ELSE 0 END DESC, seq DESC LIMIT 1"
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    seq: int
+    trial_id: str
+    program_hash: str
+    origin: str
+    parser_model: str | None
+    prompt_version: str | None
+    created_at: float
+    program_json: str
+    created_by: str = ""
+    details: dict[str, Any] | None = None  # origin-specific facts, e.g. what a revision revises and why
+
+    @property
+    def reviewed(self) -> bool:
+        return self.origin in REVIEWED_ORIGINS
+
+
+@dataclass(frozen=True)
+class DecisionRow:
+    decision_id: str
+    created_at: float
+    created_by: str
+    trial_id: str
+    program_hash: str
+    patient_id: str
+    note_hash: str
+    patient_hash: str
+    policy_name: str
+    policy_version: str
+    engine_version: str
+    decision: str
+    models: dict[str, Any]
+    timings: dict[str, float]
+    artifacts: dict[str, Any]
+    note_text: str | None
+
+
+_TRIAL_SELECT = (
+    "SELECT seq, trial_id, program_hash, origin, parser_model, prompt_version, created_at, program_json, "
+    "created_by, details_json FROM trials "
+)
+_DECISION_SELECT = "SELECT " + ", ".join(DECISION_COLUMNS[1:17]) + " FROM decisions "
+
+
+def is_postgres_url(location: str) -> bool:
+    return str(location).startswith(("postgresql://", "postgres://"))
+
+
+class AuditStore:
+    """Append-only, enforced by the database; one hash chain over all rows. Thread-safe.
+
+    `AuditStore(location)` opens the backend the location names: a file path (SQLite) or a
+    postgresql:// URL (PostgreSQL; the password from `password_env` or libpq's PGPASSWORD).
+    `read_only=True` opens an existing store without creating or repairing anything (for verify)."""
+
+    backend = ""
+
+    def __new__(cls, location, store_notes: bool = True, **kwargs):
+        if cls is AuditStore:
+            if is_postgres_url(str(location)):
+                from .postgres import PostgresAuditStore as cls
+            else:
+                from .sqlite import SqliteAuditStore as cls
+        return super().__new__(cls)
+
+    # -- what a backend provides ----------------------------------------------------------------
+    def _append(self, table: str, columns: dict[str, Any]) -> dict[str, Any]:
+        """Link `columns` after the newest row (serialized across writers) and insert it."""
+        raise NotImplementedError
+
+    def _select(self, sql: str, args: tuple = ()) -> list[tuple]:
+        """Rows of a query written with `?` placeholders."""
+        raise NotImplementedError
+
+    def _stream(self, table: str) -> Iterator[dict[str, Any]]:
+        """Every row of a table in seq order, as column -> value."""
+        raise NotImplementedError
+
+    def _protection_problems(self) -> list[str]:
+        """What of the database's own append-only enforcement is missing (triggers)."""
+        raise NotImplementedError
+
+    def _snapshot(self):
+        """A context in which `_stream` and `_protection_problems` see one consistent state."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    # -- trials ----------------------------------------------------------------------------------
+    def add_trial(
+        self,
+        *,
+        trial_id: str,
+        program_hash: str,
+        program_json: str,
+        origin: str,
+        created_by: str,
+        source_key: str | None = None,
+        parser_model: str | None = None,
+        prompt_version: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> TrialRow:
+        if origin not in ORIGIN_ROLE:
+            raise ValueError(f"unknown trial origin '{origin}'")
+        row = self._append(
+            "trials",
+            {
+                "trial_id": trial_id,
+                "program_hash": program_hash,
+                "source_key": source_key,
+                "origin": origin,
+                "parser_model": parser_model,
+                "prompt_version": prompt_version,
+                "created_at": time.time(),
+                "created_by": created_by,
+                "program_json": program_json,
+                "details_json": _dump(details) if details is not None else None,
+            },
+        )
+        return TrialRow(
+            row["seq"], trial_id, program_hash, origin, parser_model, prompt_version, row["created_at"],
+            program_json, created_by, details,
+        )  # fmt: skip
+
+    def trial_by_source(self, source_key: str) -> TrialRow | None:
+        """The parser's program for a parse-cache key (criteria text + parser model + prompt)."""
+        return self._one_trial("WHERE source_key = ? ORDER BY seq DESC LIMIT 1", (source_key,))
+
+    def active_trial(self, trial_id: str) -> TrialRow | None:
+        """The version a match on `trial_id` uses: the newest reviewed one, else the newest parser one."""
+        return self._one_trial("WHERE trial_id = ? " + _ACTIVE_ORDER, (trial_id,))
+
+    def trial_version(self, trial_id: str, program_hash: str) -> TrialRow | None:
+        return self._one_trial(
+            "WHERE trial_id = ? AND program_hash = ? ORDER BY seq DESC LIMIT 1", (trial_id, program_hash)
+        )
+
+    def trial_versions(self, trial_id: str) -> list[TrialRow]:
+        rows = self._select(_TRIAL_SELECT + "WHERE trial_id = ? ORDER BY seq", (trial_id,))
+        return [_trial_row(r) for r in rows]
+
+    def _one_trial(self, where: str, args: tuple) -> TrialRow | None:
+        rows = self._select(_TRIAL_SELECT + where, args)
+        return _trial_row(rows[0]) if rows else None
+
+    # -- decisions -------------------------------------------------------------------------------
+    def add_decision(
+        self,
+        *,
+        created_by: str,
+        trial_id: str,
+        program_hash: str,
+        patient_id: str,
+        note_hash: str,
+        patient_hash: str,
+        policy_name: str,
+        policy_version: str,
+        engine_version: str,
+        decision: str,
+        models: dict,
+        timings: dict,
+        artifacts: dict,
+        note_text: str | None,
+    ) -> DecisionRow:
+        row = DecisionRow(
+            decision_id="dec_" + uuid.uuid4().hex,
+            created_at=time.time(),
+            created_by=created_by,
+            trial_id=trial_id,
+            program_hash=program_hash,
+            patient_id=patient_id,
+            note_hash=note_hash,
+            patient_hash=patient_hash,
+            policy_name=policy_name,
+            policy_version=policy_version,
+            engine_version=engine_version,
+            decision=decision,
+            models=models,
+            timings=timings,
+            artifacts=artifacts,
+            note_text=note_text if self.store_notes else None,
+        )
+        columns = {k: getattr(row, k) for k in DECISION_COLUMNS[1:13]}
+        columns.update(
+            models_json=_dump(models),
+            timings_json=_dump(timings),
+            artifacts_json=_dump(artifacts),
+            note_text=row.note_text,
+        )
+        self._append("decisions", columns)
+        return row
+
+    def decision(self, decision_id: str) -> DecisionRow | None:
+        rows = self._select(_DECISION_SELECT + "WHERE decision_id = ?", (decision_id,))
+        if not rows:
+            return None
+        r = rows[0]
+        return DecisionRow(*r[:12], json.loads(r[12]), json.loads(r[13]), json.loads(r[14]), r[15])
+
+    def count(self, table: str) -> int:
+        assert table in TABLES
+        return self._select(f"SELECT COUNT(*) FROM {table}")[0][0]
+
+    # -- integrity -------------------------------------------------------------------------------
+    def verify(self, head: str | None = None) -> ChainReport:
+        """Check the database's own protections and walk the hash chain (see chain.py)."""
+        report = ChainReport()
+        with self._snapshot():
+            report.problems.extend(self._protection_problems())
+            streams = {t: self._stream(t) for t in TABLES}
+            try:
+                return check_chain(merge_by_seq(streams), report, head)
+            finally:  # stopped at a bad row: close the cursors before the snapshot ends
+                for s in streams.values():
+                    s.close()
+
+
+def tampered(where: str, problems: list[str]) -> str:
+    return (
+        f"audit store {where}: its append-only protection was changed ({'; '.join(problems[:3])}): "
+        "refusing to write to it. Keep it as evidence, run `verdict serve audit verify`, and point "
+        "api.audit_db at a new store"
+    )
+
+
+def open_store(api, *, read_only: bool = False) -> AuditStore:
+    """The audit store an `ApiConfig` names (`audit_db`, `audit_password_env`, `store_notes`)."""
+    import logging
+
+    if not is_postgres_url(api.audit_db):
+        return AuditStore(api.audit_db, api.store_notes, read_only=read_only)
+    store = AuditStore(
+        api.audit_db, api.store_notes, read_only=read_only, password_env=api.audit_password_env
+    )
+    warnings = [] if read_only else store.privilege_warnings()
+    if warnings:
+        logging.getLogger("serve").warning(
+            "audit store: %s; see verdict serve audit setup-postgres", "; ".join(warnings)
+        )
+    return store
+
+
+HEAD_SQL = (  # the newest row of the chain, whichever table it is in
+    "SELECT seq, row_hash FROM (SELECT seq, row_hash FROM trials ORDER BY seq DESC LIMIT 1) AS t UNION ALL "
+    "SELECT seq, row_hash FROM (SELECT seq, row_hash FROM decisions ORDER BY seq DESC LIMIT 1) AS d "
+    "ORDER BY seq DESC LIMIT 1"
+)
+
+
+def _trial_row(r: tuple) -> TrialRow:
+    return TrialRow(*r[:9], json.loads(r[9]) if r[9] is not None else None)
+
+
+def _dump(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))

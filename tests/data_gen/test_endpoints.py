@@ -1,0 +1,250 @@
+"""The endpoint pool against scripted servers over real HTTP: balancing, failover, health checks."""
+
+import asyncio
+import time
+
+import pytest
+
+from data_gen.client import build_request
+from data_gen.egress import EgressPolicy
+from data_gen.errors import EgressRefused, EndpointError
+from data_gen.formalizer.endpoints import EndpointPool
+from data_gen.scripted_server import Rule, Script, ScriptedServer
+from data_gen.scripted_server import ScriptedResponse as R
+from data_gen.teacher_config import TeacherConfig
+from serve.vllm_server import free_port
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+def teacher(url: str, **over) -> TeacherConfig:
+    return TeacherConfig(**{"name": "t", "base_url": url, "model": "scripted", "timeout_s": 5,
+                            "max_retries": 0, **over})
+
+
+def pool(urls, **kw) -> EndpointPool:
+    kw.setdefault("required_models", ["scripted"])
+    return EndpointPool(teacher(urls[0]), urls, egress=EgressPolicy(), **kw)
+
+
+def request(text: str = "hello") -> dict:
+    messages = [{"role": "user", "content": text}]
+    return build_request(teacher("http://127.0.0.1:1/v1"), "parser", messages, None, "x")
+
+
+async def send(p: EndpointPool, text: str = "hello"):
+    return await p.complete(request(text), carries_patient_text=False)
+
+
+def serving(*responses, latency: float = 0.0) -> ScriptedServer:
+    return ScriptedServer(Script(rules=[Rule(responses=list(responses) or [R(content="ok")])],
+                                 default_latency_s=latency)).start()
+
+
+def dead_url() -> str:
+    return f"http://127.0.0.1:{free_port()}/v1"
+
+
+def test_requests_go_to_the_least_busy_endpoint():
+    a, b = serving(latency=0.3), serving(latency=0.3)
+    try:
+        async def go():
+            p = pool([a.url, b.url])
+            try:
+                return await asyncio.gather(*(send(p, f"q{i}") for i in range(10)))
+            finally:
+                await p.aclose()
+
+        out = asyncio.run(go())
+        assert [c.content for c in out] == ["ok"] * 10
+        assert len(a.requests) == 5 and len(b.requests) == 5  # least in flight: strict alternation
+    finally:
+        a.stop(), b.stop()
+
+
+def test_a_dead_endpoint_fails_over_once_then_is_skipped():
+    b = serving()
+    try:
+        async def go():
+            p = pool([dead_url(), b.url])
+            try:
+                out = [await send(p, f"q{i}") for i in range(4)]
+                return out, p.failovers, p.members[0].state, p.members[0].reason
+            finally:
+                await p.aclose()
+
+        out, failovers, state, reason = asyncio.run(go())
+        assert [c.content for c in out] == ["ok"] * 4 and len(b.requests) == 4
+        assert failovers == 1 and state == "down" and "connection failed" in reason
+    finally:
+        b.stop()
+
+
+@pytest.mark.parametrize("status", [500, 503])
+def test_a_5xx_marks_the_endpoint_down_and_the_same_request_goes_to_another(status):
+    a, b = serving(R(fault="status", status=status)), serving()
+    try:
+        async def go():
+            p = pool([a.url, b.url])
+            try:
+                c = await send(p)
+                return c, p.failovers, [m.state for m in p.members]
+            finally:
+                await p.aclose()
+
+        c, failovers, states = asyncio.run(go())
+        assert c.content == "ok" and failovers == 1 and states == ["down", "up"]
+        assert a.keys() == b.keys() and len(a.keys()) == 1  # the identical request body
+    finally:
+        a.stop(), b.stop()
+
+
+def test_a_timeout_fails_over():
+    a, b = serving(R(fault="timeout")), serving()
+    try:
+        async def go():
+            p = EndpointPool(teacher(a.url, timeout_s=0.3), [a.url, b.url], required_models=["scripted"],
+                             egress=EgressPolicy())
+            try:
+                return await send(p), p.members[0].state
+            finally:
+                await p.aclose()
+
+        c, state = asyncio.run(go())
+        assert c.content == "ok" and state == "down"
+    finally:
+        a.stop(), b.stop()
+
+
+def test_a_request_the_server_refuses_is_not_sent_elsewhere():
+    a, b = serving(R(fault="status", status=400, message="bad request")), serving()
+    try:
+        async def go():
+            p = pool([a.url, b.url])
+            try:
+                with pytest.raises(EndpointError) as e:
+                    await send(p)
+                return e.value, [m.state for m in p.members]
+            finally:
+                await p.aclose()
+
+        err, states = asyncio.run(go())
+        assert err.status == 400 and not err.retryable and states[0] != "down" and b.requests == []
+    finally:
+        a.stop(), b.stop()
+
+
+def test_no_server_message_reaches_the_pool_errors_or_states():
+    echo = "patient Zyxwvut Quorlin MRN-99887766"  # servers echo requests in their errors
+    a = serving(R(fault="status", status=500, message=echo))
+    b = serving(R(fault="status", status=503, message=echo))
+    try:
+        async def go():
+            p = pool([a.url, b.url])
+            try:
+                with pytest.raises(EndpointError) as e:
+                    await send(p)
+                return str(e.value), [m.reason for m in p.members]
+            finally:
+                await p.aclose()
+
+        message, reasons = asyncio.run(go())
+        assert reasons == ["HTTP 500", "HTTP 503"] and "HTTP 500" in message and "HTTP 503" in message
+        assert "Quorlin" not in message + "".join(reasons)
+    finally:
+        a.stop(), b.stop()
+
+
+def test_none_left_is_a_retryable_error():
+    async def go():
+        p = pool([dead_url(), dead_url()])
+        try:
+            with pytest.raises(EndpointError) as first:
+                await send(p)
+            with pytest.raises(EndpointError) as later:
+                await send(p)
+            return first.value, later.value
+        finally:
+            await p.aclose()
+
+    first, later = asyncio.run(go())
+    assert first.retryable and "every formalizer endpoint failed (2 tried)" in str(first)
+    assert later.retryable and "no formalizer endpoint available" in str(later)
+
+
+def test_a_down_endpoint_comes_back_through_the_background_check():
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    b = serving()
+    a: ScriptedServer | None = None
+    try:
+        async def go():
+            nonlocal a
+            p = pool([url, b.url], check_interval_s=0.2)
+            try:
+                await send(p)
+                assert p.members[0].state == "down"
+                a = ScriptedServer(Script(rules=[Rule(responses=[R(content="from a")])]), port=port).start()
+                deadline = time.monotonic() + 5
+                while p.members[0].state != "up" and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                assert p.members[0].state == "up" and p.members[0].reason is None
+                return [(await send(p, f"after{i}")).content for i in range(2)]
+            finally:
+                await p.aclose()
+
+        contents = asyncio.run(go())
+        assert "from a" in contents
+    finally:
+        b.stop()
+        if a is not None:
+            a.stop()
+
+
+def test_health_check_needs_every_required_model():
+    a = serving()
+    try:
+        async def go():
+            p = pool([a.url], required_models=["scripted", "value_miner"])
+            try:
+                return (await p.check_all())[0]
+            finally:
+                await p.aclose()
+
+        m = asyncio.run(go())
+        assert m.state == "down" and m.reason == "lacks value_miner" and m.models == ["scripted"]
+    finally:
+        a.stop()
+
+
+def test_a_lone_endpoint_that_is_back_is_used_at_once():
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+
+    async def go():
+        p = pool([url], check_interval_s=3600)
+        try:
+            with pytest.raises(EndpointError):
+                await send(p)
+            await asyncio.sleep(1.05)  # past the one-check-a-second bound
+            with ScriptedServer(Script(rules=[Rule(responses=[R(content="back")])]), port=port):
+                return (await send(p)).content
+        finally:
+            await p.aclose()
+
+    assert asyncio.run(go()) == "back"
+
+
+def test_egress_is_checked_for_every_endpoint():
+    p = EndpointPool(teacher("http://127.0.0.1:9/v1"), ["http://127.0.0.1:9/v1", "http://gpu02.example.org/v1"],
+                     required_models=["m"], egress=EgressPolicy())
+    with pytest.raises(EgressRefused, match="gpu02.example.org"):
+        p.check_egress(carries_patient_text=True, data_class="private", what="x")
+    p.check_egress(carries_patient_text=False, data_class="private", what="x")
+
+
+def test_the_same_url_twice_is_refused():
+    from data_gen.errors import TeacherConfigError
+
+    with pytest.raises(TeacherConfigError, match="twice"):
+        pool(["http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1/"])

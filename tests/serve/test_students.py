@@ -1,0 +1,67 @@
+"""The tiny students' SFT records: value-miner rows follow the service's bounded mining plan."""
+
+from __future__ import annotations
+
+import json
+
+from data_gen.formalizer import Formalizer
+from data_gen.formalizer.miner import plan_for
+from data_gen.protocol import PatientDoc
+from serve.api_config import FormalizerConfig
+from serve.students import STUDENT_MAX_TOKENS, miner_rows, teacher_programs
+from verdict_core.patient import ValueMinerOutput
+
+N = 12
+SENTENCES = [
+    f"Finding number {i} was documented on ward {i} after a long and careful examination." for i in range(N)
+]
+
+
+def records() -> dict:
+    atoms = [
+        {
+            "name": f"finding_{i}",
+            "domain": "bool",
+            "kind": "diagnosis",
+            "definition": f"Finding number {i} present.",
+        }
+        for i in range(N)
+    ]
+    inclusion = [{"id": f"inc{i}", "text": f"Finding {i}", "formula": f"finding_{i}"} for i in range(N)]
+    parsed = {"atoms": atoms, "cohorts": [{"id": "main", "inclusion": inclusion, "exclusion": []}]}
+    trial = {
+        "trial_id": "NCT-BIG",
+        "title": "Many findings",
+        "inclusion": "...",
+        "exclusion": "",
+        "parsed": parsed,
+    }
+    facts = {f"finding_{i}": [True, SENTENCES[i]] for i in range(N)}
+    patient = {"patient_id": "P9", "note": "\n\n".join(SENTENCES), "facts": facts}
+    return {"trials": [trial], "patients": [patient]}
+
+
+def test_miner_rows_are_chunked_and_split_as_the_service_asks():
+    recs = records()
+    programs = teacher_programs(recs)
+    limits = FormalizerConfig(
+        max_tokens=STUDENT_MAX_TOKENS, context_tokens=STUDENT_MAX_TOKENS["miner_inclusion"] + 700
+    )
+    rows = miner_rows(recs, programs, {}, limits)
+    fz = Formalizer(limits.endpoint("value_miner", "http://127.0.0.1:9/v1"))
+    plan = plan_for(
+        fz, programs["NCT-BIG"], PatientDoc(patient_id="P9", text=recs["patients"][0]["note"]), "inclusion"
+    )
+    assert len({c.chunk for c in plan}) > 1 and len({c.passages[0].id for c in plan}) > 1  # chunked and split
+    assert [r["messages"][:-1] for r in rows] == [c.messages for c in plan]  # the service's very prompts
+    assert len({r["record_id"] for r in rows}) == len(rows)
+    seen: dict[str, list[bool | None]] = {}
+    for r, call in zip(rows, plan):
+        out = ValueMinerOutput.model_validate(json.loads(r["messages"][-1]["content"]))
+        assert [v.atom for v in out.values] == call.atoms
+        for v in out.values:
+            # true only in the passage holding the quote, null elsewhere
+            assert (v.value is True) == (v.evidence != "" and any(v.evidence in t for t in call.texts))
+            seen.setdefault(v.atom, []).append(v.value)
+    assert sorted(seen) == sorted(f"finding_{i}" for i in range(N))
+    assert all(vals.count(True) == 1 for vals in seen.values())  # each fact found exactly once
