@@ -122,6 +122,7 @@ def test_teacher_run_with_local_students(vllm_server, student_records, tmp_path)
     store.close()
     expected = sum(bool(side_atoms(pr, side)) for pr in programs for side in ("inclusion", "exclusion"))
     mined = sum(x["records"] for st, x in stats["stages"].items() if st != "parser")
-    assert mined == expected * len(student_records["patients"])  # every accepted program was mined
+    # every accepted program was mined: at least one record (chunk call) per side pass
+    assert mined >= expected * len(student_records["patients"]) > 0
     r = subprocess.run([*cli, "run", "-c", str(cfg), "--no-progress"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "0 calls paid" in r.stdout
