@@ -2,7 +2,9 @@
 
 Binary scores treat "eligible" as the positive class (paper §5.1: F1 and accuracy). Confidence
 intervals are percentile bootstraps over pairs (B = 2000, seeded, as the paper's appendix D.5)
-or Wilson intervals for proportions such as PivotalFlipRate (appendix D.4). McNemar's test is the
+or Wilson intervals for proportions such as PivotalFlipRate (appendix D.4). Percentiles, rates,
+Wilson intervals and the meaning of json_valid / schema_valid are the project's shared ones
+(`verdict_core.metrics`, also used by `verdict train eval`). McNemar's test is the
 exact two-sided binomial test on the discordant pairs (§5.3). Undefined ratios (0/0) are 0.0 for
 precision/recall/F1, as scikit-learn's ``zero_division=0``, and None elsewhere.
 """
@@ -11,7 +13,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
+
+# The shared definitions (one p95, one schema_valid, rates with Wilson intervals): re-exported here
+# so the bench's scoring reads as one vocabulary.
+from verdict_core.metrics import latency_summary, output_validity, percentile, rate, wilson_ci  # noqa: F401
 
 BOOTSTRAP_B = 2000
 
@@ -102,17 +108,6 @@ def binary_scores(y_true: Sequence[bool], y_pred: Sequence[bool], b: int = BOOTS
     return out
 
 
-def wilson_ci(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
-    """Wilson score interval of a binomial proportion k/n (None when n = 0)."""
-    if n == 0:
-        return None
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def mcnemar_exact(b: int, c: int) -> float:
     """Two-sided exact McNemar p-value for b and c discordant pairs: 2 * P(X <= min(b, c)) with
     X ~ Binomial(b + c, 1/2), capped at 1 (1.0 when there is no discordant pair)."""
@@ -144,29 +139,6 @@ def agreement(a: Sequence[bool], b: Sequence[bool]) -> dict:
             "kappa": kappa, "mcnemar_p": mcnemar_exact(a_only, b_only)}
 
 
-def percentile(xs: Iterable[float], q: float) -> float | None:
-    """The q-th percentile (0-100) with linear interpolation between order statistics (numpy's
-    default method); None for no values."""
-    v = sorted(xs)
-    if not v:
-        return None
-    pos = (len(v) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
-
-
-def latency_summary(ms: Sequence[float]) -> dict:
-    return {"n": len(ms), "p50": percentile(ms, 50), "p95": percentile(ms, 95),
-            "mean": sum(ms) / len(ms) if ms else None}
-
-
-def rate(k: int, n: int) -> dict:
-    """k of n as a rate with its Wilson 95% interval."""
-    ci = wilson_ci(k, n)
-    return {"k": k, "n": n, "rate": k / n if n else None, "ci95": list(ci) if ci else None}
-
-
 def validity(first_reasons: Sequence[str | None], final_ok: Sequence[bool]) -> dict:
     """JSON and schema validity of one stage's outputs. ``first_reasons`` holds the rejection
     category of each first attempt (None = it passed every check): "json", "empty" and "truncated"
@@ -174,12 +146,9 @@ def validity(first_reasons: Sequence[str | None], final_ok: Sequence[bool]) -> d
     (program, evidence, coverage, ...) is valid JSON and schema. ``final_ok``: accepted after the
     one repair."""
     n = len(first_reasons)
-    no_json = sum(1 for r in first_reasons if r in ("json", "empty", "truncated"))
-    bad_schema = sum(1 for r in first_reasons if r == "schema")
     return {
         "n": n,
-        "json_valid": rate(n - no_json, n),
-        "schema_valid": rate(n - no_json - bad_schema, n),
+        **output_validity(first_reasons),
         "valid_first_try": rate(sum(1 for r in first_reasons if r is None), n),
         "accepted_after_repair": rate(sum(1 for ok in final_ok if ok), n),
     }

@@ -302,47 +302,24 @@ def steps(recipe: RecipeConfig, verdict: str = "verdict") -> list[Step]:
 
 def render(recipe: RecipeConfig, slurm_cfg, out_dir: Path | None = None) -> dict[str, Path]:
     """One sbatch script per step (slurm/templates/base.sbatch.j2 + bench/templates/step.sbatch.j2)."""
-    import jinja2
-
-    from slurm.render import TEMPLATES as SLURM_TEMPLATES
-    from slurm.render import job_name
+    from slurm.render import render_text, write_script
 
     lay = Layout(recipe.root, recipe.name)
     out = Path(out_dir) if out_dir else lay.slurm
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = slurm_cfg.resolved()
-    env = jinja2.Environment(loader=jinja2.ChoiceLoader([jinja2.FileSystemLoader(str(TEMPLATES)),
-                                                         jinja2.FileSystemLoader(str(SLURM_TEMPLATES))]),
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
-                             trim_blocks=True, lstrip_blocks=True)
-    env.filters["q"] = lambda v: shlex.quote(str(v))
     scripts = {}
     for s in steps(recipe):
-        res = getattr(recipe.jobs, s.resources, None) or getattr(cfg.jobs, s.resources)
-        text = env.get_template("step.sbatch.j2").render(
-            job_name=job_name(s.name, recipe.name), log_dir=cfg.log_dir, workdir=cfg.workdir, res=res,
-            gres_name=cfg.gres_name, partition=res.partition or cfg.partition, account=cfg.account, qos=cfg.qos,
-            array=None, extra_sbatch=cfg.extra_sbatch, env=cfg.env, setup=cfg.setup, command=s.line,
-            recipe=recipe.name, step=s.name, purpose=s.purpose, after=s.after)
-        path = out / f"{len(scripts):02d}-{s.name}.sbatch"
-        path.write_text(text)
-        path.chmod(0o755)
-        scripts[s.name] = path
+        res = getattr(recipe.jobs, s.resources, None) or getattr(slurm_cfg.jobs, s.resources)
+        text = render_text("step.sbatch.j2", s.name, slurm_cfg, recipe.name, s.line, res, templates=(TEMPLATES,),
+                           recipe=recipe.name, step=s.name, purpose=s.purpose, after=s.after)
+        scripts[s.name] = write_script(out / f"{len(scripts):02d}-{s.name}.sbatch", text)
     return scripts
 
 
 def submit(recipe: RecipeConfig, scripts: dict[str, Path], env: dict | None = None) -> dict[str, str]:
     """sbatch every step, each after the steps it needs (afterok)."""
-    from slurm.submit import sbatch
+    from slurm.submit import Job, submit_jobs
 
-    ids: dict[str, str] = {}
-    for s in steps(recipe):
-        dep = ("afterok:" + ":".join(ids[a] for a in s.after)) if s.after else None
-        for line in scripts[s.name].read_text().splitlines():  # slurm does not create the log folder
-            if line.startswith("#SBATCH --output="):
-                Path(line.split("=", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
-        ids[s.name] = sbatch(scripts[s.name], dep, env)
-    return ids
+    return submit_jobs([Job(s.name, scripts[s.name], after=list(s.after)) for s in steps(recipe)], env)
 
 
 def run_locally(recipe: RecipeConfig, echo=print, only: list[str] | None = None) -> None:

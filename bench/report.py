@@ -20,10 +20,23 @@ from collections import Counter, defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
+from verdict_core.jsonl_store import JsonlStore
+
 from . import metrics as M
 from .protocol import BenchError, PairResult
 
 FORMAT = "verdict.bench/v1"
+PAIRS_FILE = "pairs.jsonl"
+
+
+def pair_store(run_dir: Path) -> JsonlStore[PairResult]:
+    """A run's ``pairs.jsonl``: one PairResult a line, appended as each pair finishes."""
+    return JsonlStore(Path(run_dir) / PAIRS_FILE, PairResult, exclude_defaults=True)
+
+
+def load_pairs(run_dir: Path) -> list[PairResult]:
+    """The run's results, the last line of each (backend, repeat, pair) counting."""
+    return list(pair_store(run_dir).latest(lambda r: r.key).values())
 
 
 # ---- per-backend numbers ------------------------------------------------------------------------
@@ -322,10 +335,7 @@ def load_run(path: str | Path) -> tuple[Path, dict, list[PairResult]]:
         raise BenchError(f"{res}: not valid JSON ({e})") from None
     if not isinstance(summary, dict) or summary.get("format") != FORMAT:
         raise BenchError(f"{res}: not a {FORMAT} results file")
-    from .runner import PairStore
-
-    results = list(PairStore(run_dir / "pairs.jsonl").load().values())
-    return run_dir, summary, results
+    return run_dir, summary, load_pairs(run_dir)
 
 
 def compare_runs(path_a: str | Path, path_b: str | Path) -> str:

@@ -3,9 +3,10 @@
     run = BenchRun(load_bench_config("trec2021-gpt-5-mini"))
     outcome = asyncio.run(run.run())        # -> runs/bench/NAME/{results.json, report.md, plots/}
 
-Resumable: each pair's result is appended to ``pairs.jsonl`` as soon as it is known, and a run
-started again skips what is there; formalizer calls go through the shared call cache, so an answer
-paid for (by this run, an interrupted one, or a teacher run) is never paid for again. A pair whose
+Resumable: each pair's result is appended to ``pairs.jsonl`` (the project's JSONL record store,
+`verdict_core.jsonl_store`) as soon as it is known, and a run started again skips what is there
+(a line torn by a kill is cut and its pair redone); formalizer calls go through the shared call
+cache, so an answer paid for (by this run, an interrupted one, or a teacher run) is never paid for again. A pair whose
 endpoint kept failing is not recorded: the next run tries it again. The run directory keeps the
 config, and refuses to mix results of a different dataset, backends or policy.
 """
@@ -15,9 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +25,12 @@ from typing import Callable
 import yaml
 from pydantic import ValidationError
 
+from verdict_core.jsonl_store import JsonlStore
+
 from .bench_config import BenchConfig
 from .datasets import BenchDataset, load_dataset
-from .protocol import BenchError, PairResult
+from .protocol import BenchError
+from .report import pair_store
 
 log = logging.getLogger("bench")
 FATAL_STATUS = {401, 403, 404}  # wrong key, no access, unknown model: every further call fails too
@@ -37,46 +39,6 @@ Echo = Callable[[str], None]
 
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-class PairStore:
-    """``pairs.jsonl``: one PairResult a line, appended (and flushed) as each pair finishes."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._lock = threading.Lock()
-        self.problems: list[str] = []
-
-    def load(self) -> dict[tuple, PairResult]:
-        done: dict[tuple, PairResult] = {}
-        if not self.path.exists():
-            return done
-        lines = self.path.read_text(encoding="utf-8").splitlines()
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                r = PairResult.model_validate_json(line)
-            except ValidationError:
-                # A run killed mid-write leaves a partial last line: that pair is simply redone.
-                self.problems.append(f"{self.path.name}:{n}: unreadable result line ignored (the pair is redone)")
-                continue
-            done[r.key] = r
-        return done
-
-    def repair(self, done: dict[tuple, PairResult]) -> None:
-        """Rewrite the file without unreadable lines, so appends start on a clean line."""
-        if self.problems:
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text("".join(r.model_dump_json(exclude_defaults=True) + "\n" for r in done.values()),
-                           encoding="utf-8")
-            os.replace(tmp, self.path)
-
-    def append(self, r: PairResult) -> None:
-        line = r.model_dump_json(exclude_defaults=True) + "\n"
-        with self._lock, self.path.open("a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
 
 
 @dataclass
@@ -140,9 +102,8 @@ class BenchRun:
         policy = load_policy(cfg.policy)
         self.prepare_dir()
         handler = _file_log(self.dir / "run.log")
-        store = PairStore(self.dir / "pairs.jsonl")
-        done = store.load()
-        store.repair(done)
+        store = pair_store(self.dir)  # the first append cuts a line torn by a kill: its pair is redone
+        done = {r.key: r for r in store.load()}
         outcome = RunOutcome(run_dir=self.dir, done_before=len(done))
         (self.dir / "dataset.json").write_text(json.dumps(
             {**dataset.summary(), "pairs_list": [p.model_dump() for p in dataset.pairs]}, indent=1))
@@ -201,6 +162,7 @@ class BenchRun:
             logging.getLogger("bench").removeHandler(handler)
             logging.getLogger("data_gen").removeHandler(handler)
             handler.close()
+            store.close()
         outcome.elapsed_s = time.monotonic() - started
         outcome.files = self.write_outputs(dataset, problems, status=outcome.status)
         return outcome
@@ -213,7 +175,7 @@ class BenchRun:
 
         return VLLMServer(cfg.vllm)
 
-    async def _run_backend(self, backend, repeat: int, dataset: BenchDataset, done: dict, store: PairStore,
+    async def _run_backend(self, backend, repeat: int, dataset: BenchDataset, done: dict, store: JsonlStore,
                            outcome: RunOutcome) -> bool:
         """Decide the backend's pending pairs; True if the run must stop (budget, fatal error)."""
         from data_gen.errors import BudgetExhausted, EgressRefused, EndpointError
@@ -279,11 +241,11 @@ class BenchRun:
                       status: str = "complete") -> dict[str, str]:
         """results.json, report.md and plots/ from everything in pairs.jsonl (also after a stop)."""
         from .plots import write_plots
-        from .report import render_markdown, summarize
+        from .report import load_pairs, render_markdown, summarize
 
         if dataset is None:
             dataset = load_dataset(self.config.dataset)
-        results = list(PairStore(self.dir / "pairs.jsonl").load().values())
+        results = load_pairs(self.dir)
         summary = summarize(self.config, dataset, results, problems or [], status=status)
         plots = write_plots(summary, self.dir / "plots")
         summary["plots"] = [str(p.relative_to(self.dir)) for p in plots]

@@ -126,7 +126,7 @@ def measure_reference(report: BudgetReport, counter: TokenCounter, reference_dir
     from verdict_core.reference import load_reference
 
     from .formalizer.miner import MinerBudgetError, plan_miner_calls
-    from .recorded import recorded_answer
+    from .recorded import fit_to_grammar, recorded_answer
     from .sources import load_patients
 
     lim = report.limits
@@ -140,7 +140,7 @@ def measure_reference(report: BudgetReport, counter: TokenCounter, reference_dir
         where = f"{f.parent.name}/{f.name}"
         report.reference_files += 1
         try:
-            case = load_reference(f)
+            case = fit_to_grammar(load_reference(f))  # the records `import-recorded` writes
         except VerdictError as e:
             report.problems.append(f"{where}: {e.summary}")
             continue

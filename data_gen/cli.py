@@ -95,8 +95,13 @@ def _print_estimate(est: dict) -> None:
 
 @app.command()
 def export(
-    runs: list[str] = typer.Argument(..., help="run folders (runs/NAME) or run names"),
-    out: Path = typer.Option(..., "--out", "-o", help="output folder: one subfolder per task"),
+    runs: list[str] = typer.Argument(None, help="run folders (runs/NAME) or run names"),
+    out: str = typer.Option(..., "--out", "-o", help="output folder: one subfolder per task"),
+    from_reviews: str = typer.Option(None, "--from-reviews", metavar="AUDIT_DB",
+                                     help="export the reviews of a service's audit store (sqlite path or "
+                                          "postgresql:// URL) instead of runs: private site records"),
+    serve_config: str = typer.Option(None, help="with --from-reviews: serve config whose api.formalizer "
+                                                "limits plan the miner calls (default: the service defaults)"),
     seed: int = typer.Option(0, help="seed of the split shuffle"),
     split: str = typer.Option("0.8,0.1,0.1", help="train,validation,test fractions"),
     split_by: str = typer.Option("trial", help="trial | trial+patient (also keep each patient in one split)"),
@@ -104,7 +109,8 @@ def export(
     overwrite: bool = typer.Option(False, help="replace existing task folders"),
     runs_dir: Path = typer.Option(Path("runs"), help="where run names are looked up"),
 ) -> None:
-    """Write SFT datasets (DatasetDict + JSONL + dataset card) from the accepted records of runs."""
+    """Write SFT datasets (DatasetDict + JSONL + dataset card) from the accepted records of runs, or with
+    --from-reviews from the reviews in a service's audit store (private site records)."""
     from verdict_core.errors import VerdictError
 
     from .export import export_datasets
@@ -116,6 +122,13 @@ def export(
             raise ValueError
     except ValueError:
         fail(f"--split needs three comma-separated fractions, e.g. 0.8,0.1,0.1 (got '{split}')")
+    if from_reviews:
+        if runs:
+            fail("give run folders or --from-reviews, not both")
+        return _export_reviews(from_reviews, out, serve_config, seed, fractions, overwrite)  # type: ignore[arg-type]
+    if not runs:
+        fail("give one or more run folders (or --from-reviews AUDIT_DB)")
+    out = Path(out)  # type: ignore[assignment]
     try:
         dirs = [find_run(r, runs_dir) for r in runs]
         cards = export_datasets(dirs, out, seed=seed, fractions=fractions, split_by=split_by,  # type: ignore[arg-type]
@@ -126,6 +139,30 @@ def export(
         c = card["counts"]
         typer.echo(f"{out / task}: train {c['train']}, validation {c['validation']}, test {c['test']} "
                    f"(rejected {card['records']['rejected']} of {card['records']['total']} records)")
+
+
+def _export_reviews(audit_db: str, out: str, serve_config: str | None, seed: int,
+                    fractions: tuple[float, float, float], overwrite: bool) -> None:
+    from verdict_core.errors import VerdictError
+
+    from .review_export import export_reviews
+
+    try:
+        limits = None
+        if serve_config:
+            from serve.config import load_serve_config
+
+            limits = load_serve_config(serve_config).require("api").formalizer
+        cards, summary = export_reviews(audit_db, out, limits=limits, seed=seed, fractions=fractions,
+                                        overwrite=overwrite)  # a str: an URL is refused, not collapsed to a path
+    except VerdictError as e:
+        fail(str(e))
+    for task, card in cards.items():
+        c = card["counts"]
+        typer.echo(f"{Path(out) / task}: train {c['train']}, validation {c['validation']}, test {c['test']} "
+                   f"(data class {card['data_class']})")
+    for reason, ids in sorted(summary.skipped.items()):
+        typer.echo(f"not exported ({reason}): {len(ids)}: {', '.join(ids)}")
 
 
 @app.command()

@@ -100,17 +100,21 @@ def assign_splits(records: list[Record], seed: int, fractions: tuple[float, floa
     return {r.trial_id: split_of_root[g.find(f"t:{r.trial_id}")] for r in records}
 
 
-def _row(run: str, r: Record) -> dict:
+def _row(run: str, r: Record, provenance: dict[str, dict] | None = None) -> dict:
     messages = [{"role": m["role"], "content": m["content"]} for m in r.messages]
     messages.append({"role": "assistant", "content": r.output_json or ""})
-    return {"messages": messages, "task": r.task, "record_id": f"{run}:{r.record_id}", "trial_id": r.trial_id,
-            "patient_id": r.patient_id, "stage": r.stage, "teacher": r.teacher, "prompt_version": r.prompt_version}
+    row = {"messages": messages, "task": r.task, "record_id": f"{run}:{r.record_id}", "trial_id": r.trial_id,
+           "patient_id": r.patient_id, "stage": r.stage, "teacher": r.teacher, "prompt_version": r.prompt_version}
+    if provenance is not None:  # review exports (data_gen/review_export.py): JSON text per row
+        row["provenance"] = json.dumps(provenance.get(r.record_id) or {}, sort_keys=True)
+    return row
 
 
-def _features():
+def _features(with_provenance: bool = False):
     from datasets import Features, Value
 
-    return Features({
+    extra = {"provenance": Value("string")} if with_provenance else {}
+    return Features({**extra, 
         "messages": [{"role": Value("string"), "content": Value("string")}],
         "task": Value("string"), "record_id": Value("string"), "trial_id": Value("string"),
         "patient_id": Value("string"), "stage": Value("string"), "teacher": Value("string"),
@@ -126,8 +130,10 @@ def _stats(xs: list[int]) -> dict:
 
 def export_datasets(run_dirs: list[str | Path], out: str | Path, *, seed: int = 0,
                     fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), split_by: str = "trial",
-                    tasks: tuple[str, ...] = TASKS, overwrite: bool = False) -> dict[str, dict]:
-    """Write one dataset folder per task; return the dataset cards."""
+                    tasks: tuple[str, ...] = TASKS, overwrite: bool = False,
+                    provenance: dict[str, dict] | None = None, card_extra: dict | None = None) -> dict[str, dict]:
+    """Write one dataset folder per task; return the dataset cards. `provenance` (record id -> dict)
+    adds a `provenance` column; `card_extra` is merged into every card (e.g. `data_class`)."""
     from datasets import Dataset, DatasetDict
     from datasets.utils.logging import disable_progress_bar
 
@@ -165,7 +171,7 @@ def export_datasets(run_dirs: list[str | Path], out: str | Path, *, seed: int = 
                 dupes += 1
                 continue
             seen.add(ident)
-            rows[split_of[r.trial_id]].append(_row(run_name, r))
+            rows[split_of[r.trial_id]].append(_row(run_name, r, provenance))
             recs.append(r)
         trial_sets = {s: {row["trial_id"] for row in rows[s]} for s in SPLITS}
         for a in SPLITS:  # the promise of this module, checked on what is written
@@ -176,17 +182,19 @@ def export_datasets(run_dirs: list[str | Path], out: str | Path, *, seed: int = 
         if task_dir.exists():
             shutil.rmtree(task_dir)
         task_dir.mkdir(parents=True)
-        feats = _features()
+        feats = _features(provenance is not None)
         # from_dict keeps the columns of an empty split (from_list would lose them)
         dd = DatasetDict({s: Dataset.from_dict({c: [r[c] for r in rows[s]] for c in feats}, features=feats)
                           for s in SPLITS})
-        dd.save_to_disk(str(task_dir))
+        # one shard per split: an empty split saved with none cannot be loaded again (load_from_disk fails)
+        dd.save_to_disk(str(task_dir), num_shards={s: 1 for s in SPLITS})
         for s in SPLITS:
             with open(task_dir / f"{s}.jsonl", "w", encoding="utf-8") as f:
                 for row in rows[s]:
                     f.write(json.dumps(row, ensure_ascii=False) + "\n")
         all_task = [r for run in runs for r in run.records if r.task == task]
         card = _card(task, runs, all_task, recs, rows, trial_sets, dupes, seed, fractions, split_by)
+        card.update(card_extra or {})
         (task_dir / "dataset_card.json").write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
         (task_dir / "README.md").write_text(_readme(card))
         cards[task] = card
@@ -248,6 +256,8 @@ def _readme(card: dict) -> str:
     lines += ["", f"Records: {rec['total']} ({rec['accepted']} accepted, {rec['rejected']} rejected, rate "
               f"{rec['rejection_rate']:.1%}; {rec['repaired']} accepted after one repair; "
               f"{rec['duplicates_dropped']} duplicate prompts dropped).", "",
+              *([f"Data class: `{card['data_class']}`. {card.get('data_rules', '')}", ""]
+                if card.get("data_class") else []),
               "Rejection reasons: " + (", ".join(f"{k} {v}" for k, v in card["rejection_reasons"].items()) or "none"), "",
               "Teachers: " + ", ".join(f"{k} ({v})" for k, v in card["teachers"].items()), "",
               "Prompt versions: " + ", ".join(f"{k} ({v})" for k, v in card["prompt_versions"].items()), ""]

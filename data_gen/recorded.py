@@ -27,6 +27,7 @@ leaves defaults to the site's policy.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,6 +163,14 @@ def align_requirements(reqs: list[Requirement], criteria: list[CriterionText]) -
     return pairs, unaligned, uncovered, methods
 
 
+@functools.lru_cache(maxsize=1)
+def _engine():
+    """The engine that checks recorded outputs (one per process, the core's default limits)."""
+    from verdict_core.engine import Engine
+
+    return Engine()
+
+
 def recorded_parser_result(program: TrialProgram, trial: TrialDoc, prompt_version: str = "v1",
                            out: RecordedSummary | None = None) -> StageResult:
     """The recorded program as a parser result made of per-criterion calls (one per aligned
@@ -179,7 +188,7 @@ def recorded_parser_result(program: TrialProgram, trial: TrialDoc, prompt_versio
     for c, rs in pairs:
         answer = compact(join_outputs([r.output for r in rs], c.side).model_dump(mode="json", by_alias=True,
                                                                                    exclude_defaults=True))
-        check = check_criterion_output(answer, "stop", c, max_tokens=0)
+        check = check_criterion_output(answer, "stop", c, max_tokens=0, check_satisfiable=_engine().check_satisfiable)
         calls.append(StageResult(
             stage="parser", status="accepted" if check.ok else "rejected", reason=check.reason,
             problems=check.messages, teacher=TEACHER, model=MODEL,
@@ -209,6 +218,48 @@ def recorded_evidence(evidence: str, note: str) -> str:
     if parts and all(quote_in_note(p, note) for p in parts) and not quote_in_note(evidence, note):
         return " ... ".join(p.strip() for p in parts)
     return evidence
+
+
+def grammar_name(name: str) -> str:
+    """A recorded name the parser's grammar can write: at most GRAMMAR_MAX_NAME characters, the
+    longer ones cut and tagged with a hash of the whole (deterministic, collision-safe)."""
+    import hashlib
+
+    from verdict_core.schemas import GRAMMAR_MAX_NAME
+
+    if len(name) <= GRAMMAR_MAX_NAME:
+        return name
+    return name[:GRAMMAR_MAX_NAME - 9] + "_" + hashlib.sha256(name.encode()).hexdigest()[:8]
+
+
+def fit_to_grammar(case):
+    """The case with every atom name longer than the parser's grammar allows renamed (`grammar_name`)
+    in its program and its patient, so the records taught from it are ones a student can decode.
+    The recorded corpus has 101 such names (up to 188 characters) in 40 of its 76 files."""
+    from dataclasses import replace
+
+    from verdict_core.formula import rename, render
+    from verdict_core.program import check_program
+
+    mapping = {a.name: grammar_name(a.name) for a in case.program.atoms if grammar_name(a.name) != a.name}
+    if not mapping:
+        return case
+    p = case.program
+    cohorts = [co.model_copy(update={side: [cr.model_copy(update={"formula": rename(cr.formula, mapping)})
+                                            for cr in getattr(co, side)] for side in ("inclusion", "exclusion")})
+               for co in p.cohorts]
+    program = check_program(p.model_copy(update={
+        "atoms": [a.model_copy(update={"name": mapping.get(a.name, a.name)}) for a in p.atoms],
+        "definitions": [d.model_copy(update={"formula": rename(d.formula, mapping),  # a rendered text follows
+                                             "text": render(rename(d.formula, mapping)) if d.text == render(d.formula)
+                                             else d.text}) for d in p.definitions],
+        "cohorts": cohorts, "content_hash": None}))
+    patient = case.patient.model_copy(update={
+        "program_hash": program.content_hash,
+        "resolutions": [r.model_copy(update={"atom": mapping.get(r.atom, r.atom)}) for r in case.patient.resolutions]})
+    conflicts = [c.model_copy(update={k: [mapping.get(a, a) for a in getattr(c, k)] for k in ("atoms", "set_aside")
+                                      if hasattr(c, k)}) for c in case.conflicts]
+    return replace(case, program=program, patient=patient, conflicts=conflicts)
 
 
 def recorded_answer(case, side: str, names: list[str], note: str) -> str:
@@ -263,7 +314,7 @@ def import_recorded(reference_dir: str | Path, patients_path: str | Path, out_di
                 out.problems.append(f"{f.parent.name}/{f.name}: no note for patient '{patient_id}'")
                 continue
             try:
-                case = load_reference(f)
+                case = fit_to_grammar(load_reference(f))
             except VerdictError as e:
                 out.problems.append(f"{f.parent.name}/{f.name}: {e.summary}")
                 continue
@@ -322,7 +373,8 @@ def assembly_figures(reference_dir: str | Path) -> dict:
             c = CriterionText(f"{r.side[:3]}-{n[r.side]}", r.side, r.req)  # type: ignore[arg-type]
             criteria.append(c)
             outputs[c.id] = r.output
-        asm = assemble(program.trial_id, program.title, criteria, outputs, {})
+        asm = assemble(program.trial_id, program.title, criteria, outputs, {},
+                       check_satisfiable=_engine().check_satisfiable)
         f["requirements"] += len(criteria)
         f["atom_declarations"] += sum(len(o.atoms) for o in outputs.values())
         f["merged"] += len(asm.report["merged"])

@@ -22,6 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from verdict_core.engine import Engine
 from verdict_core.program import TrialProgram
 
 from .cache import CallCache
@@ -163,8 +164,9 @@ class TeacherRun:
             store.set_meta("cache", str(Path(self.config.cache).resolve()))
             store.set_meta("status", "running")
             ledger = Ledger(cache, self.config.name, self.budget)
-            fzs = {name: Formalizer(t, cache=cache, ledger=ledger, egress=self.egress, prompts=self.prompts,
-                                    run=self.config.name) for name, t in self.teachers.items()}
+            engine = Engine()  # the run's one engine: every teacher's outputs are checked by it
+            fzs = {name: Formalizer(t, engine=engine, cache=cache, ledger=ledger, egress=self.egress,
+                                    prompts=self.prompts, run=self.config.name) for name, t in self.teachers.items()}
             try:
                 await _Work(self, plan, store, fzs, summary).run()
             finally:

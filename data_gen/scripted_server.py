@@ -167,9 +167,8 @@ class ScriptedServer:
                     return i, rule.responses[min(n, len(rule.responses) - 1)], key
         return None, script.default, key
 
-    def _record(self, rec: RequestRecord) -> None:
+    def _log_line(self, rec: RequestRecord) -> None:
         with self._lock:
-            self.requests.append(rec)
             if self._log:
                 self._log.write(json.dumps({"i": rec.index, "key": rec.key, "id": rec.request_id, "model": rec.model,
                                             "rule": rec.rule,
@@ -251,13 +250,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(400, {"error": {"message": "request body is not JSON"}})
             return
         rule, resp, key = srv._choose(body)
+        # Recorded before the answer goes out: a client that has its response can rely on the log.
         with srv._lock:
-            index = len(srv.requests)
+            rec = RequestRecord(index=len(srv.requests), key=key, model=str(body.get("model")), rule=rule,
+                                kind="no_match" if resp is None else (resp.fault or "ok"), started=time.time(),
+                                body=body, request_id=self.headers.get("X-Verdict-Request-Id"))
+            srv.requests.append(rec)
             srv.in_flight += 1
             srv.peak_in_flight = max(srv.peak_in_flight, srv.in_flight)
-        rec = RequestRecord(index=index, key=key, model=str(body.get("model")), rule=rule,
-                            kind="no_match" if resp is None else (resp.fault or "ok"), started=time.time(), body=body,
-                            request_id=self.headers.get("X-Verdict-Request-Id"))
         try:
             self._answer(srv, body, resp)
         except (BrokenPipeError, ConnectionResetError):
@@ -266,7 +266,7 @@ class _Handler(BaseHTTPRequestHandler):
             rec.ended = time.time()
             with srv._lock:
                 srv.in_flight -= 1
-            srv._record(rec)
+            srv._log_line(rec)
 
     def _answer(self, srv: ScriptedServer, body: dict, resp: ScriptedResponse | None) -> None:
         script = srv.script

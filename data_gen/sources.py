@@ -151,24 +151,30 @@ def _trials_ctgov(path: Path, problems: list[str]) -> Iterator[TrialDoc]:
         except OSError as e:
             problems.append(f"{f.name}: cannot read ({e.strerror})")
             continue
-        studies = data.get("studies") if isinstance(data, dict) and "studies" in data else data
-        studies = studies if isinstance(studies, list) else [studies]
-        for i, st in enumerate(studies):
-            where = f"{f.name}" + (f"[{i}]" if len(studies) > 1 else "")
-            st = _ci(st, "fullStudy", "study") or st
-            proto = _ci(st, "protocolSection")
-            nct = _ci(proto, "identificationModule", "nctId")
-            text = _ci(proto, "eligibilityModule", "eligibilityCriteria")
-            if not isinstance(nct, str) or not nct:
-                problems.append(f"{where}: no protocolSection.identificationModule.nctId")
-                continue
-            if not isinstance(text, str) or not text.strip():
-                problems.append(f"{where}: study '{nct}' has no eligibilityModule.eligibilityCriteria")
-                continue
-            inc, exc = split_criteria(text)
-            title = _ci(proto, "identificationModule", "briefTitle") or _ci(proto, "identificationModule", "officialTitle")
-            yield TrialDoc(trial_id=nct, title=title if isinstance(title, str) else "", inclusion=inc, exclusion=exc,
-                           criteria=text, source=where)
+        yield from ctgov_studies(data, f.name, problems)
+
+
+def ctgov_studies(data, name: str, problems: list[str]) -> Iterator[TrialDoc]:
+    """The studies of one parsed ClinicalTrials.gov document (a study, a list of them, or an API page
+    with `studies`); `name` says where it came from in problems (a file name, or 'study')."""
+    studies = data.get("studies") if isinstance(data, dict) and "studies" in data else data
+    studies = studies if isinstance(studies, list) else [studies]
+    for i, st in enumerate(studies):
+        where = f"{name}" + (f"[{i}]" if len(studies) > 1 else "")
+        st = _ci(st, "fullStudy", "study") or st
+        proto = _ci(st, "protocolSection")
+        nct = _ci(proto, "identificationModule", "nctId")
+        text = _ci(proto, "eligibilityModule", "eligibilityCriteria")
+        if not isinstance(nct, str) or not nct:
+            problems.append(f"{where}: no protocolSection.identificationModule.nctId")
+            continue
+        if not isinstance(text, str) or not text.strip():
+            problems.append(f"{where}: study '{nct}' has no eligibilityModule.eligibilityCriteria")
+            continue
+        inc, exc = split_criteria(text)
+        title = _ci(proto, "identificationModule", "briefTitle") or _ci(proto, "identificationModule", "officialTitle")
+        yield TrialDoc(trial_id=nct, title=title if isinstance(title, str) else "", inclusion=inc, exclusion=exc,
+                       criteria=text, source=where)
 
 
 # ---- patients and pairs -----------------------------------------------------------------------------

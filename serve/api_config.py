@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from data_gen.teacher_config import EgressConfig, StageTokens, TeacherConfig
 
+from .pages.session import SessionConfig
 from .protocol import POLICY_NAME
 
 
@@ -55,6 +56,10 @@ class FormalizerConfig(_Strict):
         False, description="before /readyz says ready, send each server one constrained request per stage schema "
         "(xgrammar builds its tokenizer data on the first structured request: ~1.1 s with a 152k vocabulary); "
         "a failed warm-up is retried at the next readiness check")
+    reuse_values: bool = Field(
+        True, description="values mined for a patient record are reused for other trials that declare the same "
+        "atom (same definition, domain, unit), not asked again (in memory, per process; see "
+        "data_gen/formalizer/value_reuse.py)")
     timeout_s: float = Field(60.0, gt=0, description="a call slower than this answers 503 (formalizer slow)")
     concurrency: int = Field(
         16, ge=1, le=1024, description="requests in flight towards the server, all stages"
@@ -157,6 +162,9 @@ class ApiConfig(_Strict):
     log_file: str | None = Field(None, description="service log; default: stderr")
     auth: AuthLimits = Field(default_factory=AuthLimits, description="rate limit and lockout on failed keys")
     tls: TlsConfig = Field(default_factory=TlsConfig, description="HTTPS in the service itself")
+    sessions: SessionConfig = Field(
+        default_factory=SessionConfig, description="browser login sessions of the clinician page (/login)"
+    )
     docs: bool = Field(
         False, description="serve /openapi.json (any valid key needed; no Swagger UI or ReDoc pages)"
     )

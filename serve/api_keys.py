@@ -5,8 +5,9 @@ so a leaked key file grants nothing. Keys are random 256-bit tokens, which is wh
 (no slow KDF) is the right hash: there is nothing to brute-force. The id lets the service find the
 entry without comparing against every hash, and names the caller in the audit store.
 
-Roles: `match` (trials and matching), `audit` (read decisions and their pages, metrics), `admin`
-(everything, including uploading reviewed trial programs).
+Roles: `match` (trials and matching), `audit` (read decisions and their pages, metrics), `review`
+(review a decision: confirm, correct, flag; read its history), `trial_owner` (revise a trial's
+program, read its flags), `admin` (everything, including uploading reviewed trial programs).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from verdict_core.errors import describe_validation_error
 from .errors import KeysUnavailable, ServeConfigError
 
 log = logging.getLogger("serve.auth")
-Role = Literal["match", "audit", "admin"]
-ROLES: tuple[str, ...] = ("match", "audit", "admin")
+Role = Literal["match", "audit", "review", "trial_owner", "admin"]
+ROLES: tuple[str, ...] = ("match", "audit", "review", "trial_owner", "admin")
 PREFIX = "vk_"
 
 
@@ -164,6 +165,13 @@ class KeyStore:
         if entry is None or entry.revoked or entry.expired():
             return None
         return entry if hmac.compare_digest(entry.sha256, _hash(key)) else None
+
+    def entry(self, key_id: str) -> KeyEntry | None:
+        """The entry of a valid, unrevoked key id (a login session's key, re-read from the file)."""
+        with self._lock:
+            self._refresh()
+            entry = self._by_id.get(key_id)
+        return None if entry is None or entry.revoked or entry.expired() else entry
 
     def count(self) -> int:
         with self._lock:

@@ -11,24 +11,22 @@ behind a key; there are no Swagger UI or ReDoc pages (they load scripts from a p
 
 from __future__ import annotations
 
-import base64
-import hashlib
 from contextlib import asynccontextmanager
-from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .api_config import ApiConfig
 from .api_keys import KeyEntry, KeyStore
-from .auth import Authenticate
-from .clinician_page import _CSS, render_page
+from .auth import Authenticate, FailedAttempts
 from .errors import ServiceError
 from .metrics import ServiceMetrics
 from .middleware import AccessLog, BodyLimit, SecurityHeaders
+from .pages.router import page_routes
+from .screen.router import router as screen_router
+from .pages.session import SessionStore
 from .protocol import (
     BatchLine,
     BatchRequest,
@@ -42,9 +40,11 @@ from .protocol import (
     TrialRequest,
     TrialResponse,
 )
+from .reviews.router import router as reviews_router
+from .roles import Forbidden, Unauthorized, require  # noqa: F401 - Unauthorized: importable from here as before
+from .reviews.serving import ReviewService
 from .serving import MatchingService, error_body
 
-_bearer = HTTPBearer(auto_error=False, description="an API key: `verdict serve keys add --role ...`")
 _ERROR_TEXT = {
     401: "missing or invalid API key",
     403: "the key lacks the role",
@@ -53,14 +53,6 @@ _ERROR_TEXT = {
     422: "invalid request: every invalid field is named",
 }
 _ERRORS = {code: {"model": ErrorBody, "description": text} for code, text in _ERROR_TEXT.items()}
-# Error bodies are JSON on every route, the HTML page's included.
-_PAGE_ERRORS = {
-    code: {
-        "description": text,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
-    }
-    for code, text in _ERROR_TEXT.items()
-}
 _FORMALIZER_ERRORS = {
     **_ERRORS,
     502: {"model": ErrorBody, "description": "formalizer output invalid after one repair"},
@@ -68,20 +60,6 @@ _FORMALIZER_ERRORS = {
 }
 
 
-# The page loads nothing and runs no script; its one inline style is allowed by its hash.
-PAGE_CSP = (
-    "default-src 'none'; style-src 'sha256-"
-    + base64.b64encode(hashlib.sha256(_CSS.encode()).digest()).decode()
-    + "'; img-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
-)
-
-
-class Unauthorized(ServiceError):
-    status, code = 401, "unauthorized"
-
-
-class Forbidden(ServiceError):
-    status, code = 403, "forbidden"
 
 
 def create_app(config: ApiConfig, base_url: str, *, service: MatchingService | None = None) -> FastAPI:
@@ -110,20 +88,7 @@ def create_app(config: ApiConfig, base_url: str, *, service: MatchingService | N
         openapi_url="/openapi.json" if config.docs else None,
     )
     app.state.service = service
-
-    def require(*roles: str):
-        async def dependency(
-            request: Request, _creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-        ) -> KeyEntry:
-            # Authenticated at the edge (auth.Authenticate), before the body was read; here: the role.
-            entry = getattr(request.state, "key_entry", None)
-            if entry is None:
-                raise Unauthorized("missing or invalid API key", headers={"WWW-Authenticate": "Bearer"})
-            if not any(entry.allows(r) for r in roles):
-                raise Forbidden(f"this key lacks the role {' or '.join(roles)}")
-            return entry
-
-        return dependency
+    app.state.reviews = ReviewService(service)  # reviews, history, revisions, flags (serve/reviews)
 
     matcher = Depends(require("match"))
     reader = Depends(require("match", "audit"))
@@ -249,26 +214,19 @@ def create_app(config: ApiConfig, base_url: str, *, service: MatchingService | N
         """A decision from the append-only audit store (audit role)."""
         return service.decision_record(decision_id)
 
-    @app.get(
-        "/v1/decisions/{decision_id}/page",
-        response_class=HTMLResponse,
-        tags=["audit"],
-        responses=_PAGE_ERRORS,
-    )
-    async def decision_page(decision_id: str, _key: KeyEntry = auditor) -> HTMLResponse:
-        """The clinician's page of a decision: criteria with evidence highlighted in the note, what to
-        confirm at the visit, what would change the decision (audit role)."""
-        row = service.decision_row(decision_id)
-        program = service.program_version(row.trial_id, row.program_hash)
-        return HTMLResponse(
-            render_page(row, program),
-            headers={"Cache-Control": "no-store", "Content-Security-Policy": PAGE_CSP},
-        )
+    app.include_router(screen_router)  # POST /v1/screen (serve/screen)
+    app.include_router(reviews_router)  # reviews, history, revisions, flags (serve/reviews)
+
+    # -- the HTML pages: login, the clinician page and its review forms (serve/pages) -------------
+    sessions = SessionStore(config.sessions)
+    app.state.sessions = sessions
+    login_attempts = FailedAttempts(config.auth)  # wrong keys pasted at /login, per client address
+    app.include_router(page_routes(keys, sessions, login_attempts, secure_cookies=config.tls.enabled))
 
     # Outermost last: headers (on every answer, the last guard's 500 included) -> log -> key ->
     # body limit -> routes.
     app.add_middleware(BodyLimit, max_bytes=config.limits.max_body_bytes)
-    app.add_middleware(Authenticate, keys=keys, limits=config.auth, metrics=metrics)
+    app.add_middleware(Authenticate, keys=keys, limits=config.auth, metrics=metrics, sessions=sessions)
     app.add_middleware(AccessLog, metrics=metrics)
     app.add_middleware(SecurityHeaders)
     return app

@@ -19,6 +19,7 @@ from .api_config import AuthLimits
 from .api_keys import PREFIX, KeyStore
 from .errors import ServiceError
 from .middleware import send_json
+from .pages.session import OPEN_PAGE_PATHS
 
 log = logging.getLogger("serve.auth")
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # no key needed (load balancers, orchestrators)
@@ -79,17 +80,25 @@ def key_id_of(key: str | None) -> str:
 
 
 class Authenticate:
-    def __init__(self, app, keys: KeyStore, limits: AuthLimits, metrics=None):
+    def __init__(self, app, keys: KeyStore, limits: AuthLimits, metrics=None, sessions=None):
         self.app = app
         self.keys = keys
         self.attempts = FailedAttempts(limits)
         self.metrics = metrics
+        self.sessions = sessions  # serve.pages.session.SessionStore: a browser's login cookie
+        self.open_paths = OPEN_PATHS | (OPEN_PAGE_PATHS if sessions is not None else frozenset())
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
+        if scope["type"] != "http" or scope.get("path") in self.open_paths:
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         key = presented_key(headers)
+        if key is None and self.sessions is not None:  # no key header: a browser's login session?
+            entry = self.sessions.authenticate(scope, self.keys)
+            if entry is not None:
+                state = scope.setdefault("state", {})
+                state["key_entry"], state["key_id"] = entry, entry.id
+                return await self.app(scope, receive, send)
         client = (scope.get("client") or ("-", 0))[0]
         kid = key_id_of(key)
         subjects = [f"addr:{client}"] + ([f"key:{kid}"] if kid not in ("-", "(malformed)") else [])

@@ -5,8 +5,9 @@
     merge_results(out)                # out/results.jsonl: every shard, deduplicated
 
 Pairs are sharded by trial (a stable hash of the trial id), so each trial is parsed by exactly one
-shard, once. A shard appends one line per finished pair to `shards/<i>/results.jsonl` (flushed
-and fsynced), so a killed or preempted job loses at most the pairs in flight: run it again and it
+shard, once. A shard appends one line per finished pair to `shards/<i>/results.jsonl` (the
+project's JSONL record store, `verdict_core.jsonl_store`: flushed and fsynced, a line torn by a
+kill cut on resume), so a killed or preempted job loses at most the pairs in flight: run it again and it
 does only what is missing. Merging keeps one line per (patient, trial, program version, policy).
 """
 
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from verdict_core.jsonl_store import JsonlStore
 
 from .errors import BatchError
 
@@ -164,17 +167,14 @@ def result_path(out: Path, shard: int) -> Path:
     return out / "shards" / str(shard) / "results.jsonl"
 
 
+def result_store(path: Path) -> JsonlStore[ResultLine]:
+    """A shard's results file: fsynced appends, a line torn by a kill cut before the next append."""
+    return JsonlStore(path, ResultLine, durable=True)
+
+
 def read_results(path: Path) -> list[ResultLine]:
     """Complete lines only: a line cut by a crash is ignored (and redone)."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(ResultLine.model_validate_json(line))
-        except ValueError:
-            continue
-    return out
+    return result_store(path).load()
 
 
 async def run_shard(
@@ -247,15 +247,10 @@ async def _match_pairs(
     caller = f"batch:{plan.name}:{shard}"
     counts = {"pairs": len(mine), "done_before": len(mine) - len(todo), "matched": 0, "failed": 0}
     t0 = time.monotonic()
-    sink = _open_for_append(result_path(out, shard))
+    sink = result_store(result_path(out, shard)).open()
     sem = asyncio.Semaphore(api.limits.batch_concurrency)
     program_hash: dict[str, str] = {}
     parse_failed: dict[str, Exception] = {}  # a trial whose parse failed is not retried pair by pair
-
-    def write(line: ResultLine) -> None:
-        sink.write(line.model_dump_json() + "\n")
-        sink.flush()
-        os.fsync(sink.fileno())
 
     async def one(pid: str, tid: str) -> None:
         async with sem:
@@ -306,7 +301,7 @@ async def _match_pairs(
                     finished_at=time.time(),
                 )
                 counts["failed"] += 1
-            write(line)
+            sink.append(line)
             n = counts["matched"] + counts["failed"]
             if n % 10 == 0 or n == len(todo):
                 rate = n / max(time.monotonic() - t0, 1e-9)
@@ -320,17 +315,6 @@ async def _match_pairs(
         await service.aclose()
         service.audit.close()
     return counts
-
-
-def _open_for_append(path: Path):
-    """Append after the last complete line: a line cut by a crash is dropped, not glued to the next."""
-    if path.exists():
-        data = path.read_bytes()
-        keep = data.rfind(b"\n") + 1
-        if keep != len(data):
-            with open(path, "r+b") as f:
-                f.truncate(keep)
-    return open(path, "a")
 
 
 def merge_results(out: str | Path) -> dict:

@@ -75,15 +75,13 @@ def batch_cmd(
             _say(f"rendered {p}")
         if not submit:
             return
-        from slurm.submit import sbatch, slurm_env, wait_for
+        from slurm.submit import Job, slurm_env, submit_jobs, wait_for
 
         env = slurm_env()
-        log_dir = _log_dir(scripts["match"])
-        if log_dir:
-            Path(log_dir).mkdir(parents=True, exist_ok=True)
-        array = sbatch(scripts["match"], env=env)
         # afterany: merge what finished even if a task failed (its pairs are reported missing)
-        merge = sbatch(scripts["match-merge"], dependency=f"afterany:{array}", env=env)
+        ids = submit_jobs([Job("match", scripts["match"]),
+                           Job("merge", scripts["match-merge"], after=["match"], when="afterany")], env)
+        array, merge = ids["match"], ids["merge"]
         typer.echo(json.dumps({"array": array, "merge": merge}))
         if not wait:
             return
@@ -99,13 +97,6 @@ def batch_cmd(
             raise typer.Exit(1)
     except VerdictError as e:
         fail(str(e))
-
-
-def _log_dir(script: Path) -> str | None:
-    for line in script.read_text().splitlines():
-        if line.startswith("#SBATCH --output="):
-            return str(Path(line.split("=", 1)[1]).parent)
-    return None
 
 
 def _progress_line(out: Path) -> str:
@@ -159,3 +150,30 @@ def status_cmd(out: Path = typer.Option(..., help="batch folder")) -> None:
         total = sum(1 for _, t in pairs if shard_of(t, plan.shards) == i)
         done = len({(r.patient_id, r.trial_id) for r in read_results(result_path(out, i))})
         typer.echo(f"shard {i}: {done}/{total}")
+
+
+
+@app.command("rescreen")
+def rescreen_cmd(
+    config: Optional[str] = typer.Option(None, "--config", "-c", help="serve config (api.audit_db, limits)"),
+    db: Optional[str] = typer.Option(None, "--db", help="or the store: a SQLite file or postgresql:// URL"),
+    password_env: Optional[str] = typer.Option(None, help="with a --db URL: variable with the password"),
+    policy: Optional[str] = typer.Option(None, help="re-decide this policy's decisions of another version"),
+    trial: Optional[str] = typer.Option(None, help="re-decide this trial's decisions on another version"),
+    out: Optional[Path] = typer.Option(None, help="JSON report (default: runs/match/rescreen-TIME.json)"),
+) -> None:
+    """Re-decide stored resolved patients with the core, no LLM call, after a policy or program change.
+    Prints the changed decisions (old and new side by side), writes them as superseding decisions and
+    the whole report as JSON. Rerunning writes nothing new."""
+    from .reviews.rescreen import run_rescreen
+
+    if (config is None) == (db is None):
+        fail("give --config NAME or --db PATH|URL")
+    if (policy is None) == (trial is None):
+        fail("give --policy NAME or --trial ID")
+    try:
+        table, summary = run_rescreen(config, db, password_env, policy=policy, trial_id=trial, out=out)
+    except VerdictError as e:
+        fail(str(e))
+    typer.echo(table)
+    _say(summary)

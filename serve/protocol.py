@@ -88,8 +88,9 @@ class TrialRequest(_Strict):
 class TrialResponse(BaseModel):
     trial_id: str
     program_hash: str
-    origin: Literal["parser", "upload"] = Field(
-        description="parser: the trial parser's output (match role); upload: a reviewed program (admin role)"
+    origin: Literal["parser", "upload", "revision"] = Field(
+        description="parser: the trial parser's output (match role); upload: a reviewed program (admin role); "
+        "revision: a corrected program (trial_owner or admin, POST /v1/trials/{id}/revisions)"
     )
     active: bool = Field(
         description="whether matches on trial_id use this version: the newest reviewed version is active, "

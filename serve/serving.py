@@ -15,12 +15,10 @@ import functools
 import hashlib
 import json
 import logging
-import tempfile
 import time
 import traceback
 import uuid
 from collections import OrderedDict
-from pathlib import Path
 from typing import AsyncIterator
 from urllib.parse import urlsplit
 
@@ -33,6 +31,7 @@ from data_gen.errors import EgressRefused, EndpointError
 from data_gen.formalizer import Formalizer, core_schema, merge_sides
 from data_gen.formalizer.miner import BUDGET as MINER_BUDGET
 from data_gen.formalizer.miner import PassageConflict
+from data_gen.formalizer.value_reuse import ValueReuse
 from data_gen.formalizer.endpoints import EndpointPool
 from data_gen.protocol import PatientDoc, StageResult, TrialDoc
 from verdict_core.decision import ENGINE_VERSION
@@ -90,19 +89,17 @@ def trial_doc(text: TrialText) -> TrialDoc:
 
 def ctgov_doc(study: dict) -> TrialDoc:
     """One ClinicalTrials.gov study record, read by the project's one CT.gov reader."""
-    from data_gen.sources import load_trials
+    from data_gen.sources import ctgov_studies
 
-    with tempfile.TemporaryDirectory(prefix="ctgov-") as d:
-        path = Path(d) / "study.json"
-        path.write_text(json.dumps(study))
-        try:
-            loaded = load_trials(path, format="ctgov")
-        except VerdictError as e:
-            raise InvalidInput("unreadable ClinicalTrials.gov study", [("ctgov_study", e.summary)]) from None
-    if loaded.problems or len(loaded.items) != 1:
-        msgs = [p.replace("study.json", "study") for p in loaded.problems] or ["expected exactly one study"]
-        raise InvalidInput("unreadable ClinicalTrials.gov study", [("ctgov_study", m) for m in msgs])
-    return loaded.items[0]
+    problems: list[str] = []
+    try:
+        items = list(ctgov_studies(study, "study", problems))
+    except VerdictError as e:
+        raise InvalidInput("unreadable ClinicalTrials.gov study", [("ctgov_study", e.summary)]) from None
+    if problems or len(items) != 1:
+        raise InvalidInput("unreadable ClinicalTrials.gov study",
+                           [("ctgov_study", m) for m in problems or ["expected exactly one study"]])
+    return items[0]
 
 
 def origin_of(url: str) -> str:
@@ -136,15 +133,20 @@ class MatchingService:
             check_interval_s=fc.health_check_interval_s,
             check_timeout_s=fc.health_check_timeout_s,
         )
+        # One engine: parsed programs are checked under solver_timeout_ms and compiled once for
+        # the check and every decision.
+        self.engine = Engine(timeout_ms=config.solver_timeout_ms, alternatives=config.alternatives)
         self.parser = Formalizer(
-            parser_ep, egress=self.egress, prompts=fc.prompts, run="serve", client=self.client
+            parser_ep, engine=self.engine, egress=self.egress, prompts=fc.prompts, run="serve",
+            client=self.client
         )
         self.miner = Formalizer(
-            miner_ep, egress=self.egress, prompts=fc.prompts, run="serve", client=self.client
+            miner_ep, engine=self.engine, egress=self.egress, prompts=fc.prompts, run="serve",
+            client=self.client,
+            value_reuse=ValueReuse() if fc.reuse_values else None,
         )
         self.audit = audit or open_store(config)
         self.metrics = metrics or ServiceMetrics()
-        self.engine = Engine(timeout_ms=config.solver_timeout_ms, alternatives=config.alternatives)
         self._parse_locks: dict[str, asyncio.Lock] = {}
         self._programs: OrderedDict[str, TrialProgram] = OrderedDict()
         self._base_model: str | None = None
@@ -260,6 +262,22 @@ class MatchingService:
     def upload_program(self, data: dict, caller: str) -> TrialRow:
         """A reviewed program (admin role): checked like parser output, then the active version of its
         trial id (serve.audit.store: which version a match uses)."""
+        program = self.checked_program(data, caller)
+        existing = self.audit.active_trial(program.trial_id)
+        if existing is not None and existing.program_hash == program.content_hash and existing.reviewed:
+            return existing
+        return self.audit.add_trial(
+            trial_id=program.trial_id,
+            program_hash=program.content_hash,
+            program_json=program.model_dump_json(by_alias=True),
+            origin="upload",
+            created_by=caller,
+        )
+
+    def checked_program(self, data: dict, caller: str, source: str = "upload") -> TrialProgram:
+        """A program from a person (an upload, a revision): validated, statically checked and
+        satisfiable within the solver limit, else InvalidInput naming `program.<path>`. Runs the
+        solver: call it in a thread."""
         try:
             program = TrialProgram.model_validate(data)
         except ValidationError as e:
@@ -277,18 +295,8 @@ class MatchingService:
             raise InvalidInput(
                 e.summary, [("program", p) for p in e.problems] or [("program", e.summary)]
             ) from None
-        program = program.model_copy(
-            update={"provenance": program.provenance or Provenance(source="upload", details={"key": caller})}
-        )
-        existing = self.audit.active_trial(program.trial_id)
-        if existing is not None and existing.program_hash == program.content_hash and existing.reviewed:
-            return existing
-        return self.audit.add_trial(
-            trial_id=program.trial_id,
-            program_hash=program.content_hash,
-            program_json=program.model_dump_json(by_alias=True),
-            origin="upload",
-            created_by=caller,
+        return program.model_copy(
+            update={"provenance": program.provenance or Provenance(source=source, details={"key": caller})}
         )
 
     async def parsed_trial(self, doc: TrialDoc, caller: str) -> tuple[TrialRow, bool]:

@@ -217,8 +217,11 @@ def train_student(
     out: str | Path,
     steps: int | None = None,
     log=lambda m: None,
+    init_adapter: str | Path | None = None,
 ) -> Path:
-    """One adapter through `train/` (CPU, memorization recipe); returns the adapter folder."""
+    """One adapter through `train/` (CPU, memorization recipe); returns the adapter folder. `dataset`:
+    an export folder, or a list of `DatasetSpec` (weighted mix); `init_adapter`: continue that adapter
+    (the site fine-tune of docs/train.md)."""
     from train.sft_config import DatasetSpec, LoraSpec, TrainConfig
     from train.sft_trainer import train
 
@@ -226,7 +229,8 @@ def train_student(
         name=f"tiny-{task}",
         task=task,
         base_model=str(base_model),
-        datasets=[DatasetSpec(path=str(dataset))],
+        datasets=dataset if isinstance(dataset, list) else [DatasetSpec(path=str(dataset))],
+        init_adapter=str(init_adapter) if init_adapter else None,
         output_dir=str(out),
         eval_split=None,
         lr=1e-2,

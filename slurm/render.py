@@ -40,11 +40,13 @@ class ChainScripts:
     extra: dict = field(default_factory=dict)
 
 
-def _env():
+def _env(extra_templates: tuple[Path, ...] = ()):
+    """Templates of slurm/templates, and of the given folders first (a part's own job templates
+    extend base.sbatch.j2, e.g. bench/templates)."""
     import jinja2
 
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        loader=jinja2.FileSystemLoader([str(p) for p in (*extra_templates, TEMPLATES)]),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
@@ -70,13 +72,17 @@ def render_text(
     command: str,
     res: JobResources,
     array: str | None = None,
+    templates: tuple[Path, ...] = (),
     **extra,
 ) -> str:
+    """One job script's text; `templates`: a part's own template folders, searched first."""
     slurm = slurm.resolved()
     if "\n" in command:
         raise RenderError("the job command must be one line")
+    # slurm does not create the folder of --output, and a job without it fails before it starts
+    Path(slurm.log_dir).mkdir(parents=True, exist_ok=True)
     return (
-        _env()
+        _env(tuple(templates))
         .get_template(template)
         .render(
             job_name=job_name(kind, name),
@@ -97,7 +103,7 @@ def render_text(
     )
 
 
-def _write(path: Path, text: str) -> Path:
+def write_script(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     path.chmod(0o755)
@@ -131,7 +137,7 @@ def render_job(
         shards=1,
         report_only=False,
     )
-    return _write(Path(out_dir) / f"{kind}.sbatch", text)
+    return write_script(Path(out_dir) / f"{kind}.sbatch", text)
 
 
 def train_command(train_config: Path, overrides: list[str]) -> str:
@@ -188,7 +194,7 @@ def render_train_chain(
     out = Path(out_dir) if out_dir else run_dir.parent / f"{cfg.name}.slurm"
     shards = slurm.jobs.eval.shards
     common = dict(run_name=cfg.name, task=cfg.task, run_dir=str(run_dir), split=split, shards=shards)
-    train = _write(
+    train = write_script(
         out / "train.sbatch",
         render_text(
             "train.sbatch.j2",
@@ -201,7 +207,7 @@ def render_train_chain(
             **common,
         ),
     )
-    ev = _write(
+    ev = write_script(
         out / "eval.sbatch",
         render_text(
             "eval.sbatch.j2",
@@ -217,7 +223,7 @@ def render_train_chain(
     )
     report = None
     if shards > 1:
-        report = _write(
+        report = write_script(
             out / "eval_report.sbatch",
             render_text(
                 "eval.sbatch.j2",

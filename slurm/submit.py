@@ -1,5 +1,6 @@
-"""Submit rendered jobs with sbatch, chain them with --dependency=afterok, and wait for them.
+"""Submit rendered jobs with sbatch, chain them with --dependency, and wait for them.
 
+    ids = submit_jobs([Job("a", a_sh), Job("b", b_sh, after=["a"])])   # the one chain submitter
     ids = submit_chain(scripts)          # {"train": "12", "eval": "13", "eval_report": "14"}
     states = wait_for(ids.values())      # {"12": "COMPLETED", ...}
 
@@ -13,6 +14,7 @@ import os
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from verdict_core.errors import VerdictError
@@ -56,32 +58,44 @@ def sbatch(script: str | Path, dependency: str | None = None, env: dict | None =
     return out.stdout.strip().split(";")[0]  # "<id>" or "<id>;<cluster>"
 
 
+@dataclass
+class Job:
+    """One script of a chain: it starts after the jobs named in `after` (submitted before it)."""
+
+    name: str
+    script: Path
+    after: list[str] = field(default_factory=list)
+    # afterok: only if they succeeded; afterany: whatever their end (a merge of what finished)
+    when: str = "afterok"
+
+
+def submit_jobs(jobs: list[Job], env: dict | None = None, after: str | None = None) -> dict[str, str]:
+    """The project's one chain submitter: sbatch each job in order, each depending on the jobs it
+    names; `after`: a job id that every job without dependencies of its own waits for. Returns
+    name -> job id. (The renderer made the log folders.)"""
+    ids: dict[str, str] = {}
+    for j in jobs:
+        missing = [a for a in j.after if a not in ids]
+        if missing:
+            raise SubmitError(f"job '{j.name}' depends on {', '.join(missing)}, not submitted before it")
+        dep = f"{j.when}:" + ":".join(ids[a] for a in j.after) if j.after else (f"afterok:{after}" if after else None)
+        ids[j.name] = sbatch(j.script, dep, env)
+    return ids
+
+
 def submit_chain(
     scripts: ChainScripts, only: str | None = None, after: str | None = None, env: dict | None = None
 ) -> dict[str, str]:
     """train -> eval (afterok) -> eval_report (afterok on the whole eval array). ``only='eval'``
     submits the evaluation alone (after job ``after`` if given)."""
-    log_dirs = {_log_dir(p) for p in (scripts.train, scripts.eval, scripts.eval_report) if p}
-    for d in log_dirs:
-        if d:
-            Path(d).mkdir(parents=True, exist_ok=True)  # slurm does not create the log folder
-    ids: dict[str, str] = {}
-    dep = f"afterok:{after}" if after else None
+    jobs = []
     if only in (None, "train"):
-        ids["train"] = sbatch(scripts.train, dep, env)
-        dep = f"afterok:{ids['train']}"
+        jobs.append(Job("train", scripts.train))
     if only in (None, "eval"):
-        ids["eval"] = sbatch(scripts.eval, dep, env)
+        jobs.append(Job("eval", scripts.eval, after=["train"] if only is None else []))
         if scripts.eval_report:
-            ids["eval_report"] = sbatch(scripts.eval_report, f"afterok:{ids['eval']}", env)
-    return ids
-
-
-def _log_dir(script: Path) -> str | None:
-    for line in Path(script).read_text().splitlines():
-        if line.startswith("#SBATCH --output="):
-            return str(Path(line.split("=", 1)[1]).parent)
-    return None
+            jobs.append(Job("eval_report", scripts.eval_report, after=["eval"]))
+    return submit_jobs(jobs, env, after)
 
 
 def job_states(job_id: str, env: dict | None = None) -> list[str]:

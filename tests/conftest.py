@@ -7,6 +7,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 pytest_plugins = [
+    "tests.fixtures.fhir_server",
     "tests.fixtures.models",
     "tests.fixtures.postgres",
     "tests.fixtures.scripted_api",

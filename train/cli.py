@@ -117,7 +117,7 @@ def eval_cmd(
     def body():
         from verdict_core.configs import find_config
 
-        from .eval import evaluate
+        from .eval import evaluate, rate_value
         from .eval_config import load_eval_config
 
         cfg = load_eval_config(find_config("train", config), set_)
@@ -140,10 +140,11 @@ def eval_cmd(
                         "dataset": r["dataset"],
                         "split": r["split"],
                         "records": r["records"],
-                        **r["validity"],
-                        "exact_match": r["exact_match"],
-                        "atoms": r["atoms"],
-                        "decision_agreement": d.get("agreement") if d.get("available") else None,
+                        # one line of bare rates; report.json has their k, n and 95% intervals
+                        **{k: rate_value(v) for k, v in r["validity"].items()},
+                        "exact_match": rate_value(r["exact_match"]),
+                        "atoms": {k: rate_value(v) for k, v in r["atoms"].items()},
+                        "decision_agreement": rate_value(d.get("agreement")) if d.get("available") else None,
                         "decision_pairs": d.get("pairs"),
                         "tokens_per_second": r["performance"]["tokens_per_second"],
                     },

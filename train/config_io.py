@@ -121,9 +121,9 @@ def describe(err: ValidationError, model: type[BaseModel]) -> list[str]:
         if e["type"] == "extra_forbidden":
             parent: Any = model
             for p in e["loc"][:-1]:
-                parent = (
-                    _model_in(parent.model_fields[p].annotation) if isinstance(p, str) and parent else parent
-                )
+                fields = getattr(parent, "model_fields", None) or {}
+                if isinstance(p, str) and p in fields:  # a dict key or list index keeps the value's model
+                    parent = _model_in(fields[p].annotation)
             known = (
                 list(parent.model_fields) if parent is not None and hasattr(parent, "model_fields") else []
             )

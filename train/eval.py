@@ -1,14 +1,18 @@
 """`verdict train eval`: score a student against the teacher records of a held-out split.
 
-For each record the student generates greedily (batched); its output is checked for JSON
-validity, JSON-Schema validity (the core's schema) and model validity, and compared atom by atom
-with the teacher's. The number that matters is *decision agreement*: the core decides every
+For each record the student generates greedily (batched); its output is checked for JSON validity
+and schema validity (the stage's typed output model, as the formalizer checks it; the definitions
+are the project's shared ones, `verdict_core.metrics`) and compared atom by atom with the
+teacher's. Rates carry Wilson 95% intervals; p95 interpolates (the same numbers `verdict bench`
+reports). The number that matters is *decision agreement*: the core decides every
 patient-trial pair of the split twice, once on the teacher's outputs and once with the student's
 outputs in their place, and the two decisions are compared.
 
 Work is resumable and shardable: predictions are appended per record to
-``eval/<dataset>/<split>/predictions[.shard-K-of-N].jsonl`` and records already there are not
-generated again; the report is computed from all prediction files once every record has one.
+``eval/<dataset>/<split>/predictions[.shard-K-of-N].jsonl`` (the project's JSONL record store,
+`verdict_core.jsonl_store`: a line torn by a kill is cut before the next append) and records
+already there are not generated again; the report is computed from all prediction files once
+every record has one.
 Predictions contain evidence quotes from patient notes: they stay in the run directory and never
 go to the logs.
 """
@@ -21,21 +25,21 @@ import statistics
 import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from verdict_core.errors import VerdictError
+from verdict_core.jsonl_store import JsonlStore
+from verdict_core.metrics import NO_JSON, format_rate, output_validity, percentile, rate
 
 from . import sft_data
 from .eval_config import EvalConfig
 from .run_dir import RunDir, RunError, open_run, write_atomic
 from .sft_config import TrainConfig
 
-REPORT_FORMAT = "verdict.student_eval/v1"
-SCHEMA_NAME = {"parser": "parsed-trial", "value_miner": "value-miner"}
+REPORT_FORMAT = "verdict.student_eval/v2"  # v2: rates as {k, n, rate, ci95}; schema_valid = the output model
 COMPANION = {"parser": "value_miner", "value_miner": "parser"}
 Log = Callable[[str], None]
 
@@ -69,51 +73,24 @@ def open_target(run_path: str | Path) -> Target:
 
 
 # ---- checking one output -------------------------------------------------------------------------
-@lru_cache(maxsize=4)
-def _validator(task: str):
-    import jsonschema
-
-    from verdict_core.schemas import json_schema
-
-    schema = json_schema(SCHEMA_NAME[task])
-    return jsonschema.Draft202012Validator(schema)
-
-
-@lru_cache(maxsize=1)
-def _criterion_validator():
-    """The per-criterion parser output's schema (`parsed-criterion`)."""
-    import jsonschema
-
-    from verdict_core.schemas import json_schema
-
-    return jsonschema.Draft202012Validator(json_schema("parsed-criterion"))
-
-
 @dataclass
 class Checked:
     json_ok: bool
-    schema_ok: bool
-    model_ok: bool
-    data: object | None  # the parsed JSON
-    parsed: object | None  # ParsedTrial / ValueMinerOutput when model_ok
+    schema_ok: bool  # JSON that validates as the stage's output model (`verdict_core.metrics`)
+    reason: str | None  # the formalizer's rejection category: empty | truncated | json | schema
+    parsed: object | None  # ParsedCriterion / ParsedTrial / ValueMinerOutput when schema_ok
     error: str | None
 
 
 def check_output(task: str, text: str) -> Checked:
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        return Checked(False, False, False, None, None, f"not JSON: {e.msg}")
-    per_criterion = task == "parser" and isinstance(data, dict) and sft_data.is_criterion_output(data)
-    schema_ok = (_criterion_validator() if per_criterion else _validator(task)).is_valid(data)
-    try:
-        parsed = sft_data.output_model(task, data if isinstance(data, dict) else None).model_validate(data)
-    except ValidationError as e:
-        first = e.errors(include_url=False, include_input=False)[0]
-        return Checked(
-            True, schema_ok, False, data, None, f"{'.'.join(map(str, first['loc']))}: {first['msg']}"
-        )
-    return Checked(True, schema_ok, True, data, parsed, None)
+    """The formalizer's own first check (`parse_output`): JSON, then the task's output model."""
+    from data_gen.formalizer.checks import parse_output
+
+    parsed, problems = parse_output(text, None, 0, sft_data.output_model(task, text))
+    if parsed is not None:
+        return Checked(True, True, None, parsed, None)
+    reason, message = problems[0]
+    return Checked(reason not in NO_JSON, False, reason, None, message.removeprefix("output."))
 
 
 # ---- atom-level agreement ------------------------------------------------------------------------
@@ -181,32 +158,31 @@ def parser_atom_counts(teacher, student) -> Counter:
     return c
 
 
-def _rate(num: int | float, den: int | float) -> float | None:
-    return round(num / den, 6) if den else None
-
-
 def atom_summary(task: str, c: Counter) -> dict:
+    """Atom-level agreement; every proportion is a rate with its Wilson interval (atom_f1, not a
+    proportion, is a bare number)."""
     if task == "value_miner":
         return {
             "atoms": c["atoms"],
-            "value_agreement": _rate(c["value_agree"], c["atoms"]),
-            "status_agreement": _rate(c["status_agree"], c["atoms"]),
-            "evidence_agreement": _rate(c["evidence_agree"], c["atoms"]),
+            "value_agreement": rate(c["value_agree"], c["atoms"]),
+            "status_agreement": rate(c["status_agree"], c["atoms"]),
+            "evidence_agreement": rate(c["evidence_agree"], c["atoms"]),
             "missing_atoms": c["missing"],
             "extra_atoms": c["extra"],
         }
-    p, r = _rate(c["shared_atoms"], c["student_atoms"]), _rate(c["shared_atoms"], c["teacher_atoms"])
+    p, r = rate(c["shared_atoms"], c["student_atoms"]), rate(c["shared_atoms"], c["teacher_atoms"])
+    pr, rr = p["rate"], r["rate"]
     return {
         "teacher_atoms": c["teacher_atoms"],
         "student_atoms": c["student_atoms"],
         "atom_precision": p,
         "atom_recall": r,
-        "atom_f1": round(2 * p * r / (p + r), 6)
-        if p and r
-        else (0.0 if p is not None and r is not None else None),
-        "declaration_agreement": _rate(c["declaration_agree"], c["shared_atoms"]),
+        "atom_f1": round(2 * pr * rr / (pr + rr), 6)
+        if pr and rr
+        else (0.0 if pr is not None and rr is not None else None),
+        "declaration_agreement": rate(c["declaration_agree"], c["shared_atoms"]),
         "criteria": c["criteria"],
-        "criterion_formula_agreement": _rate(c["criteria_formula_agree"], c["criteria"]),
+        "criterion_formula_agreement": rate(c["criteria_formula_agree"], c["criteria"]),
     }
 
 
@@ -273,7 +249,7 @@ class DecisionScorer:
             "policy": f"{self.policy.name} v{self.policy.version}",
             "pairs": self.pairs,
             "agree": self.agree,
-            "agreement": _rate(self.agree, self.pairs),
+            "agreement": rate(self.agree, self.pairs),
             "confusion": {t: dict(sorted(c.items())) for t, c in sorted(self.confusion.items())},
             "skipped": dict(self.skipped),
         }
@@ -383,15 +359,28 @@ def prediction_file(out_dir: Path, shard: int, num_shards: int) -> Path:
     )
 
 
-def read_predictions(out_dir: Path) -> dict[str, dict]:
-    preds = {}
+class Prediction(BaseModel):
+    """One generated output: a line of a predictions file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    record_id: str = Field(description="the SFT record the output answers")
+    output: str = Field(description="the student's raw output (may quote patient notes: stays in the run)")
+    new_tokens: int = Field(ge=0, description="tokens generated")
+    seconds: float = Field(ge=0, description="wall time of the batch that generated it")
+    batch_size: int = Field(ge=1, description="records in that batch (seconds / batch_size: per record)")
+
+
+def prediction_store(path: Path) -> JsonlStore[Prediction]:
+    return JsonlStore(path, Prediction)
+
+
+def read_predictions(out_dir: Path) -> dict[str, Prediction]:
+    """record id -> its prediction, from every shard's file (a torn last line is left out: that
+    record is generated again)."""
+    preds: dict[str, Prediction] = {}
     for f in sorted(out_dir.glob("predictions*.jsonl")):
-        for line in f.read_text().splitlines():
-            try:
-                p = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by a kill: that record is generated again
-            preds[p["record_id"]] = p
+        preds.update(prediction_store(f).latest(lambda p: p.record_id))
     return preds
 
 
@@ -476,27 +465,19 @@ def generate(
     )
     # Similar lengths batch together (less padding); order does not change greedy outputs.
     todo.sort(key=lambda r: len(gen.prompt_text(r["messages"])))
-    out = prediction_file(out_dir, shard, num_shards)
     n = 0
-    with out.open("a") as f:
+    # Opening cuts a line torn by a killed run, so the next prediction starts on its own line.
+    with prediction_store(prediction_file(out_dir, shard, num_shards)) as store:
         for b in range(0, len(todo), cfg.batch_size):
             batch = todo[b : b + cfg.batch_size]
-            for r, g in zip(batch, gen.generate([r["messages"] for r in batch])):
-                f.write(
-                    json.dumps(
-                        {
-                            "record_id": r["record_id"],
-                            "output": g.text,
-                            "new_tokens": g.new_tokens,
-                            "seconds": round(g.seconds, 4),
-                            "batch_size": g.batch_size,
-                        }
-                    )
-                    + "\n"
-                )
-            f.flush()
+            made = [
+                Prediction(record_id=r["record_id"], output=g.text, new_tokens=g.new_tokens,
+                           seconds=round(g.seconds, 4), batch_size=g.batch_size)
+                for r, g in zip(batch, gen.generate([r["messages"] for r in batch]))
+            ]
+            store.append_many(made)
             n += len(batch)
-            log(f"  generated {n}/{len(todo)} records ({g.seconds:.1f}s for the last batch)")
+            log(f"  generated {n}/{len(todo)} records ({made[-1].seconds:.1f}s for the last batch)")
     return out_dir
 
 
@@ -520,17 +501,15 @@ def score(target: Target, path: str, label: str, split: str, cfg: EvalConfig) ->
             f"{label}/{split}: {len(missing)} of {len(rows)} records have no prediction yet "
             f"(unfinished shards?); run the generation first (e.g. {missing[0]})"
         )
-    checked = {r["record_id"]: check_output(task, preds[r["record_id"]]["output"]) for r in rows}
+    checked = {r["record_id"]: check_output(task, preds[r["record_id"]].output) for r in rows}
     counts, atoms = Counter(), Counter()
     errors = Counter()
     for r in rows:
         c, teacher_text = checked[r["record_id"]], _content(r)
+        output = preds[r["record_id"]].output
         teacher = sft_data.output_model(task, teacher_text).model_validate_json(teacher_text)
-        counts["json_valid"] += c.json_ok
-        counts["schema_valid"] += c.schema_ok
-        counts["model_valid"] += c.model_ok
-        counts["exact_match"] += preds[r["record_id"]]["output"] == teacher_text
-        counts["canonical_match"] += c.json_ok and c.data == json.loads(teacher_text)
+        counts["exact_match"] += output == teacher_text
+        counts["canonical_match"] += c.json_ok and _json_or_none(output) == json.loads(teacher_text)
         if c.error:
             errors[c.error.split(":")[0]] += 1
         if task == "parser":
@@ -544,13 +523,13 @@ def score(target: Target, path: str, label: str, split: str, cfg: EvalConfig) ->
         else:
             atoms += miner_atom_counts(teacher, c.parsed)
     n = len(rows)
-    validity = {k: _rate(counts[k], n) for k in ("json_valid", "schema_valid", "model_valid")}
+    validity = output_validity([checked[r["record_id"]].reason for r in rows])
     if task == "parser":
-        validity["program_valid"] = _rate(counts["program_valid"], n)
+        validity["program_valid"] = rate(counts["program_valid"], n)
     p = [preds[r["record_id"]] for r in rows]
-    gen_s = sum(x["seconds"] / x["batch_size"] for x in p)
-    toks = sum(x["new_tokens"] for x in p)
-    lat = sorted(x["seconds"] for x in p)
+    gen_s = sum(x.seconds / x.batch_size for x in p)
+    toks = sum(x.new_tokens for x in p)
+    lat = sorted(x.seconds for x in p)
     report = {
         "format": REPORT_FORMAT,
         "run": str(target.run.path),
@@ -564,8 +543,8 @@ def score(target: Target, path: str, label: str, split: str, cfg: EvalConfig) ->
         "base_model": target.cfg.base_model,
         "adapter": target.adapter,
         "validity": validity,
-        "exact_match": _rate(counts["exact_match"], n),
-        "canonical_match": _rate(counts["canonical_match"], n),
+        "exact_match": rate(counts["exact_match"], n),
+        "canonical_match": rate(counts["canonical_match"], n),
         "error_kinds": dict(errors.most_common(10)),
         "atoms": atom_summary(task, atoms),
         "decisions": decision_agreement(task, rows, checked, Path(path), cfg),
@@ -575,8 +554,8 @@ def score(target: Target, path: str, label: str, split: str, cfg: EvalConfig) ->
             "tokens_per_second": round(toks / gen_s, 2) if gen_s else None,
             "latency_per_record_s": {
                 "mean": round(statistics.fmean(lat), 4) if lat else None,
-                "p50": _pct(lat, 50),
-                "p95": _pct(lat, 95),
+                "p50": _round(percentile(lat, 50)),
+                "p95": _round(percentile(lat, 95)),
             },
             "seconds_per_record": round(gen_s / n, 4) if n else None,
             "batch_size": cfg.batch_size,
@@ -589,14 +568,27 @@ def score(target: Target, path: str, label: str, split: str, cfg: EvalConfig) ->
     return report
 
 
-def _pct(xs: list[float], q: int) -> float | None:
-    if not xs:
+def _json_or_none(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
         return None
-    return round(xs[min(len(xs) - 1, math.ceil(q / 100 * len(xs)) - 1)], 4)
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
 
 
 def _fmt(v) -> str:
+    """A rate as `0.950 [0.764, 0.991]`, a number to 3 places, n/a for none."""
+    if isinstance(v, dict):
+        return format_rate(v)
     return "n/a" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
+
+
+def rate_value(v) -> float | None:
+    """The bare rate of a report entry (a rate dict, or a plain number such as atom_f1)."""
+    return v.get("rate") if isinstance(v, dict) else v
 
 
 def render_report(r: dict) -> str:
@@ -606,7 +598,7 @@ def render_report(r: dict) -> str:
         "",
         f"{r['records']} records; adapter `{r['adapter']}`",
         "",
-        "| metric | value |",
+        "| metric | value [95% CI] |",
         "|---|---|",
     ]
     for k, v in r["validity"].items():
@@ -687,10 +679,10 @@ def compare(run_paths: list[str], split: str) -> str:
                     r["name"],
                     r["dataset"],
                     str(r["records"]),
-                    _fmt(r["validity"]["schema_valid"]),
-                    _fmt(r["exact_match"]),
-                    _fmt(a.get("value_agreement", a.get("atom_f1"))),
-                    _fmt(d.get("agreement")) if d.get("available") else "n/a",
+                    _fmt(rate_value(r["validity"]["schema_valid"])),
+                    _fmt(rate_value(r["exact_match"])),
+                    _fmt(rate_value(a.get("value_agreement", a.get("atom_f1")))),
+                    _fmt(rate_value(d.get("agreement"))) if d.get("available") else "n/a",
                 ]
             )
     if not rows:

@@ -181,8 +181,7 @@ class Engine:
         if arbiter is not None and conflicts:
             overrides = list(arbiter(conflicts, program, patient))
             if overrides:
-                by_atom = {o.atom: o for o in overrides}
-                rs = [_overridden(r, by_atom.get(r.atom)) for r in patient.resolutions]
+                rs = apply_overrides(patient, overrides).resolutions
                 sess.set_facts(Session(sess.cp, rs, sess.timeout_ms).facts)
                 if sess.check(*sess.lits()):
                     sess.model()
@@ -193,6 +192,13 @@ class Engine:
             raise SolverLimit("facts still contradict the definitions after setting conflicts aside")
         sess.model()
         return conflicts, overrides
+
+
+def apply_overrides(patient: ResolvedPatient, overrides: list[Override]) -> ResolvedPatient:
+    """The patient with an arbiter's overrides in place of its values (what `decide` does with them)."""
+    by_atom = {o.atom: o for o in overrides}
+    return patient.model_copy(
+        update={"resolutions": [_overridden(r, by_atom.get(r.atom)) for r in patient.resolutions]})
 
 
 def _overridden(r: Resolution, o: Override | None) -> Resolution:

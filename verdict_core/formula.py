@@ -31,12 +31,11 @@ from __future__ import annotations
 from typing import Annotated, Iterator, Literal, Union
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt,
-                      StringConstraints)
+                      StringConstraints, WithJsonSchema)
 
 # Atom names: identifiers plus the separators real formalizers use ("@@qualifier", "::", "-", ".").
-# The pattern has no bounded repeat and the length is checked by a validator, not the schema:
-# xgrammar (vLLM's structured outputs) cannot compile `{0,255}` inside this recursive schema, and
-# vLLM refuses a pattern combined with maxLength.
+# At most MAX_NAME characters, checked by a validator with its own clear message; the JSON schema
+# states both. Structured outputs decode under a narrower form of it (schemas.grammar_form).
 ATOM_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_@.:\-]*$"
 MAX_NAME = 256
 
@@ -47,7 +46,13 @@ def _short(s: str) -> str:
     return s
 
 
-AtomName = Annotated[str, StringConstraints(pattern=ATOM_NAME_PATTERN), AfterValidator(_short)]
+def identifier(pattern: str):
+    """A string type for names and ids: the pattern and at most MAX_NAME characters."""
+    return Annotated[str, StringConstraints(pattern=pattern), AfterValidator(_short),
+                     WithJsonSchema({"type": "string", "pattern": pattern, "maxLength": MAX_NAME})]
+
+
+AtomName = identifier(ATOM_NAME_PATTERN)
 
 # Numbers in programs and patient values: finite and at most 1e15 in magnitude. Clinical quantities
 # are far inside it; beyond it a float no longer holds every integer, and 10**400 or NaN would fail

@@ -17,16 +17,15 @@ from __future__ import annotations
 import hashlib
 from typing import Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
-from typing_extensions import Annotated
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import ProgramError, describe_validation_error
-from .formula import AtomName, BoundedFormula, Formula, _short, atom_refs, atoms_in
+from .formula import AtomName, BoundedFormula, Formula, atom_refs, atoms_in, identifier
 
 Domain = Literal["bool", "int", "real"]
 AtomKind = Literal["diagnosis", "medication", "lab_value", "procedure", "demographic", "timing", "other"]
 Side = Literal["inclusion", "exclusion"]
-Id = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:/@\-]*$"), AfterValidator(_short)]
+Id = identifier(r"^[A-Za-z0-9_][A-Za-z0-9_.:/@\-]*$")
 PROGRAM_FORMAT = "verdict.trial_program/v1"
 
 

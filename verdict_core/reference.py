@@ -142,7 +142,10 @@ def import_reference(data: dict, trial_id: str, patient_id: str, source: str = "
     atoms = [_atom(name, sort, mentions.get(name, []), skolem_of=skolems.get(name)) for name, sort in sorts.items()]
     program = TrialProgram(
         trial_id=trial_id, title=f"recorded formalization of {trial_id}", atoms=atoms, definitions=definitions,
-        cohorts=[cohort], provenance=Provenance(source="reference-import", details={"file": source}),
+        cohorts=[cohort], provenance=Provenance(source="reference-import", details={
+            "file": source,
+            # said once here rather than per atom: a per-atom prefix is tokens every training target pays
+            "atom_definitions": "the recorded atom names spelled out (the recorded outputs carry no definitions)"}),
     )
     try:
         program = check_program(program)
@@ -389,7 +392,7 @@ def _atom(name: str, sort: str, sources: list[str], skolem_of: str | None = None
     words = stem.replace("_", " ").replace("inthehistory", "in the history").strip()
     definition = f"{words}" + (f", qualified as: {qualifier.replace('_', ' ')}" if qualifier else "")
     return Atom(name=name, domain=domain, kind=kind, unit=unit,
-                definition=f"(recorded atom) {definition}", source_criteria=sources)
+                definition=definition, source_criteria=sources)
 
 
 def _is_qualifier_link(f) -> bool:

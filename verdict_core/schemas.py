@@ -22,7 +22,31 @@ SCHEMAS = {
 }
 
 
+# What a formalizer decodes under (vLLM structured outputs, xgrammar): the same models in grammar form.
+FORMALIZER_SCHEMAS = ("parsed-trial", "parsed-criterion", "value-miner")
+# The longest name or id a formalizer may write under a grammar. A name's length bound goes into its
+# pattern (vLLM refuses a pattern combined with maxLength), so a model cannot loop inside a name
+# until max_tokens. 128, not MAX_NAME: xgrammar 0.2.8's cached compiler (vLLM's) fails on bounded
+# repeats above {0,127} in this recursive schema; at 128 the parser schema compiles in ~2 s once.
+GRAMMAR_MAX_NAME = 128
+
+
 def json_schema(name: str) -> dict:
     model = SCHEMAS[name]
     schema = model.model_json_schema(by_alias=True, mode="validation")
-    return schema
+    return grammar_form(schema) if name in FORMALIZER_SCHEMAS else schema
+
+
+def grammar_form(node):
+    """Each `{pattern: ^[..][..]*$, maxLength: n}` string as one bounded pattern of at most
+    min(n, GRAMMAR_MAX_NAME) characters."""
+    if isinstance(node, list):
+        return [grammar_form(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: grammar_form(v) for k, v in node.items()}
+    pattern, most = out.get("pattern"), out.get("maxLength")
+    if isinstance(pattern, str) and isinstance(most, int) and pattern.endswith("]*$"):
+        del out["maxLength"]
+        out["pattern"] = pattern[:-2] + "{0,%d}$" % (min(most, GRAMMAR_MAX_NAME) - 1)
+    return out

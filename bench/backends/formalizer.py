@@ -82,7 +82,8 @@ class FormalizerBackend(Backend):
             from data_gen.formalizer import Formalizer
 
             ep = self.parser_ep if role == "parser" else self.miner_ep
-            self._fz[key] = Formalizer(ep, cache=self.ctx.cache(repeat), ledger=self.ctx.ledger,
+            self._fz[key] = Formalizer(ep, engine=self.ctx.engine, cache=self.ctx.cache(repeat),
+                                       ledger=self.ctx.ledger,
                                        egress=self.ctx.egress, prompts=self.config.prompts.model_dump(),
                                        run=f"bench:{self.ctx.run_name}")
         return self._fz[key]

@@ -34,7 +34,7 @@ from typing import Callable
 from pydantic import ValidationError
 
 from verdict_core.errors import ProgramError, describe_validation_error
-from verdict_core.formula import atoms_in, rename
+from verdict_core.formula import atoms_in, rename, render
 from verdict_core.program import (
     Atom,
     Cohort,
@@ -106,11 +106,12 @@ def assemble(
     outputs: dict[str, ParsedCriterion],
     failures: dict[str, str],
     *,
+    check_satisfiable: Callable[[TrialProgram], None],
     provenance: Provenance | None = None,
-    check_satisfiable: Callable[[TrialProgram], None] | None = None,
 ) -> Assembly:
     """One program from the criteria's outputs (`outputs` by criterion id; `failures`: id -> reason
-    of the criteria whose output was rejected). `check_satisfiable` is the caller's engine."""
+    of the criteria whose output was rejected). `check_satisfiable` is the caller's engine's (its
+    solver limit, its compiled-program cache): there is no default engine."""
     report: dict = {
         "criteria": len(criteria),
         "formalized": [],
@@ -178,7 +179,8 @@ def assemble(
             if key in seen_defs:
                 continue
             seen_defs.add(key)
-            definitions.append(Definition(id=f"{c.id}:{d.id}", kind=d.kind, text=d.text, formula=f))
+            # A definition's text is its formula rendered, unless the output says more (outputs leave it out).
+            definitions.append(Definition(id=f"{c.id}:{d.id}", kind=d.kind, text=d.text or render(f), formula=f))
 
     if not placed:
         return Assembly(
@@ -225,8 +227,6 @@ def assemble(
         return Assembly(None, report, [("schema", p) for p in describe_validation_error(e, "program")])
     except ProgramError as e:
         return Assembly(None, report, [("program", p) for p in e.problems] or [("program", e.summary)])
-    if check_satisfiable is None:
-        from verdict_core.engine import check_satisfiable
     try:
         check_satisfiable(program)
     except ProgramError as e:
@@ -368,9 +368,11 @@ def criterion_outputs(program: TrialProgram) -> dict[str, ParsedCriterion]:
             in_scope=True,
             atoms=atoms,
             formula=cr.formula,
-            definitions=[  # the qualifier links assembly adds itself are not part of the output
-                d.model_copy(update={"id": d.id.split(":")[-1] or d.id}) for d in defs_of.get(cid, [])
-                if not _derived_qualifier_link(d, bools)
+            definitions=[  # the qualifier links assembly adds itself are not part of the output, nor is a
+                # text that only renders the formula (assembly renders it again): completions stay short
+                d.model_copy(update={"id": d.id.split(":")[-1] or d.id,
+                                     "text": "" if d.text == render(d.formula) else d.text})
+                for d in defs_of.get(cid, []) if not _derived_qualifier_link(d, bools)
             ],
             cohorts=labels,
         )

@@ -1,5 +1,5 @@
-"""Checks shared by every formalizer stage: JSON parsing, verbatim-quote matching, the core's output
-schemas, the rejection categories."""
+"""Checks shared by every formalizer stage: JSON parsing and the output model (`parse_output`),
+verbatim-quote matching, the core's output schemas, the rejection categories."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ import functools
 import json
 import re
 from dataclasses import dataclass
+from typing import TypeVar
 
+from pydantic import BaseModel, ValidationError
+
+from verdict_core.errors import describe_validation_error
 from verdict_core.patient import ValueMinerOutput
 from verdict_core.program import ParsedTrial
 
@@ -17,6 +21,7 @@ from verdict_core.program import ParsedTrial
 REASONS = ("empty", "truncated", "json", "schema", "undeclared_atom", "program", "unsatisfiable", "coverage",
            "type", "evidence", "consistency", "decision", "unsupported_number")
 SIDES = ("inclusion", "exclusion")
+M = TypeVar("M", bound=BaseModel)
 
 
 @functools.lru_cache(maxsize=8)
@@ -122,3 +127,17 @@ def parse_json(content: str | None, finish_reason: str | None, max_tokens: int) 
         return json.loads(text), problems
     except ValueError as e:
         return None, problems or [("json", f"not valid JSON: {getattr(e, 'msg', e)} at character {getattr(e, 'pos', '?')}")]
+
+
+def parse_output(content: str | None, finish_reason: str | None, max_tokens: int,
+                 model: type[M]) -> tuple[M | None, list[tuple[str, str]]]:
+    """A stage's output -> its typed model: ``(output, [])``, or ``(None, problems)`` whose categories
+    are "empty" / "truncated" / "json" (no usable JSON) or "schema" (JSON that is not the model). The
+    first step of every stage's check; what `verdict_core.metrics` calls json_valid / schema_valid."""
+    obj, problems = parse_json(content, finish_reason, max_tokens)
+    if problems:
+        return None, problems
+    try:
+        return model.model_validate(obj), []
+    except ValidationError as e:
+        return None, [("schema", p) for p in describe_validation_error(e, "output")]

@@ -6,8 +6,9 @@ client with `EndpointClient`'s interface, so a `Formalizer` takes it as its `cli
     fz = Formalizer(teacher, client=pool)
 
 Load balancing: each request goes to the healthy endpoint with the fewest requests in flight.
-Failover: a connection error, timeout or 5xx marks that endpoint down and the same request (requests
-are idempotent) is sent once more to another healthy endpoint; when none is left the error is
+Failover: a connection error, timeout or 5xx sends the same request (requests are idempotent) once
+more to another healthy endpoint; no answer, 502, 503 or 504 marks the endpoint down, another 5xx
+only when ERRORS_IN_A_ROW requests in a row got one (a 500 can be about the one request); when none is left the error is
 retryable (the service answers 503 + Retry-After). A down endpoint is skipped until a background
 check of its `/models` lists every required model again. Endpoints never seen failing are tried.
 """
@@ -43,6 +44,7 @@ class PoolMember:
     parents: dict[str, str] = field(default_factory=dict)  # adapter -> base model, as /models lists them
     in_flight: int = 0
     failures: int = 0
+    errors_in_a_row: int = 0  # 5xx answers to different requests since its last success
     checked_at: float | None = None  # time.time() of the last health check
 
     @property
@@ -65,6 +67,14 @@ def failure_reason(e: EndpointError) -> str:
 def _mark_down_on(e: EndpointError) -> bool:
     """Failures that say the endpoint itself is unwell (not the request): no answer, or a 5xx."""
     return e.retryable and (e.status is None or e.status >= 500)
+
+
+# 5xx that say the server (or the gateway before it) is unavailable; any other 5xx may be about the
+# one request (vLLM answers 500 when a request's grammar fails to compile), so such answers mark the
+# endpoint down only when ERRORS_IN_A_ROW requests in a row got one (e.g. an engine that died while
+# its API still answers /models): one bad request never takes the endpoint from the others.
+_UNAVAILABLE = {502, 503, 504}
+ERRORS_IN_A_ROW = 3
 
 
 class EndpointPool:
@@ -138,10 +148,13 @@ class EndpointPool:
                 last = e
                 failed.append(f"{member.base_url}: {failure_reason(e)}")
                 if _mark_down_on(e):
-                    self._mark_down(member, failure_reason(e))
+                    member.errors_in_a_row += 1
+                    if e.status is None or e.status in _UNAVAILABLE or member.errors_in_a_row >= ERRORS_IN_A_ROW:
+                        self._mark_down(member, failure_reason(e))
                 continue
             finally:
                 member.in_flight -= 1
+            member.errors_in_a_row = 0
             if member.state == "unknown":
                 member.state = "up"
             return comp

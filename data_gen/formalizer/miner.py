@@ -26,9 +26,9 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from verdict_core.errors import VerdictError, describe_validation_error
+from verdict_core.errors import VerdictError
 from verdict_core.patient import Bounds, MinedValue, ValueMinerOutput, Value, value_type_problems
 from verdict_core.program import TrialProgram
 from verdict_core.reference import _meet as meet_values  # the one rule for two records of one fact
@@ -36,8 +36,9 @@ from verdict_core.reference import _meet as meet_values  # the one rule for two 
 from ..cache import CachedCall
 from ..prompt_templates import stage_prompt
 from ..protocol import SINGLE_NOTE_ID, NoteDocument, PatientDoc, StageResult, Usage
-from .checks import SIDES, Check, compact, core_schema, parse_json, quote_in_note, with_atom_enum
+from .checks import SIDES, Check, compact, core_schema, parse_output, quote_in_note, with_atom_enum
 from .passages import Passage, split_document
+from .value_reuse import record_key
 
 if TYPE_CHECKING:
     from .runtime import Formalizer
@@ -110,13 +111,9 @@ def check_miner_output(
     (quoted from `note`: the passage the call read, or one of its passages, a quote never spanning
     two). Output: the values in the prompt's atom order (the canonical training target)."""
     texts = [note] if isinstance(note, str) else note
-    obj, problems = parse_json(content, finish_reason, max_tokens)
-    if problems:
+    out, problems = parse_output(content, finish_reason, max_tokens, ValueMinerOutput)
+    if out is None:
         return Check(problems)
-    try:
-        out = ValueMinerOutput.model_validate(obj)
-    except ValidationError as e:
-        return Check([("schema", p) for p in describe_validation_error(e, "output")])
     table = program.atom_table()
     asked = set(names)
     got: dict[str, MinedValue] = {}
@@ -289,14 +286,16 @@ def plan_miner_calls(
     completion_budget: int,
     prompt_version: str = "v1",
     max_atoms: int = MAX_ATOMS_PER_CALL,
+    names: list[str] | None = None,
 ) -> list[PlannedCall]:
     """Every call one side's mining makes, in order (passage groups, then chunks), each within
     `prompt_budget` prompt tokens (None: no limit) and `completion_budget` completion tokens.
-    No model is needed: the budget report and dry runs call this."""
+    `names`: only these of the side's atoms (the rest reused). No model is needed: the budget
+    report and dry runs call this."""
     if side not in SIDES:
         raise ValueError(f"side must be inclusion or exclusion (got '{side}')")
     stage = f"miner_{side}"
-    names = side_atoms(program, side)
+    names = side_atoms(program, side) if names is None else names
     if not names or not documents:
         return []
     chunks = atom_chunks(
@@ -369,7 +368,8 @@ def _resplit(group, calls_of, fits, budget, count_text, stage, prompt_budget) ->
     return out
 
 
-def plan_for(fz: "Formalizer", program: TrialProgram, note, side: str) -> list[PlannedCall]:
+def plan_for(fz: "Formalizer", program: TrialProgram, note, side: str,
+             names: list[str] | None = None) -> list[PlannedCall]:
     """`plan_miner_calls` with the endpoint's limits and tokenizer."""
     stage = f"miner_{side}"
     return plan_miner_calls(
@@ -381,6 +381,7 @@ def plan_for(fz: "Formalizer", program: TrialProgram, note, side: str) -> list[P
         prompt_budget=fz.prompt_budget(stage),
         completion_budget=fz.endpoint.max_tokens.for_stage(stage),
         prompt_version=fz.prompts.get(stage, "v1"),
+        names=names,
     )
 
 
@@ -543,18 +544,8 @@ async def mine_values(
             output_json=compact({"values": []}),
             output=MinedValues([]),
         )
-    try:
-        plan = await asyncio.to_thread(plan_for, fz, program, note, side)  # exact token counts: off the loop
-    except MinerBudgetError as e:  # no call can fit the model's limits: rejected, no call made
-        docs = as_documents(note)
-        return StageResult(
-            **base,
-            status="rejected",
-            reason=BUDGET,
-            problems=[e.summary],
-            messages=fz.miner_messages(program, docs[0].text, side, names),
-        )
     max_tokens = fz.endpoint.max_tokens.for_stage(stage)
+    docs = as_documents(note)
 
     async def one(call: PlannedCall) -> StageResult:
         schema = with_atom_enum(core_schema("value-miner"), call.atoms)
@@ -577,42 +568,93 @@ async def mine_values(
         )
         return res.model_copy(update={"item": call.call_id})
 
-    results = await asyncio.gather(*(one(c) for c in plan))
+    async def ask(ask_names: list[str]) -> MiningRound:
+        """Mine these atoms: the calls, their results, and the findings (or the rejected result)."""
+        if not ask_names:
+            return MiningRound()
+        try:
+            plan = await asyncio.to_thread(plan_for, fz, program, note, side, ask_names)  # exact counts: off the loop
+        except MinerBudgetError as e:  # no call can fit the model's limits: rejected, no call made
+            return MiningRound(rejected=StageResult(
+                **base, status="rejected", reason=BUDGET, problems=[e.summary],
+                messages=fz.miner_messages(program, docs[0].text, side, ask_names)))
+        results = list(await asyncio.gather(*(one(c) for c in plan)))
+        rejected = [(c, r) for c, r in zip(plan, results) if not r.accepted]
+        if rejected:
+            usage = Usage()
+            for r in results:
+                usage = usage.add(r.usage)
+            return MiningRound(plan, results, rejected=StageResult(
+                **base, status="rejected", reason=rejected[0][1].reason,
+                problems=[f"{c.label}: {p}" for c, r in rejected for p in r.problems],
+                messages=results[0].messages, attempts=[a for r in results for a in r.attempts], usage=usage,
+                calls=results, assembly=_assembly(plan, None)))
+        found: dict[str, list[Finding]] = {}
+        for c, r in zip(plan, results):
+            for atom, fs in _findings_of(r.output, c).items():
+                found.setdefault(atom, []).extend(fs)
+        return MiningRound(plan, results, findings=found)
+
+    # Values of this record another trial already mined (or is mining) are reused (value_reuse.py).
+    reuse = fz.value_reuse
+    findings: dict[str, list[Finding]] = {}
+    rounds: list[MiningRound] = []
+    reused = 0
+    if reuse is None:
+        rounds.append(await ask(names))
+    else:
+        table = program.atom_table()
+        rkey = record_key(docs, stage, fz.prompt(stage).ident, fz.endpoint.model)
+        found, waiting, claimed = reuse.claim(rkey, [table[n] for n in names])
+        findings.update(found)
+        reused += len(found)
+        if claimed:
+            rounds.append(await reuse.start(rkey, claimed, ask([a.name for a in claimed])).join())
+        again: list[str] = []  # atoms whose shared mining failed: asked by this trial itself
+        for shared in {id(s): s for s in waiting.values()}.values():
+            mine = [n for n, s in waiting.items() if s is shared]
+            try:
+                other = await shared.join()
+            except Exception:  # noqa: BLE001 - another trial's failure is not this trial's: ask again
+                other = None
+            if other is None or other.rejected is not None:
+                again += mine
+            else:
+                findings.update({n: other.findings.get(n, []) for n in mine})
+                reused += len(mine)
+        if again and not (rounds and rounds[-1].rejected is not None):
+            rounds.append(await ask([n for n in names if n in again]))
+    for r in rounds:
+        if r.rejected is not None:
+            return r.rejected
+        findings.update(r.findings)
+    plan = [c for r in rounds for c in r.plan]
+    results = [x for r in rounds for x in r.results]
+    merged = merge_findings(names, findings, side)
     usage = Usage()
     for r in results:
         usage = usage.add(r.usage)
-    attempts = [a for r in results for a in r.attempts]
-    rejected = [(c, r) for c, r in zip(plan, results) if not r.accepted]
-    messages = results[0].messages
-    if rejected:
-        problems = [f"{c.label}: {p}" for c, r in rejected for p in r.problems]
-        return StageResult(
-            **base,
-            status="rejected",
-            reason=rejected[0][1].reason,
-            problems=problems,
-            messages=messages,
-            attempts=attempts,
-            usage=usage,
-            calls=list(results),
-            assembly=_assembly(plan, None),
-        )
-    findings: dict[str, list[Finding]] = {}
-    for c, r in zip(plan, results):
-        for atom, fs in _findings_of(r.output, c).items():
-            findings.setdefault(atom, []).extend(fs)
-    merged = merge_findings(names, findings, side)
     return StageResult(
         **base,
         status="accepted",
-        messages=messages,
+        messages=results[0].messages if results else fz.miner_messages(program, docs[0].text, side, names),
         output_json=miner_target(merged.values),
         output=merged,
-        attempts=attempts,
+        attempts=[a for r in results for a in r.attempts],
         usage=usage,
-        calls=list(results),
-        assembly=_assembly(plan, merged),
+        calls=results,
+        assembly={**_assembly(plan, merged), "reused_atoms": reused},
     )
+
+
+@dataclass
+class MiningRound:
+    """What one `ask` of a side's mining made: calls, results, findings per atom, or the rejection."""
+
+    plan: list[PlannedCall] = field(default_factory=list)
+    results: list[StageResult] = field(default_factory=list)
+    findings: dict[str, list[Finding]] = field(default_factory=dict)
+    rejected: StageResult | None = None
 
 
 def _assembly(plan: list[PlannedCall], merged: MinedValues | None) -> dict:

@@ -32,7 +32,7 @@ from ..cache import CachedCall
 from ..prompt_templates import stage_prompt
 from ..protocol import StageResult, TrialDoc, Usage
 from .assembly import assemble
-from .checks import Check, compact, core_schema, parse_json
+from .checks import Check, compact, core_schema, parse_output
 from .criteria import CriterionText, Split, split_trial
 
 if TYPE_CHECKING:
@@ -62,17 +62,13 @@ def check_criterion_output(
     c: CriterionText,
     *,
     max_tokens: int,
-    check_satisfiable: Callable[[TrialProgram], None] | None = None,
+    check_satisfiable: Callable[[TrialProgram], None],
 ) -> Check:
-    """JSON -> ParsedCriterion schema -> check_program and check_satisfiable on the one-criterion
-    program (in scope). Output: the ParsedCriterion."""
-    obj, problems = parse_json(content, finish_reason, max_tokens)
-    if problems:
+    """JSON -> ParsedCriterion schema -> check_program and check_satisfiable (the caller's engine's)
+    on the one-criterion program (in scope). Output: the ParsedCriterion."""
+    parsed, problems = parse_output(content, finish_reason, max_tokens, ParsedCriterion)
+    if parsed is None:
         return Check(problems)
-    try:
-        parsed = ParsedCriterion.model_validate(obj)
-    except ValidationError as e:
-        return Check([("schema", p) for p in describe_validation_error(e, "output")])
     out_json = compact(parsed.model_dump(mode="json", by_alias=True, exclude_defaults=True))
     if not parsed.in_scope:
         return Check([], parsed, out_json)
@@ -89,8 +85,6 @@ def check_criterion_output(
             [("undeclared_atom" if "undeclared atom" in p else "program", _local(p)) for p in e.problems]
             or [("program", e.summary)]
         )
-    if check_satisfiable is None:
-        from verdict_core.engine import check_satisfiable
     try:
         check_satisfiable(program)
     except ProgramError as e:
@@ -138,7 +132,6 @@ async def parse_criterion(
     c: CriterionText,
     *,
     trial_id: str = "",
-    check_satisfiable: Callable[[TrialProgram], None] | None = None,
 ) -> StageResult:
     """One criterion -> checked ParsedCriterion (StageResult with `item` = the criterion id)."""
     t = fz.endpoint
@@ -149,7 +142,7 @@ async def parse_criterion(
             call.finish_reason,
             c,
             max_tokens=t.max_tokens.parser,
-            check_satisfiable=check_satisfiable,
+            check_satisfiable=fz.engine.check_satisfiable,
         )
 
     # At most `concurrency` criterion calls of an endpoint wait at once (each holds a budget
@@ -173,13 +166,11 @@ async def parse_criterion(
 async def parse_trial(fz: "Formalizer", trial: TrialDoc) -> StageResult:
     """Criteria text -> per-criterion calls -> assembled, checked TrialProgram. Trial text is public."""
     t = fz.endpoint
-    engine = getattr(fz, "engine", None)
-    sat = engine.check_satisfiable if engine is not None else None
     split = trial_criteria(fz, trial)
     # Every call runs to its end before an endpoint error or a budget stop is raised: the answered
     # ones are cached, so the retry pays only for what is missing.
     done = await asyncio.gather(
-        *(parse_criterion(fz, c, trial_id=trial.trial_id, check_satisfiable=sat) for c in split.criteria),
+        *(parse_criterion(fz, c, trial_id=trial.trial_id) for c in split.criteria),
         return_exceptions=True,
     )
     errors = [r for r in done if isinstance(r, BaseException)]
@@ -200,7 +191,7 @@ async def parse_trial(fz: "Formalizer", trial: TrialDoc) -> StageResult:
         outputs,
         failures,
         provenance=Provenance(source=f"parser:{t.model}", details={"teacher": t.name, "prompt": prompt}),
-        check_satisfiable=sat,
+        check_satisfiable=fz.engine.check_satisfiable,
     )
     report = dict(
         asm.report,

@@ -11,9 +11,7 @@ import logging
 import re
 from typing import Callable
 
-from pydantic import ValidationError
-
-from verdict_core.errors import describe_validation_error
+from verdict_core.engine import Engine, apply_overrides
 from verdict_core.formula import render
 from verdict_core.patient import value_type_problems
 from verdict_core.program import TrialProgram
@@ -26,10 +24,11 @@ from ..prompt_templates import PromptTemplate, load_prompt, stage_prompt
 from ..protocol import ArbiterOutput, Attempt, PatientDoc, StageResult, TrialDoc, Usage, VerbalizerOutput
 from ..teacher_config import TeacherConfig
 from .budget import TokenCounter, counter_for
-from .checks import Check, compact, parse_json, quote_in_note, with_atom_enum
+from .checks import Check, compact, parse_output, quote_in_note, with_atom_enum
 from .criteria import CriterionText
 from .miner import miner_messages
 from .parser import criterion_messages
+from .value_reuse import ValueReuse
 
 log = logging.getLogger("data_gen.formalizer")
 
@@ -37,10 +36,17 @@ log = logging.getLogger("data_gen.formalizer")
 class Formalizer:
     """Formalizer stages against one endpoint (a teacher or a student)."""
 
-    def __init__(self, endpoint: TeacherConfig, *, cache: CallCache | None = None, ledger: Ledger | None = None,
-                 egress: EgressPolicy | None = None, prompts: dict[str, str] | None = None, run: str = "adhoc",
-                 client: EndpointClient | None = None):
+    def __init__(self, endpoint: TeacherConfig, *, engine: Engine | None = None,
+                 cache: CallCache | None = None, ledger: Ledger | None = None, egress: EgressPolicy | None = None,
+                 prompts: dict[str, str] | None = None, run: str = "adhoc", client: EndpointClient | None = None,
+                 value_reuse: ValueReuse | None = None):
         self.endpoint = endpoint
+        # Mined values of a patient record reused across trials (value_reuse.py); None: mine every time.
+        self.value_reuse = value_reuse
+        # The engine that checks outputs (satisfiability, the arbiter's overrides): the caller's, so
+        # checks run under its solver limit and a program compiled for a check serves its decisions
+        # too. Without one, the formalizer has an engine of its own (the core's default limits).
+        self.engine = engine if engine is not None else Engine()
         self.cache = cache
         self.ledger = ledger
         self.client = client or EndpointClient(endpoint, egress=egress)
@@ -134,13 +140,10 @@ class Formalizer:
         schema = with_atom_enum(ArbiterOutput.model_json_schema(), atoms)
 
         def validate(call: CachedCall) -> Check:
-            obj, problems = parse_json(call.content, call.finish_reason, self.endpoint.max_tokens.arbiter)
-            if problems:
+            out, problems = parse_output(call.content, call.finish_reason, self.endpoint.max_tokens.arbiter,
+                                         ArbiterOutput)
+            if out is None:
                 return Check(problems)
-            try:
-                out = ArbiterOutput.model_validate(obj)
-            except ValidationError as e:
-                return Check([("schema", p) for p in describe_validation_error(e, "output")])
             for i, o in enumerate(out.overrides):
                 where = f"overrides[{i}] '{o.atom}'"
                 if o.atom not in atoms:
@@ -151,7 +154,7 @@ class Formalizer:
                     problems.append(("evidence", f"{where}: evidence is not a verbatim quote from the note"))
             overrides = [Override(atom=o.atom, value=o.value, reason=o.reason) for o in out.overrides]
             if not problems and overrides:
-                problems += _still_conflicting(program, patient, overrides)
+                problems += _still_conflicting(self.engine, program, patient, overrides)
             return Check(problems, overrides, compact(out.model_dump(mode="json")))
 
         return await self._stage("arbiter", messages, schema, "arbiter_output", validate, patient_text=True,
@@ -170,13 +173,10 @@ class Formalizer:
         allowed = {_num(x) for x in _NUMBER.findall(record)}
 
         def validate(call: CachedCall) -> Check:
-            obj, problems = parse_json(call.content, call.finish_reason, self.endpoint.max_tokens.verbalizer)
-            if problems:
+            out, problems = parse_output(call.content, call.finish_reason, self.endpoint.max_tokens.verbalizer,
+                                         VerbalizerOutput)
+            if out is None:
                 return Check(problems)
-            try:
-                out = VerbalizerOutput.model_validate(obj)
-            except ValidationError as e:
-                return Check([("schema", p) for p in describe_validation_error(e, "output")])
             if out.decision != decision.decision:
                 problems.append(("decision", f"decision is '{out.decision}' but the record says '{decision.decision}'"))
             extra = sorted({x for x in _NUMBER.findall(out.rationale) if _num(x) not in allowed})
@@ -318,23 +318,9 @@ def _num(x: str) -> float:
     return float(x)
 
 
-def _still_conflicting(program: TrialProgram, patient, overrides) -> list[tuple[str, str]]:
-    """Apply the overrides as facts; any extraction conflict left is a problem."""
-    from verdict_core.engine import Engine
-    from verdict_core.patient import Resolution
-
-    by_atom = {o.atom: o for o in overrides}
-
-    def patch(r: Resolution) -> Resolution:
-        o = by_atom.get(r.atom)
-        if o is None:
-            return r
-        if o.value is None:
-            return Resolution(atom=r.atom, status="unresolved")
-        return Resolution(atom=r.atom, status="observed", value=o.value, evidence=r.evidence)
-
-    patched = patient.model_copy(update={"resolutions": [patch(r) for r in patient.resolutions]})
-    d = Engine(alternatives=0).decide(program, patched)
+def _still_conflicting(engine: Engine, program: TrialProgram, patient, overrides) -> list[tuple[str, str]]:
+    """Apply the overrides as the engine does; any extraction conflict left is a problem."""
+    d = engine.decide(program, apply_overrides(patient, overrides))
     if d.conflicts:
         atoms = sorted({a for c in d.conflicts for a in c.atoms})
         return [("consistency", f"after the overrides these atoms still contradict the definitions: {', '.join(atoms)}")]

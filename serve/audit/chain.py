@@ -7,6 +7,10 @@ sequence (1, 2, 3, ...) and carries the hash of the row before it and of its own
 after it. The chain has no secret: whoever can write the file can recompute it from the changed row
 on. A head recorded elsewhere (`verdict serve audit verify` prints it; `--head SEQ:HASH` checks it
 later) closes that gap, and also catches rows removed from the end.
+
+Columns added by a later schema (the decisions' `parent_id`, `lineage_json`, schema 3) are hashed
+only when set: a row written before they existed reads them as NULL and keeps its hash, and a set
+value (a lineage) is covered like any other column.
 """
 
 from __future__ import annotations
@@ -19,10 +23,13 @@ from typing import Any
 
 GENESIS = "sha256:" + "0" * 64
 TABLES = ("trials", "decisions")
+ADDED_COLUMNS = frozenset({"parent_id", "lineage_json"})  # hashed only when not NULL (see above)
 
 
 def row_hash(table: str, columns: dict[str, Any]) -> str:
-    content = {k: v for k, v in columns.items() if k != "row_hash"}
+    content = {
+        k: v for k, v in columns.items() if k != "row_hash" and not (k in ADDED_COLUMNS and v is None)
+    }
     content["table"] = table
     data = json.dumps(content, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(data.encode()).hexdigest()

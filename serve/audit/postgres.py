@@ -25,13 +25,23 @@ from urllib.parse import urlsplit
 
 from ..errors import AuditUnavailable, ServeConfigError
 from .chain import link
-from .store import COLUMNS, HEAD_SQL, SCHEMA_VERSION, TABLES, AuditStore, tampered
+from .store import (
+    COLUMNS,
+    HEAD_SQL,
+    LINEAGE_COLUMNS,
+    SCHEMA_VERSION,
+    TABLES,
+    UPGRADES_FROM,
+    AuditStore,
+    schema_version_of,
+    tampered,
+)
 
 SCHEMA = "verdict_audit"
 CHAIN_LOCK = 0x76657264  # advisory-lock key of the chain ("verd")
 _TYPES = {"seq": "bigint PRIMARY KEY", "created_at": "double precision NOT NULL",
           "decision_id": "text NOT NULL UNIQUE"}  # fmt: skip
-_NULLABLE = {"source_key", "parser_model", "prompt_version", "details_json", "note_text"}
+_NULLABLE = {"source_key", "parser_model", "prompt_version", "details_json", "note_text", *LINEAGE_COLUMNS}
 _TABLES = ("audit_meta", *TABLES)
 
 
@@ -50,6 +60,7 @@ _DDL = [
     "CREATE INDEX trials_by_hash ON trials (program_hash)",
     _table_sql("decisions"),
     "CREATE INDEX decisions_by_pair ON decisions (patient_id, trial_id)",
+    "CREATE UNIQUE INDEX decisions_by_parent ON decisions (parent_id)",  # a decision has one successor
     (
         "CREATE FUNCTION refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
         "RAISE EXCEPTION 'audit store is append-only: % on % refused', TG_OP, TG_TABLE_NAME; END $$"
@@ -64,6 +75,12 @@ _DDL = [
             + "EXECUTE FUNCTION refuse_change()",
         )
     ],
+]
+# Schema 2 -> 3 in place (as the tables' owner): NULL in every existing row, no row rewritten.
+_UPGRADE_3 = [
+    "ALTER TABLE decisions ADD COLUMN IF NOT EXISTS parent_id text",
+    "ALTER TABLE decisions ADD COLUMN IF NOT EXISTS lineage_json text",
+    "CREATE UNIQUE INDEX IF NOT EXISTS decisions_by_parent ON decisions (parent_id)",
 ]
 TRIGGERS = [f"{t}_{kind}" for t in _TABLES for kind in ("append_only", "no_truncate")]
 
@@ -147,9 +164,25 @@ class PostgresAuditStore(AuditStore):
 
     # -- schema ----------------------------------------------------------------------------------
     def _create_schema(self) -> None:
+        import psycopg
+
         with self._using("write") as conn:
             with conn.transaction():  # replicas starting at once: one creates, the others wait
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (CHAIN_LOCK,))
+                if _schema_exists(conn) and _version(conn) == UPGRADES_FROM:
+                    try:
+                        for stmt in _UPGRADE_3:
+                            conn.execute(stmt)
+                    except psycopg.errors.InsufficientPrivilege:
+                        raise ServeConfigError(
+                            f"audit store {self.where} has schema version {UPGRADES_FROM}; upgrade it to "
+                            f"{SCHEMA_VERSION} once as its owner: verdict serve audit setup-postgres --url "
+                            "ADMIN_URL --writer ROLE (adds the lineage columns, rewrites no row)"
+                        ) from None
+                    conn.execute(
+                        "INSERT INTO audit_meta VALUES (%s, %s)",
+                        (f"schema_upgrade:{SCHEMA_VERSION}", str(SCHEMA_VERSION)),
+                    )
                 if not _schema_exists(conn):
                     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
                     for stmt in _DDL:
@@ -162,15 +195,23 @@ class PostgresAuditStore(AuditStore):
         with self._using("read") as conn:
             if not _schema_exists(conn):
                 raise ServeConfigError(f"audit store {self.where} has no {SCHEMA}.trials table")
-            row = conn.execute("SELECT value FROM audit_meta WHERE key = 'schema_version'").fetchone()
-        if row is None or row[0] != str(SCHEMA_VERSION):
+            version = _version(conn)
+            present = {
+                r[0] for r in conn.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_schema = %s AND "
+                    "table_name = 'decisions'", (SCHEMA,),
+                ).fetchall()
+            }  # fmt: skip
+        self._columns = {t: tuple(c for c in names if t != "decisions" or c in present) for t, names in COLUMNS.items()}
+        # verify (read-only) also reads a schema-2 store as it is: it never changes evidence
+        if version != SCHEMA_VERSION and not (self.read_only and version == UPGRADES_FROM):
             raise ServeConfigError(
-                f"audit store {self.where} has schema version {row[0] if row else 'none'}, this service "
+                f"audit store {self.where} has schema version {version or 'none'}, this service "
                 f"writes {SCHEMA_VERSION}"
             )
 
     # -- rows ------------------------------------------------------------------------------------
-    def _append(self, table: str, columns: dict[str, Any]) -> dict[str, Any]:
+    def _append(self, table: str, columns: dict[str, Any], refuse_if=None) -> dict[str, Any]:
         names = COLUMNS[table]
         insert = f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(['%s'] * len(names))})"
         for attempt in (1, 2):
@@ -179,6 +220,11 @@ class PostgresAuditStore(AuditStore):
                 with self._using("write") as conn:
                     with conn.transaction():
                         conn.execute("SELECT pg_advisory_xact_lock(%s)", (CHAIN_LOCK,))  # until commit
+                        found = refuse_if and conn.execute(
+                            refuse_if.sql.replace("?", "%s"), refuse_if.args
+                        ).fetchone()
+                        if found:
+                            raise refuse_if.error(tuple(found))
                         head = conn.execute(HEAD_SQL).fetchone()
                         row = link(table, columns, tuple(head) if head else None)
                         sent = True
@@ -215,7 +261,7 @@ class PostgresAuditStore(AuditStore):
                 yield
 
     def _stream(self, table: str) -> Iterator[dict[str, Any]]:
-        names = COLUMNS[table]
+        names = self._columns[table]  # a schema-2 store read by verify has no lineage columns
         with self._snap.cursor(name=f"verify_{table}") as cur:  # server side: rows in batches
             cur.execute(f"SELECT {', '.join(names)} FROM {table} ORDER BY seq")
             for r in cur:
@@ -280,6 +326,10 @@ def setup_schema(admin_url: str, writer: str, *, password_env: str | None = None
     store.close()
     done.append(f"role {writer}: SELECT and INSERT only on {', '.join(_TABLES)}")
     return done
+
+
+def _version(conn) -> int | None:
+    return schema_version_of([tuple(r) for r in conn.execute("SELECT key, value FROM audit_meta").fetchall()])
 
 
 def _schema_exists(conn) -> bool:

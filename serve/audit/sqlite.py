@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import AuditUnavailable, ServeConfigError
 from .chain import link
-from .store import COLUMNS, HEAD_SQL, SCHEMA_VERSION, AuditStore, tampered
+from .store import COLUMNS, HEAD_SQL, SCHEMA_VERSION, UPGRADES_FROM, AuditStore, schema_version_of, tampered
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -60,10 +60,15 @@ CREATE TABLE IF NOT EXISTS decisions (
     artifacts_json TEXT NOT NULL, -- decision, resolved patient, miner outputs, rationale
     note_text TEXT,               -- NULL when store_notes is off
     prev_hash TEXT NOT NULL,
-    row_hash TEXT NOT NULL
+    row_hash TEXT NOT NULL,
+    parent_id TEXT,               -- schema 3: the decision this one supersedes (review, rescreen)
+    lineage_json TEXT             -- schema 3: kind and changes (who, when, why)
 );
 CREATE INDEX IF NOT EXISTS decisions_by_pair ON decisions (patient_id, trial_id);
+CREATE UNIQUE INDEX IF NOT EXISTS decisions_by_parent ON decisions (parent_id);
 """
+# Schema 2 -> 3 in place: columns added (NULL in every existing row, so no row is rewritten).
+_UPGRADE_3 = ["ALTER TABLE decisions ADD COLUMN parent_id TEXT", "ALTER TABLE decisions ADD COLUMN lineage_json TEXT"]
 _KEYS = {"meta": "key = NEW.key", "trials": "seq = NEW.seq",
          "decisions": "seq = NEW.seq OR decision_id = NEW.decision_id"}  # fmt: skip
 TRIGGERS = {
@@ -91,6 +96,7 @@ class SqliteAuditStore(AuditStore):
         self.path = Path(location)
         self.location = str(location)
         self.store_notes = store_notes
+        self.read_only = read_only
         memory = self.location == ":memory:"
         if read_only and not self.path.exists():
             raise ServeConfigError(f"audit store {location} does not exist")
@@ -109,6 +115,10 @@ class SqliteAuditStore(AuditStore):
                 self._db.execute("PRAGMA busy_timeout=10000")
                 self._create_schema()
             self._check_schema_version()
+            self._columns = {
+                t: tuple(c for c in names if c in {r[1] for r in self._db.execute(f"PRAGMA table_info({t})")})
+                for t, names in COLUMNS.items()
+            }
         except sqlite3.DatabaseError as e:
             raise ServeConfigError(f"audit store {location} is unusable: {e}") from None
         self._lock = threading.Lock()
@@ -123,6 +133,12 @@ class SqliteAuditStore(AuditStore):
             problems = self._protection_problems() if existing and old is None else []
             if problems:
                 raise ServeConfigError(tampered(self.location, problems))
+            if existing and old is None and self._version() == UPGRADES_FROM:
+                for stmt in _UPGRADE_3:
+                    self._db.execute(stmt)
+                self._db.execute(
+                    "INSERT INTO meta VALUES (?, ?)", (f"schema_upgrade:{SCHEMA_VERSION}", str(SCHEMA_VERSION))
+                )
             if old is None:  # one statement at a time: executescript would commit
                 for stmt in [s for s in _SCHEMA.split(";") if s.strip()] + list(TRIGGERS.values()):
                     self._db.execute(stmt)
@@ -136,11 +152,15 @@ class SqliteAuditStore(AuditStore):
             self._db.execute("ROLLBACK")
             raise
 
+    def _version(self) -> int | None:
+        return schema_version_of(self._db.execute("SELECT key, value FROM meta").fetchall())
+
     def _check_schema_version(self) -> None:
-        row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if row is None or row[0] != str(SCHEMA_VERSION):
+        version = self._version()
+        # verify (read-only) also reads a schema-2 store as it is: it never changes evidence
+        if version != SCHEMA_VERSION and not (self.read_only and version == UPGRADES_FROM):
             raise ServeConfigError(
-                f"audit store {self.location} has schema version {row[0] if row else 'none'}, this service "
+                f"audit store {self.location} has schema version {version or 'none'}, this service "
                 f"writes {SCHEMA_VERSION} (the hash chain): keep the old file as the record and point "
                 "api.audit_db at a new one"
             )
@@ -149,7 +169,7 @@ class SqliteAuditStore(AuditStore):
         with self._lock:
             self._db.close()
 
-    def _append(self, table: str, columns: dict[str, Any]) -> dict[str, Any]:
+    def _append(self, table: str, columns: dict[str, Any], refuse_if=None) -> dict[str, Any]:
         names = COLUMNS[table]
         with self._lock:
             try:
@@ -157,6 +177,9 @@ class SqliteAuditStore(AuditStore):
             except sqlite3.OperationalError as e:  # locked past busy_timeout, disk trouble
                 raise AuditUnavailable(f"the audit store is unavailable: {e}") from None
             try:
+                found = refuse_if and self._db.execute(refuse_if.sql, refuse_if.args).fetchone()
+                if found:
+                    raise refuse_if.error(tuple(found))
                 head = self._db.execute(HEAD_SQL).fetchone()
                 row = link(table, columns, tuple(head) if head else None)
                 self._db.execute(
@@ -185,7 +208,7 @@ class SqliteAuditStore(AuditStore):
                 self._db.execute("COMMIT")
 
     def _stream(self, table: str) -> Iterator[dict[str, Any]]:
-        names = COLUMNS[table]
+        names = self._columns[table]  # a schema-2 store read by verify has no lineage columns
         cur = self._db.cursor()  # its own cursor: verify reads both tables side by side
         cur.execute(f"SELECT {', '.join(names)} FROM {table} ORDER BY seq")
         for r in cur:

@@ -8,11 +8,20 @@ whether it is reviewed:
     origin     created by           reviewed
     parser     match role           no       (the trial parser's output for criteria text)
     upload     admin role           yes      (a program a person reviewed, POST /v1/trials {program})
+    revision   trial_owner or admin yes      (a corrected program, POST /v1/trials/{id}/revisions;
+                                              details name the version it revises and why)
 
 The *active* version of a trial, the one a match on its id uses, is the newest reviewed version, or
 the newest parser version when there is none. So a parser run never supersedes a reviewed program:
 it is stored (the parse cache and the audit keep it) but is not active. An explicit `program_hash`
 still selects any stored version.
+
+Decisions have a lineage (schema 3): a review or a re-screening appends a new decision whose
+`parent_id` is the decision it supersedes and whose `lineage_json` records the changes (who, when,
+why). A decision has at most one successor (refused in the append's transaction and by a unique
+index), so a lineage is a chain and the newest decision of it is its *current* one. A schema-2
+store is upgraded in place when a writer opens it: two nullable columns and an index are added,
+rows are never rewritten, and the chain still verifies (a NULL new column is not hashed, chain.py).
 """
 
 from __future__ import annotations
@@ -20,15 +29,18 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ServiceError
 from .chain import TABLES, ChainReport, check_chain, merge_by_seq
 
-SCHEMA_VERSION = 2
-ORIGIN_ROLE = {"parser": "match", "upload": "admin"}  # origin -> the role that may create it
-REVIEWED_ORIGINS = ("upload",)
+SCHEMA_VERSION = 3
+UPGRADES_FROM = 2  # a store of this schema is upgraded in place by a writer (lineage columns added)
+# origin -> the role that may create it (admin may create any)
+ORIGIN_ROLE = {"parser": "match", "upload": "admin", "revision": "trial_owner"}
+REVIEWED_ORIGINS = ("upload", "revision")
 TRIAL_COLUMNS = (
     "seq", "trial_id", "program_hash", "source_key", "origin", "parser_model", "prompt_version",
     "created_at", "created_by", "program_json", "details_json", "prev_hash", "row_hash",
@@ -36,11 +48,19 @@ TRIAL_COLUMNS = (
 DECISION_COLUMNS = (
     "seq", "decision_id", "created_at", "created_by", "trial_id", "program_hash", "patient_id",
     "note_hash", "patient_hash", "policy_name", "policy_version", "engine_version", "decision",
-    "models_json", "timings_json", "artifacts_json", "note_text", "prev_hash", "row_hash",
+    "models_json", "timings_json", "artifacts_json", "note_text", "parent_id", "lineage_json",
+    "prev_hash", "row_hash",
 )  # fmt: skip
+LINEAGE_COLUMNS = ("parent_id", "lineage_json")  # added in schema 3 (nullable: a first decision has none)
 COLUMNS = {"trials": TRIAL_COLUMNS, "decisions": DECISION_COLUMNS}
 _REVIEWED_SQL = ", ".join(f"'{o}'" for o in REVIEWED_ORIGINS)
 _ACTIVE_ORDER = f"ORDER BY CASE WHEN origin IN ({_REVIEWED_SQL}) THEN 1 ELSE 0 END DESC, seq DESC LIMIT 1"
+
+
+class Superseded(ServiceError):
+    """The decision was superseded by a newer one (409): act on the current decision."""
+
+    status, code = 409, "superseded"
 
 
 @dataclass(frozen=True)
@@ -79,13 +99,16 @@ class DecisionRow:
     timings: dict[str, float]
     artifacts: dict[str, Any]
     note_text: str | None
+    parent_id: str | None = None  # the decision this one supersedes (a review or a re-screening)
+    lineage: dict[str, Any] | None = None  # kind, changes (who, when, why); see serve/reviews/protocol.py
 
 
 _TRIAL_SELECT = (
     "SELECT seq, trial_id, program_hash, origin, parser_model, prompt_version, created_at, program_json, "
     "created_by, details_json FROM trials "
 )
-_DECISION_SELECT = "SELECT " + ", ".join(DECISION_COLUMNS[1:17]) + " FROM decisions "
+_DECISION_SELECT = "SELECT " + ", ".join(DECISION_COLUMNS[1:19]) + " FROM decisions "
+_CURRENT = "NOT EXISTS (SELECT 1 FROM decisions c WHERE c.parent_id = decisions.decision_id)"
 
 
 def is_postgres_url(location: str) -> bool:
@@ -110,8 +133,10 @@ class AuditStore:
         return super().__new__(cls)
 
     # -- what a backend provides ----------------------------------------------------------------
-    def _append(self, table: str, columns: dict[str, Any]) -> dict[str, Any]:
-        """Link `columns` after the newest row (serialized across writers) and insert it."""
+    def _append(self, table: str, columns: dict[str, Any], refuse_if: Guard | None = None) -> dict[str, Any]:
+        """Link `columns` after the newest row (serialized across writers) and insert it. `refuse_if`:
+        a query run in the same transaction; if it returns a row, nothing is written and its error
+        is raised (what must not have happened meanwhile, e.g. a decision already superseded)."""
         raise NotImplementedError
 
     def _select(self, sql: str, args: tuple = ()) -> list[tuple]:
@@ -146,6 +171,7 @@ class AuditStore:
         parser_model: str | None = None,
         prompt_version: str | None = None,
         details: dict[str, Any] | None = None,
+        refuse_if: Guard | None = None,
     ) -> TrialRow:
         if origin not in ORIGIN_ROLE:
             raise ValueError(f"unknown trial origin '{origin}'")
@@ -163,6 +189,7 @@ class AuditStore:
                 "program_json": program_json,
                 "details_json": _dump(details) if details is not None else None,
             },
+            refuse_if,
         )
         return TrialRow(
             row["seq"], trial_id, program_hash, origin, parser_model, prompt_version, row["created_at"],
@@ -181,6 +208,10 @@ class AuditStore:
         return self._one_trial(
             "WHERE trial_id = ? AND program_hash = ? ORDER BY seq DESC LIMIT 1", (trial_id, program_hash)
         )
+
+    def trial_ids(self) -> list[str]:
+        """Every trial id with a stored version, sorted (site-wide screening lists these)."""
+        return [r[0] for r in self._select("SELECT DISTINCT trial_id FROM trials ORDER BY trial_id")]
 
     def trial_versions(self, trial_id: str) -> list[TrialRow]:
         rows = self._select(_TRIAL_SELECT + "WHERE trial_id = ? ORDER BY seq", (trial_id,))
@@ -208,7 +239,11 @@ class AuditStore:
         timings: dict,
         artifacts: dict,
         note_text: str | None,
+        parent_id: str | None = None,
+        lineage: dict[str, Any] | None = None,
     ) -> DecisionRow:
+        """Append a decision. With `parent_id` it supersedes that decision: refused (`Superseded`,
+        naming the newer one) when another decision superseded it first."""
         row = DecisionRow(
             decision_id="dec_" + uuid.uuid4().hex,
             created_at=time.time(),
@@ -226,6 +261,8 @@ class AuditStore:
             timings=timings,
             artifacts=artifacts,
             note_text=note_text if self.store_notes else None,
+            parent_id=parent_id,
+            lineage=lineage,
         )
         columns = {k: getattr(row, k) for k in DECISION_COLUMNS[1:13]}
         columns.update(
@@ -233,16 +270,53 @@ class AuditStore:
             timings_json=_dump(timings),
             artifacts_json=_dump(artifacts),
             note_text=row.note_text,
+            parent_id=parent_id,
+            lineage_json=_dump(lineage) if lineage is not None else None,
         )
-        self._append("decisions", columns)
+        guard = None
+        if parent_id is not None:
+            guard = Guard(
+                "SELECT decision_id FROM decisions WHERE parent_id = ? LIMIT 1", (parent_id,),
+                lambda r: Superseded(
+                    f"decision '{parent_id}' was already superseded by '{r[0]}': review the current one",
+                    [("decision_id", f"superseded by {r[0]}")],
+                ),
+            )
+        self._append("decisions", columns, guard)
         return row
 
     def decision(self, decision_id: str) -> DecisionRow | None:
         rows = self._select(_DECISION_SELECT + "WHERE decision_id = ?", (decision_id,))
         if not rows:
             return None
-        r = rows[0]
-        return DecisionRow(*r[:12], json.loads(r[12]), json.loads(r[13]), json.loads(r[14]), r[15])
+        return _decision_row(rows[0])
+
+    def successor(self, decision_id: str) -> str | None:
+        """The decision that superseded `decision_id` (its one child), if any."""
+        rows = self._select("SELECT decision_id FROM decisions WHERE parent_id = ?", (decision_id,))
+        return rows[0][0] if rows else None
+
+    def current_decisions(
+        self, *, trial_id: str | None = None, policy_name: str | None = None
+    ) -> Iterator[DecisionRow]:
+        """Decisions no other decision supersedes (the newest of each lineage), oldest first."""
+        where, args = [_CURRENT], []
+        for column, value in (("trial_id", trial_id), ("policy_name", policy_name)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        ids = self._select(f"SELECT decision_id FROM decisions WHERE {' AND '.join(where)} ORDER BY seq", tuple(args))
+        for (decision_id,) in ids:  # one row at a time: artifacts can be large
+            row = self.decision(decision_id)
+            if row is not None:
+                yield row
+
+    def superseding_decisions(self, trial_id: str) -> list[DecisionRow]:
+        """Every decision of a trial that came from a review or a re-screening, newest first."""
+        rows = self._select(
+            _DECISION_SELECT + "WHERE trial_id = ? AND parent_id IS NOT NULL ORDER BY seq DESC", (trial_id,)
+        )
+        return [_decision_row(r) for r in rows]
 
     def count(self, table: str) -> int:
         assert table in TABLES
@@ -292,6 +366,29 @@ HEAD_SQL = (  # the newest row of the chain, whichever table it is in
     "SELECT seq, row_hash FROM (SELECT seq, row_hash FROM decisions ORDER BY seq DESC LIMIT 1) AS d "
     "ORDER BY seq DESC LIMIT 1"
 )
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A query an append runs in its own transaction; a row returned refuses the append with `error(row)`."""
+
+    sql: str
+    args: tuple
+    error: Callable[[tuple], Exception]
+
+
+def schema_version_of(meta: list[tuple[str, str]]) -> int | None:
+    """The store's schema version from its meta rows: `schema_version` as created, raised by each
+    in-place upgrade's `schema_upgrade:N` row (meta rows are append-only too)."""
+    versions = [int(v) for k, v in meta if (k == "schema_version" or k.startswith("schema_upgrade:")) and v.isdigit()]
+    return max(versions) if versions else None
+
+
+def _decision_row(r: tuple) -> DecisionRow:
+    return DecisionRow(
+        *r[:12], json.loads(r[12]), json.loads(r[13]), json.loads(r[14]), r[15], r[16],
+        json.loads(r[17]) if r[17] is not None else None,
+    )  # fmt: skip
 
 
 def _trial_row(r: tuple) -> TrialRow:

@@ -120,6 +120,22 @@ def test_rerun_resumes_and_pays_nothing(tmp_path, server):
     assert s2["backends"]["verdict-scripted"]["cost_usd"]["cache_hits"] == 23
 
 
+def test_a_pair_line_torn_by_a_kill_is_redone_and_nothing_is_lost(tmp_path, server):
+    """Killed between two writes (r1 kept, r2 half-written, the rest never written): the resumed run
+    cuts the torn line and records r2 and every other pair once, each on a line of its own."""
+    cfg = scenario.write_config(tmp_path, server.url)
+    first = run(cfg)
+    pairs = first.run_dir / "pairs.jsonl"
+    r1, r2 = pairs.read_text().splitlines(keepends=True)[:2]
+    pairs.write_text(r1 + r2[: len(r2) // 2])
+    again = run(cfg)
+    assert again.done_before == 1 and again.done_now == 13
+    results = pair_results(first.run_dir)  # every line reads: nothing glued to the torn one
+    assert len(results) == 14 and len({x.key for x in results}) == 14
+    assert {x.key: x.decision for x in results} == {x.key: x.decision for x in map(
+        PairResult.model_validate_json, [r1, r2])} | {x.key: x.decision for x in results}
+
+
 def test_resume_after_kill_9(tmp_path):
     """Kill the run mid-way (SIGKILL): a second run finishes it, every pair once, no answered call sent again."""
     with ScriptedServer(scenario.script(latency=0.15)) as srv:

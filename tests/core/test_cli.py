@@ -118,3 +118,44 @@ def test_held_out_markdown_shows_conflicts_notes_and_errors():
     assert "**ERROR** (UnsupportedConstructError)" in r.stdout
     assert "the recorded threshold helpers contradict each other" in r.stdout
     assert "### Import notes" in r.stdout
+
+
+# `verdict` with one module made unimportable, as on a machine where it is not installed.
+BLOCKED = """
+import sys
+BLOCK = sys.argv.pop(1)
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == BLOCK or name.startswith(BLOCK + "."):
+            raise ModuleNotFoundError(f"No module named '{name}'", name=name)
+sys.meta_path.insert(0, Block())
+from verdict_core.cli import main
+main()
+"""
+
+
+def run_without(module, *args):
+    return subprocess.run([sys.executable, "-c", BLOCKED, module, *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+
+
+def test_a_missing_extra_is_an_error_naming_the_package_and_the_extra():
+    r = run_without("jinja2", "slurm", "render", "-t", "parser", "-s", "local")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "`verdict slurm` needs the 'slurm' extra: package 'jinja2'" in r.stderr
+    assert "pip install 'verdict-onsite[slurm]'" in r.stderr
+
+
+def test_a_broken_transitive_import_is_named_as_a_broken_environment():
+    r = run_without("markupsafe", "slurm", "render", "-t", "parser", "-s", "local")  # jinja2's own dependency
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "module 'markupsafe' is missing, a package none of the project's extras declares" in r.stderr
+
+
+def test_a_part_that_cannot_load_stays_listed_and_says_why():
+    r = run_without("bench.cli", "--help")
+    assert r.returncode == 0 and "UNAVAILABLE" in r.stdout and "bench" in r.stdout
+    r = run_without("bench.cli", "bench", "core", "--repeats", "1")
+    assert r.returncode == 2 and "No such command" not in r.stderr
+    assert "`verdict bench` cannot load: module 'bench.cli' is missing, a module of this project" in r.stderr
+    assert run_without("bench.cli", "policies").returncode == 0  # the rest of verdict still works

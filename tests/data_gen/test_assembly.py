@@ -10,6 +10,7 @@ from tests.support import REFERENCE_V6, need
 from verdict_core.engine import Engine
 from verdict_core.program import ParsedCriterion
 
+ENGINE = Engine(alternatives=0)  # the caller's engine: assembly has no default one
 LARGEST = ["sigir-20147/NCT00602537a", "sigir-201411/NCT00350766"]
 
 
@@ -45,7 +46,7 @@ def test_round_trip_of_a_large_recorded_program_decides_the_same(name):
     p = case.program
     outs = criterion_outputs(p)
     criteria = [CriterionText(cr.id, side, cr.text) for _, side, cr in p.criteria()]
-    asm = assemble(p.trial_id, p.title, criteria, outs, {})
+    asm = assemble(p.trial_id, p.title, criteria, outs, {}, check_satisfiable=ENGINE.check_satisfiable)
     assert asm.program is not None, asm.problems
     q = asm.program
     assert {a.name for a in q.atoms} == {a.name for a in p.atoms}
@@ -73,7 +74,7 @@ def test_recorded_requirements_assemble_with_merges_reported():
         c = CriterionText(f"{r.side[:3]}-{n[r.side]}", r.side, f"{r.side} {r.req}")
         criteria.append(c)
         outs[c.id] = r.output
-    asm = assemble(p.trial_id, "", criteria, outs, {})
+    asm = assemble(p.trial_id, "", criteria, outs, {}, check_satisfiable=ENGINE.check_satisfiable)
     assert asm.program is not None, asm.problems
     merged = {m["atom"]: m["criteria"] for m in asm.report["merged"]}
     assert merged, "the recorded program shares atoms across requirements"
@@ -95,7 +96,8 @@ def test_same_name_other_unit_is_kept_apart_renamed_and_reported():
             {"op": "cmp", "lhs": "creatinine", "rel": "gt", "rhs": 5}, atom("creatinine", "real", "MG/DL ")
         ),
     }
-    asm = assemble("T", "", [crit("inc-1"), crit("inc-2"), crit("exc-1")], outs, {})
+    asm = assemble("T", "", [crit("inc-1"), crit("inc-2"), crit("exc-1")], outs, {},
+                   check_satisfiable=ENGINE.check_satisfiable)
     q = asm.program
     assert [a.name for a in q.atoms] == ["creatinine", "Creatinine__inc-2"]
     assert q.atom_table()["creatinine"].source_criteria == ["inc-1", "exc-1"]
@@ -120,7 +122,7 @@ def test_near_duplicates_are_left_apart_and_reported():
         "exc-1": out("is_pregnant", atom("is_pregnant", definition="The patient is pregnant.")),
         "exc-2": out("pregnancy_current", atom("pregnancy_current", definition="The patient is pregnant")),
     }
-    asm = assemble("T", "", [crit(c) for c in outs], outs, {})
+    asm = assemble("T", "", [crit(c) for c in outs], outs, {}, check_satisfiable=ENGINE.check_satisfiable)
     assert len(asm.program.atoms) == 4
     assert asm.report["near_duplicates"] == [
         {"atoms": ["age", "age_years"], "why": "names equal after dropping prefix/qualifier/unit"},
@@ -147,7 +149,7 @@ def test_trial_wide_definitions_and_local_ones():
             ],
         ),
     }
-    asm = assemble("T", "", [crit(c) for c in outs], outs, {})
+    asm = assemble("T", "", [crit(c) for c in outs], outs, {}, check_satisfiable=ENGINE.check_satisfiable)
     q = asm.program
     assert [d.id for d in q.definitions] == ["exc-2:d1", "qualifier:has_stroke@@within_6_months"]
     assert asm.report["definitions_added"] == ["qualifier:has_stroke@@within_6_months"]
@@ -160,7 +162,7 @@ def test_population_labels_make_cohorts():
         "inc-2": out("prior_chemo", atom("prior_chemo"), cohorts=["Part B"]),
         "inc-3": out("no_prior_chemo", atom("no_prior_chemo"), cohorts=["Part A"]),
     }
-    asm = assemble("T", "", [crit(c) for c in outs], outs, {})
+    asm = assemble("T", "", [crit(c) for c in outs], outs, {}, check_satisfiable=ENGINE.check_satisfiable)
     co = {c.id: [cr.id for cr in c.inclusion] for c in asm.program.cohorts}
     assert co == {"part_b": ["inc-1", "inc-2"], "part_a": ["inc-1", "inc-3"]}
     assert [c.label for c in asm.program.cohorts] == ["Part B", "Part A"]
@@ -176,7 +178,7 @@ def test_failed_and_out_of_scope_criteria():
         crit("inc-2", "Signed consent"),
         crit("exc-1", "Serious illness that would interfere"),
     ]
-    asm = assemble("T", "", criteria, outs, {"exc-1": "schema"})
+    asm = assemble("T", "", criteria, outs, {"exc-1": "schema"}, check_satisfiable=ENGINE.check_satisfiable)
     q = asm.program
     assert asm.report["out_of_scope"] == [{"id": "inc-2", "reason": "informed consent"}]
     assert asm.report["unformalized"] == [{"id": "exc-1", "reason": "schema"}]
@@ -202,13 +204,14 @@ def test_conflicting_criteria_are_named():
 
 def test_nothing_in_scope_is_a_clear_problem():
     outs = {"inc-1": ParsedCriterion(in_scope=False, reason="consent")}
-    asm = assemble("T", "", [crit("inc-1")], outs, {})
+    asm = assemble("T", "", [crit("inc-1")], outs, {}, check_satisfiable=ENGINE.check_satisfiable)
     assert asm.program is None and asm.problems[0][0] == "program" and "1 out of scope" in asm.problems[0][1]
 
 
 def test_a_trial_whose_every_criterion_failed_is_rejected():
     criteria = [crit("inc-1"), crit("exc-1")]
-    asm = assemble("T", "", criteria, {}, {"inc-1": "undeclared_atom", "exc-1": "schema"})
+    asm = assemble("T", "", criteria, {}, {"inc-1": "undeclared_atom", "exc-1": "schema"},
+                   check_satisfiable=ENGINE.check_satisfiable)
     assert asm.program is None
     assert [c for c, _ in asm.problems] == ["undeclared_atom", "schema"]
     assert asm.report["unformalized"] == [{"id": "inc-1", "reason": "undeclared_atom"},

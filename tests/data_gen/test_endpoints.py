@@ -8,7 +8,7 @@ import pytest
 from data_gen.client import build_request
 from data_gen.egress import EgressPolicy
 from data_gen.errors import EgressRefused, EndpointError
-from data_gen.formalizer.endpoints import EndpointPool
+from data_gen.formalizer.endpoints import ERRORS_IN_A_ROW, EndpointPool
 from data_gen.scripted_server import Rule, Script, ScriptedServer
 from data_gen.scripted_server import ScriptedResponse as R
 from data_gen.teacher_config import TeacherConfig
@@ -80,8 +80,10 @@ def test_a_dead_endpoint_fails_over_once_then_is_skipped():
         b.stop()
 
 
-@pytest.mark.parametrize("status", [500, 503])
-def test_a_5xx_marks_the_endpoint_down_and_the_same_request_goes_to_another(status):
+@pytest.mark.parametrize("status, state", [(503, "down"), (500, "unknown")])  # unknown: usable
+def test_a_5xx_fails_over_and_an_unavailable_endpoint_is_marked_down(status, state):
+    """503: the server says it is unavailable. 500: maybe the one request, so it stays up for the
+    others (until ERRORS_IN_A_ROW requests in a row got a 5xx)."""
     a, b = serving(R(fault="status", status=status)), serving()
     try:
         async def go():
@@ -93,7 +95,7 @@ def test_a_5xx_marks_the_endpoint_down_and_the_same_request_goes_to_another(stat
                 await p.aclose()
 
         c, failovers, states = asyncio.run(go())
-        assert c.content == "ok" and failovers == 1 and states == ["down", "up"]
+        assert c.content == "ok" and failovers == 1 and states == [state, "up"]
         assert a.keys() == b.keys() and len(a.keys()) == 1  # the identical request body
     finally:
         a.stop(), b.stop()
@@ -149,8 +151,8 @@ def test_no_server_message_reaches_the_pool_errors_or_states():
                 await p.aclose()
 
         message, reasons = asyncio.run(go())
-        assert reasons == ["HTTP 500", "HTTP 503"] and "HTTP 500" in message and "HTTP 503" in message
-        assert "Quorlin" not in message + "".join(reasons)
+        assert reasons == [None, "HTTP 503"] and "HTTP 500" in message and "HTTP 503" in message  # a: still up
+        assert "Quorlin" not in message + "".join(r or "" for r in reasons)
     finally:
         a.stop(), b.stop()
 
@@ -248,3 +250,29 @@ def test_the_same_url_twice_is_refused():
 
     with pytest.raises(TeacherConfigError, match="twice"):
         pool(["http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1/"])
+
+
+def test_one_request_answered_500_does_not_take_a_lone_endpoint_from_the_others():
+    """A lone vLLM answering 500 to one request (e.g. its grammar fails to compile): that request
+    fails, the next ones are served at once (no 503 while a background check waits)."""
+    srv = ScriptedServer(Script(rules=[Rule(match={"contains": ["bad grammar"]},
+                                            responses=[R(fault="status", status=500)])],
+                                default=R(content="ok"))).start()
+    try:
+        async def go():
+            p = pool([srv.url])
+            try:
+                with pytest.raises(EndpointError):
+                    await send(p, "bad grammar")
+                first = await send(p, "fine"), p.members[0].state
+                for _ in range(ERRORS_IN_A_ROW):  # a server failing every request is down, though
+                    with pytest.raises(EndpointError):
+                        await send(p, "bad grammar")
+                return first, p.members[0].state
+            finally:
+                await p.aclose()
+
+        (c, state), after = asyncio.run(go())
+        assert c.content == "ok" and state == "up" and after == "down"
+    finally:
+        srv.stop()

@@ -350,6 +350,24 @@ def test_arbiter_override_is_checked(scripted_server):
     assert res.status == "rejected" and res.reason == "consistency"
 
 
+def test_checks_run_on_the_engine_passed_in(scripted_server):
+    """The parser's satisfiability checks and the arbiter's consistency check use the caller's
+    engine (its limit, its compiled programs), not a default or fresh one."""
+    from verdict_core.engine import Engine
+
+    prog, note, pat, conflicts = conflicted()
+    engine = Engine(timeout_ms=777, alternatives=0)
+    good = {"overrides": [{"atom": "has_condition_2", "value": True, "reason": "the severe form implies it",
+                           "evidence": "Severe condition 2 was diagnosed"}]}
+    set_answers(scripted_server, R(content=good))
+    res = run(lambda fz: fz.arbitrate(prog, note, pat, conflicts), teacher(scripted_server.url),
+              engine=engine)
+    assert res.status == "accepted" and f"{prog.content_hash}@777" in engine._cache
+    set_parser(scripted_server, *parser_rules(0))
+    parsed = parse(scripted_server.url, engine=engine)
+    assert parsed.accepted and f"{parsed.output.content_hash}@777" in engine._cache
+
+
 def test_verbalizer_may_only_restate(scripted_server):
     from verdict_core.engine import Engine
 
@@ -373,15 +391,20 @@ def test_schema_sent_for_decoding_keeps_the_identifier_language():
 
     from data_gen.formalizer import core_schema
     from verdict_core.errors import ProgramError
+    from verdict_core.formula import MAX_NAME
     from verdict_core.program import load_program
+    from verdict_core.schemas import GRAMMAR_MAX_NAME, json_schema
 
     text = json.dumps(core_schema("parsed-trial"))
-    assert "{0," not in text  # xgrammar cannot compile bounded repetition in the recursive schema
     assert "maxLength" not in text  # vLLM refuses a pattern combined with a length bound
     pattern = core_schema("parsed-trial")["$defs"]["Atom"]["properties"]["name"]["pattern"]
-    for name, ok in [("has_stroke@@within_6_months", True), ("x", True), ("9lives", False), ("a b", False)]:
-        assert bool(re.fullmatch(pattern, name)) is ok
-    # the length limit the schema leaves out is enforced by the core's models on the reply
+    for name, ok in [("has_stroke@@within_6_months", True), ("x", True), ("9lives", False), ("a b", False),
+                     ("a" * GRAMMAR_MAX_NAME, True), ("a" * (GRAMMAR_MAX_NAME + 1), False)]:
+        assert bool(re.fullmatch(pattern, name)) is ok  # the grammar bounds a name's length
+    # the integrators' program schema states the models' own limit
+    program_name = json_schema("program")["$defs"]["Atom"]["properties"]["name"]
+    assert program_name["maxLength"] == MAX_NAME and program_name["pattern"].endswith("]*$")
+    # and the models enforce it on any reply (a teacher without a grammar)
     too_long = "a" * 300
     try:
         load_program({"trial_id": "T", "atoms": [{"name": too_long, "domain": "bool", "kind": "other", "definition": "x"}],

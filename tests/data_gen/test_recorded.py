@@ -67,6 +67,47 @@ def test_import_makes_per_criterion_parser_records(recorded):
     assert r.trial_id not in r.messages[1]["content"]  # the request carries the criterion only
 
 
+def test_every_imported_record_names_atoms_the_parser_grammar_can_write(recorded):
+    """The recorded corpus has names up to 188 characters; the parser's grammar bounds them at
+    GRAMMAR_MAX_NAME, so the import renames the longer ones in program and values alike."""
+    import re
+
+    from data_gen.formalizer import core_schema
+
+    out, _ = recorded
+    pattern = core_schema("parsed-criterion")["$defs"]["Atom"]["properties"]["name"]["pattern"]
+    store = RecordStore(out / "runs" / "recorded-v6" / "records.sqlite")
+    recs = [r for r in store.records(task="parser") if r.status == "accepted"]
+    miner = [r for r in store.records(task="value_miner") if r.status == "accepted"]
+    store.close()
+    names = {a.name for r in recs for a in ParsedCriterion.model_validate_json(r.output_json).atoms}
+    assert names and all(re.fullmatch(pattern, n) for n in names)
+    assert any(len(n) > 100 for n in names)  # long names are kept where they fit
+    assert all(re.fullmatch(pattern, v["atom"]) for r in miner for v in json.loads(r.output_json)["values"])
+
+
+def test_renaming_long_names_keeps_every_decision():
+    from data_gen.recorded import fit_to_grammar
+    from verdict_core.engine import Engine
+    from verdict_core.reference import load_reference
+    from verdict_core.schemas import GRAMMAR_MAX_NAME
+
+    need(REFERENCE_V6.is_dir(), "shared reference data")
+    engine, renamed = Engine(), 0
+    for f in sorted(REFERENCE_V6.glob("*/*__full.json")):
+        case = load_reference(f)
+        fit = fit_to_grammar(case)
+        if fit is case:
+            assert max(len(a.name) for a in case.program.atoms) <= GRAMMAR_MAX_NAME
+            continue
+        renamed += 1
+        names = [a.name for a in fit.program.atoms]
+        assert max(map(len, names)) <= GRAMMAR_MAX_NAME and len(set(names)) == len(names)
+        assert {r.atom for r in fit.patient.resolutions} == set(names)
+        assert engine.decide(fit.program, fit.patient).decision == engine.decide(case.program, case.patient).decision
+    assert renamed == 40
+
+
 def test_requirement_outputs_re_express_every_recorded_requirement():
     need(REFERENCE_V6.is_dir(), "shared reference data")
     from verdict_core.reference import load_reference

@@ -22,14 +22,28 @@ ROLES = {"match": ["match"], "audit": ["audit"], "admin": ["admin"]}
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's package, installed by .ci/run
 
 
+CHROMEDRIVER = Path("/usr/bin/chromedriver")  # Debian's chromium-driver
+# Nothing reaching outside the machine, whichever client drives the browser.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
 def launch_chromium(pw):
     """Headless Chromium through Playwright, with nothing reaching outside the machine."""
-    return pw.chromium.launch(
-        executable_path=str(CHROMIUM),
-        headless=True,
-        args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-              "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-    )
+    return pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+
+
+def selenium_chromium(width: int = 1280, height: int = 900):
+    """Headless Chromium through Selenium and Debian's chromedriver (no driver download)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = str(CHROMIUM)
+    for arg in [*CHROMIUM_ARGS, "--headless=new", "--disable-dev-shm-usage", f"--window-size={width},{height}"]:
+        options.add_argument(arg)
+    return webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from data_gen.formalizer.endpoints import ERRORS_IN_A_ROW
 from data_gen.scripted_server import Script, ScriptedServer
 from data_gen.scripted_server import ScriptedResponse as R
 from serve.vllm_server import free_port
@@ -87,8 +88,9 @@ def test_a_failing_endpoint_is_skipped_and_the_match_still_decided(tmp_path, stu
             r = match(svc, tid, p)
             assert r.status_code == 200, r.text
             assert r.json()["models"]["endpoint"] == f"{broken.url[:-3]}, {good.url[:-3]}"
-        # Both passes of the first match may have gone to the broken server before it was marked down.
-        assert 1 <= len(broken.requests) <= 2 and len(good.requests) == 6
+        # A 500 may be about one request: the broken server is marked down after ERRORS_IN_A_ROW of them
+        # (both passes of a match may reach it before that).
+        assert ERRORS_IN_A_ROW <= len(broken.requests) <= ERRORS_IN_A_ROW + 1 and len(good.requests) == 6
         with svc.client(None) as c:
             states = {e["endpoint"]: e for e in c.get("/readyz").json()["endpoints"]}
         assert states[broken.url[:-3]]["failures"] >= 1
@@ -209,8 +211,10 @@ def ha_load(tmp_path: Path, postgres_db, urls: list[str], kill_formalizer, progr
     )
     assert r.returncode == 0, r.stderr
     api = {
+        # The load repeats pairs: without reuse_values off, repeats would ask the formalizer nothing, and
+        # this is about failover while it is being asked.
         "formalizer": {"base_url": None, "base_urls": urls, "health_check_interval_s": 1,
-                       "concurrency": LOAD_CONCURRENCY, **(formalizer or {})},
+                       "concurrency": LOAD_CONCURRENCY, "reuse_values": False, **(formalizer or {})},
         "audit_db": postgres_db.writer_url,
         "audit_password_env": PASSWORD_ENV,
     }
@@ -239,19 +243,21 @@ def ha_load(tmp_path: Path, postgres_db, urls: list[str], kill_formalizer, progr
         unavailable = [x for x in done if x["status"] == 503]
         rerouted = sum(x["rerouted"] for x in results)
         failovers = sum(s.log.count("failover:") for s in replicas)
+        # The killed formalizer is noticed by a request (a failover) or, first, by the 1 s health check.
+        noticed = failovers + sum(s.log.count("marked down") + s.log.count(" down: ") for s in replicas)
         numbers = (
             f"HA load: {len(work)} matches at concurrency {LOAD_CONCURRENCY} over 2 replicas in "
             f"{load_s:.1f} s "
             f"({time.monotonic() - t_start:.0f} s with setup): {len(ok)} x 200, {len(unavailable)} x 503, "
             f"{len(cut)} cut with the killed replica, {rerouted} re-sent to the other replica (never "
-            f"connected), {failovers} formalizer failovers"
+            f"connected), {failovers} formalizer failovers, {noticed} times the killed formalizer was noticed"
         )
         print("\n" + numbers)
         # Every accepted request ends in a decision or a clean 503; a cut connection only on the killed one.
         assert {x["status"] for x in done} <= {200, 503}, [x for x in done if x["status"] not in (200, 503)]
         assert all(x["retry_after"] for x in unavailable)
         assert all(x["replica"] == 1 for x in cut), cut
-        assert len(ok) >= len(work) // 2 and failovers >= 1, numbers
+        assert len(ok) >= len(work) // 2 and noticed >= 1, numbers
         if expected is not None:
             assert all(x["decision"] == expected[x["pair"]] for x in ok)  # failover changes no answer
         else:

@@ -99,6 +99,37 @@ def test_plan_shards_by_trial_and_refuses_a_changed_plan(tmp_path, student_recor
     assert "patient 'P9'" in str(e.value) and "trial 'NCT-X'" in str(e.value)
 
 
+def test_a_result_line_torn_by_a_kill_is_redone_and_nothing_is_lost(tmp_path):
+    """Killed between two writes (r1 kept, r2 half-written, r3 never written), against the scripted
+    formalizer (real HTTP): the resumed shard redoes r2 and r3, every line of its own."""
+    import asyncio
+
+    from data_gen.scripted_server import Script, ScriptedServer
+    from tests.serve.test_serving import SCRIPT
+
+    cfg = {"vllm": {"model": str(tmp_path / "unused")},
+           "api": {"formalizer": {"parser_model": "scripted", "value_miner_model": "scripted"},
+                   "api_keys": str(tmp_path / "keys.json")}}
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(cfg))
+    (tmp_path / "patients.jsonl").write_text("".join(
+        json.dumps({"_id": f"P{i}", "text": f"Patient {i}, {30 + i} years old."}) + "\n" for i in range(3)))
+    (tmp_path / "trials.jsonl").write_text(json.dumps(
+        {"nct_id": "NCT01", "title": "t", "inclusion": "Adults", "exclusion": "Chest pain"}) + "\n")
+    out = tmp_path / "out"
+    plan_batch(out, name="torn", serve_config=tmp_path / "serve.yaml", patients=tmp_path / "patients.jsonl",
+               trials=tmp_path / "trials.jsonl")
+    with ScriptedServer(Script.model_validate(SCRIPT)) as srv:
+        assert asyncio.run(run_shard(out, 0, formalizer_url=srv.url))["matched"] == 3
+        path = result_path(out, 0)
+        r1, r2 = path.read_text().splitlines(keepends=True)[:2]
+        path.write_text(r1 + r2[: len(r2) // 2])
+        again = asyncio.run(run_shard(out, 0, formalizer_url=srv.url))
+    assert again["done_before"] == 1 and again["matched"] == 2
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3 and sorted(r.patient_id for r in read_results(path)) == ["P0", "P1", "P2"]
+    assert merge_results(out)["results"] == 3
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_shards_resume_after_a_crash_and_merge_without_duplicates(

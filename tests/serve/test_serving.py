@@ -263,3 +263,45 @@ def test_markup_in_a_note_stays_text_in_a_real_browser(svc):
             assert "chest pain" in page.locator("#change").inner_text().lower()
         finally:
             browser.close()
+
+
+def test_parsed_programs_are_checked_by_the_services_own_engine_and_compiled_once(tmp_path, scripted):
+    """The parser's checks run on the service's engine (its solver_timeout_ms, its compiled-program
+    cache): the program compiled for the satisfiability check is the one every decision uses."""
+    import asyncio
+
+    import verdict_core.engine as core_engine
+    from serve.api_config import ApiConfig
+    from serve.audit import AuditStore
+    from serve.protocol import MatchRequest, PatientInput, TrialText
+    from serve.serving import MatchingService, trial_doc
+
+    default = core_engine._default_engine
+    default_cached = set(default._cache) if default is not None else None
+    api = ApiConfig.model_validate({
+        "formalizer": {"parser_model": "scripted", "value_miner_model": "scripted"},
+        "solver_timeout_ms": 321, "audit_db": str(tmp_path / "audit.sqlite")})
+    service = MatchingService(api, scripted.url, audit=AuditStore(api.audit_db, store_notes=False))
+
+    async def parse_and_match():
+        try:
+            text = TrialText(trial_id="T-ENGINE", inclusion="Adults (engine test)", exclusion="Chest pain")
+            row, _ = await service.parsed_trial(trial_doc(text), "test")
+            key = f"{row.program_hash}@321"
+            compiled = service.engine._cache.get(key)
+            patient = PatientInput(patient_id="P1", note="40 years old.")
+            res = await service.match(
+                MatchRequest(trial_id="T-ENGINE", program_hash=row.program_hash, patient=patient), "test")
+            return key, compiled, res
+        finally:
+            await service.aclose()
+            service.audit.close()
+
+    key, compiled, res = asyncio.run(parse_and_match())
+    assert service.parser.engine is service.engine and service.miner.engine is service.engine
+    assert service.engine.timeout_ms == 321
+    assert compiled is not None  # checked at parse time under the configured limit ...
+    assert service.engine._cache[key] is compiled  # ... and decided with that same compiled program
+    assert res.decision.decision in ("eligible", "ineligible", "undetermined")
+    after = core_engine._default_engine  # the core's hidden default engine took no part
+    assert (set(after._cache) if after is not None else None) == default_cached

@@ -152,3 +152,31 @@ def test_structured_outputs_for_both_stage_schemas_are_schema_valid(real_vocab_s
         jsonschema.validate(obj, schema)  # valid under the schema (the core's semantic checks come after)
     log = real_vocab_server.log_path.read_text(errors="replace")
     assert "Failed to compile" not in log and "fallback" not in log.lower().replace("falling back to anyof", "")
+
+
+def test_the_schema_bounds_an_atom_name_so_a_looping_model_must_close_it(real_vocab_server):
+    """The parser's atom-name schema (a pattern with a bounded repeat) under vLLM's own xgrammar: a
+    model pushed to extend the name forever (logit_bias on 'aaaaaaaa') is made to close it at
+    GRAMMAR_MAX_NAME characters, well before max_tokens; with an unbounded pattern it loops until
+    max_tokens ('length'). The full parser schema compiles too (the structured-outputs test)."""
+    from verdict_core.schemas import GRAMMAR_MAX_NAME as MAX_NAME
+
+    name_schema = core_schema("parsed-criterion")["$defs"]["Atom"]["properties"]["name"]
+    schema = {"type": "object", "properties": {"name": name_schema}, "required": ["name"],
+              "additionalProperties": False}
+    loop = qwen25_counter().encode("aaaaaaaa")
+    assert len(loop) == 1
+    t = _endpoint(real_vocab_server, extra_body={"logit_bias": {str(loop[0]): 100.0}})  # 160 new tokens
+
+    async def go():
+        c = EndpointClient(t)
+        try:
+            return await c.complete(build_request(t, "parser", _criterion_messages(), schema, "atom_name"),
+                                    carries_patient_text=False)
+        finally:
+            await c.aclose()
+
+    comp = asyncio.run(go())
+    assert comp.finish_reason == "stop", comp.finish_reason
+    name = json.loads(comp.content)["name"]
+    assert MAX_NAME - 8 < len(name) <= MAX_NAME

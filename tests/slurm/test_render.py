@@ -35,6 +35,7 @@ def test_chain_scripts_have_every_value_rendered_in(tmp_path):
     for line in train:
         assert "$" not in line  # sbatch would not expand it
     assert f"#SBATCH --output={tmp_path / 'logs'}/%x-%j.out" in train
+    assert (tmp_path / "logs").is_dir()  # slurm does not create it: the renderer does, once for all parts
     assert "#SBATCH --job-name=verdict-train-value_miner" in train
     assert {
         "#SBATCH --gres=gpu:1",

@@ -126,3 +126,10 @@ def test_overall_state_of_a_job_or_array():
     assert overall(["PENDING", "PENDING"]) == "PENDING"
     assert overall(["COMPLETED", "FAILED"]) == "FAILED"  # one failed array task fails the array
     assert overall(["NEVER_RUNS"]) == "NEVER_RUNS"
+
+
+def test_a_job_depending_on_one_not_submitted_before_it_is_refused_before_any_sbatch(tmp_path):
+    from slurm.submit import Job, SubmitError, submit_jobs
+
+    with pytest.raises(SubmitError, match="'report' depends on eval, not submitted before it"):
+        submit_jobs([Job("report", tmp_path / "report.sbatch", after=["eval"]), Job("eval", tmp_path / "e.sbatch")])

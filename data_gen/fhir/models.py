@@ -1,0 +1,91 @@
+"""The internal patient record made from FHIR: the miner's documents plus coded facts.
+
+`documents` are exactly what the value miner reads (`data_gen.protocol.NoteDocument`); `facts` are
+the coded resources (Condition, Observation, MedicationStatement/Request, Procedure), each naming
+its resource (`Observation/123`). Problems name resources by `Type/id` and fields by path, never
+by content.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..protocol import NoteDocument, PatientDoc
+
+RECORD_FORMAT = "verdict.fhir_patient/v1"
+FactCategory = Literal["condition", "observation", "medication", "procedure"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Coding(_Model):
+    system: str | None = Field(None, description="code system URI (http://loinc.org, ...)")
+    code: str | None = None
+    display: str | None = None
+
+
+class FactConversion(_Model):
+    """The fact's value in its analyte's canonical unit (configs/fhir/codes.yaml)."""
+
+    value: float = Field(description="value in the canonical unit")
+    unit: str = Field(description="canonical UCUM unit")
+    rule: str = Field(description="how it was converted: same unit, scale, molar mass ..., IFCC-NGSP ...")
+
+
+class CodedFact(_Model):
+    """One coded resource (or one component of an Observation) as a structured fact."""
+
+    resource: str = Field(description="the resource it comes from, Type/id (e.g. Observation/123)")
+    category: FactCategory
+    component: int | None = Field(None, description="index in Observation.component, for panel components")
+    codings: list[Coding] = Field(default_factory=list, description="every coding of the resource's code")
+    text: str | None = Field(None, description="CodeableConcept.text, if any")
+    canonical: str | None = Field(
+        None, description="canonical fact name from the code map, if a code is mapped"
+    )
+    value: float | str | bool | None = Field(
+        None, description="Observation value (quantity value, string, bool)"
+    )
+    unit: str | None = Field(
+        None, description="the value's UCUM code as the resource gives it (or its unit text)"
+    )
+    converted: FactConversion | None = Field(
+        None, description="the value in the canonical unit of `canonical`"
+    )
+    conversion_problem: str | None = Field(None, description="why the value could not be converted")
+    effective: str | None = Field(None, description="effective / onset / authored date or datetime, ISO")
+    status: str | None = Field(None, description="status (Observation.status, clinicalStatus, ...)")
+
+    @property
+    def code(self) -> Coding | None:
+        return self.codings[0] if self.codings else None
+
+
+class FhirPatientRecord(_Model):
+    """One patient as read from FHIR, at a stated reference date."""
+
+    format: Literal["verdict.fhir_patient/v1"] = RECORD_FORMAT
+    patient_id: str = Field(description="Patient resource id")
+    reference_date: str = Field(description="the date ages are computed at (ISO), as the caller stated it")
+    birth_date: str | None = Field(None, description="Patient.birthDate as given (may be YYYY or YYYY-MM)")
+    gender: str | None = Field(None, description="Patient.gender (administrative gender)")
+    age_years: int | None = Field(None, description="full years at reference_date (exact birth date only)")
+    age_range: tuple[int, int] | None = Field(None, description="possible ages when birthDate is partial")
+    documents: list[NoteDocument] = Field(default_factory=list, description="the notes, one per resource")
+    facts: list[CodedFact] = Field(default_factory=list)
+    problems: list[str] = Field(
+        default_factory=list, description="per resource: Type/id: field path: problem"
+    )
+
+    def patient_doc(self) -> PatientDoc | None:
+        """The documents as the miner's input (None when the patient has no document)."""
+        if not self.documents:
+            return None
+        return PatientDoc(patient_id=self.patient_id, documents=list(self.documents))
+
+    def conversions(self) -> list[CodedFact]:
+        return [f for f in self.facts if f.converted is not None and f.converted.rule != "same unit"]

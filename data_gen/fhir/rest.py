@@ -1,0 +1,208 @@
+"""A FHIR R4 REST client that only talks to allowlisted hosts.
+
+Every URL (the base, each `link[next]` page, each attachment URL) goes through the project's egress
+allowlist (`data_gen.egress.EgressPolicy`) before a connection is opened: a host that is not
+loopback or on `egress.allow_hosts` / $VERDICT_EGRESS_ALLOW is refused with EgressRefused and
+nothing is sent. Redirects are not followed (a redirect could leave the allowlist). The bearer
+token is read from the environment variable the config names, at request time; it is never logged.
+
+Per patient: `Patient/{id}/$everything` (paged), and when the server does not offer it (404, 400,
+405, 501), `Patient/{id}` plus one search `TYPE?patient={id}` per resource type read (paged).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import os
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..egress import EgressPolicy
+from ..teacher_config import EgressConfig
+from .errors import FhirServerError, FhirSourceError
+from .validate import MAX_ATTACHMENT_BYTES, READ_TYPES, parse_json
+
+log = logging.getLogger("data_gen.fhir")
+NO_EVERYTHING = (400, 404, 405, 501)  # statuses meaning "this server has no $everything"
+
+
+class FhirRestConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str = Field(description="FHIR base URL, e.g. https://fhir.hospital.example/r4")
+    token_env: str | None = Field(
+        "VERDICT_FHIR_TOKEN",
+        description="environment variable holding the bearer "
+        "token (unset variable: no Authorization header); null: never send one",
+    )
+    timeout_s: float = Field(30.0, gt=0, description="seconds per HTTP request")
+    page_size: int = Field(100, ge=1, le=1000, description="_count asked for on searches")
+    max_pages: int = Field(1000, ge=1, description="pages followed per search before stopping with a problem")
+    use_everything: bool = Field(True, description="try Patient/{id}/$everything first")
+    max_attachment_bytes: int = Field(
+        MAX_ATTACHMENT_BYTES, ge=1, description="largest attachment read by URL"
+    )
+    egress: EgressConfig = Field(
+        default_factory=EgressConfig,
+        description="hosts allowed besides loopback (also $VERDICT_EGRESS_ALLOW)",
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("base_url must be an http(s) URL with a host")
+        return v.rstrip("/")
+
+
+class FhirRestClient:
+    """Reads one patient's resources (or the server's patient ids) from a FHIR server."""
+
+    def __init__(self, cfg: FhirRestConfig, *, policy: EgressPolicy | None = None):
+        self.cfg = cfg
+        self.policy = policy or EgressPolicy.from_config(cfg.egress)
+        self._check(cfg.base_url)  # refused before the client exists, so before any request
+        import httpx
+
+        self._http = httpx.Client(timeout=cfg.timeout_s, follow_redirects=False)
+        self.requests = 0
+        self._has_everything: bool | None = None
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "FhirRestClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- HTTP ------------------------------------------------------------------------------------
+    def _check(self, url: str) -> None:
+        self.policy.check(url, carries_patient_text=True, what="a FHIR request")
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/fhir+json"}
+        if self.cfg.token_env:
+            token = os.environ.get(self.cfg.token_env)
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    def _url(self, path_or_url: str) -> str:
+        if path_or_url.startswith(("http://", "https://")):
+            return path_or_url
+        return f"{self.cfg.base_url}/{path_or_url.lstrip('/')}"
+
+    def get(self, path_or_url: str, params: dict | None = None) -> tuple[int, bytes, str | None]:
+        """(status, body, content type); the URL is checked against the allowlist first."""
+        import httpx
+
+        url = self._url(path_or_url)
+        self._check(url)
+        what = urlsplit(url).path  # ids only: no query (never patient text), no host credentials
+        try:
+            r = self._http.get(url, params=params, headers=self._headers())
+        except httpx.HTTPError as e:
+            raise FhirServerError(f"FHIR server unreachable for GET {what} ({type(e).__name__})") from None
+        self.requests += 1
+        return r.status_code, r.content, r.headers.get("content-type")
+
+    def get_json(self, path_or_url: str, params: dict | None = None, *, allow: tuple[int, ...] = ()) -> Any:
+        status, body, _ = self.get(path_or_url, params)
+        if status in allow:
+            return None
+        what = urlsplit(self._url(path_or_url)).path
+        if status == 401 or status == 403:
+            raise FhirServerError(
+                f"FHIR server refused GET {what} with HTTP {status}: check the bearer token "
+                f"in ${self.cfg.token_env or '(no token_env)'}"
+            )
+        if status >= 400:
+            raise FhirServerError(f"FHIR server answered HTTP {status} for GET {what}")
+        return parse_json(body, f"FHIR response to GET {what}")
+
+    # -- reads -----------------------------------------------------------------------------------
+    def search(self, path: str, params: dict, problems: list[str]) -> list[Any]:
+        """Every resource of a search, following link[next]."""
+        return self._pages(self.get_json(path, {**params, "_count": self.cfg.page_size}), path, problems)
+
+    def patient_ids(self, problems: list[str]) -> list[str]:
+        found = self.search("Patient", {}, problems)
+        return sorted({r["id"] for r in found if isinstance(r, dict) and isinstance(r.get("id"), str)})
+
+    def patient_resources(self, patient_id: str, problems: list[str]) -> list[Any]:
+        """The patient's resources of the types read: $everything, or per-type searches."""
+        pid = quote(patient_id, safe="")
+        if self.cfg.use_everything and self._has_everything is not False:
+            first = self.get_json(f"Patient/{pid}/$everything", allow=NO_EVERYTHING)
+            self._has_everything = first is not None  # asked once per client, not once per patient
+            if first is not None:
+                return [
+                    r
+                    for r in self._pages(first, f"Patient/{pid}/$everything", problems)
+                    if isinstance(r, dict) and r.get("resourceType") in READ_TYPES
+                ]
+            log.info("FHIR server has no $everything; falling back to per-type searches")
+        patient = self.get_json(f"Patient/{pid}", allow=(404,))
+        if patient is None:
+            raise FhirSourceError(f"Patient/{patient_id} is not on the FHIR server")
+        out = [patient]
+        for rtype in READ_TYPES:
+            if rtype != "Patient":
+                out += self.search(rtype, {"patient": patient_id}, problems)
+        return out
+
+    def _pages(self, page: Any, path: str, problems: list[str]) -> list[Any]:
+        """The resources of a Bundle page and of every page after it (link[next])."""
+        out: list[Any] = []
+        for _ in range(self.cfg.max_pages):
+            if not isinstance(page, dict) or page.get("resourceType") != "Bundle":
+                problems.append(f"GET {path}: the answer is not a Bundle")
+                return out
+            out += [
+                e.get("resource")
+                for e in page.get("entry") or []
+                if isinstance(e, dict) and e.get("resource")
+            ]
+            nxt = next(
+                (
+                    lk.get("url")
+                    for lk in page.get("link") or []
+                    if isinstance(lk, dict) and lk.get("relation") == "next" and lk.get("url")
+                ),
+                None,
+            )
+            if nxt is None:
+                return out
+            page = self.get_json(nxt)
+        problems.append(f"GET {path}: stopped after {self.cfg.max_pages} pages (fhir max_pages)")
+        return out
+
+    def fetch_attachment(self, url: str) -> tuple[bytes, str | None]:
+        """An attachment by URL (absolute, or relative to the base, e.g. Binary/1). A FHIR `Binary`
+        answered as JSON gives its decoded `data` and its `contentType`."""
+        status, body, content_type = self.get(url)
+        if status >= 400:
+            raise FhirServerError(f"attachment URL answered HTTP {status}")
+        media = (content_type or "").split(";")[0].strip().lower()
+        if media in ("application/fhir+json", "application/json"):
+            binary = parse_json(body, "attachment URL answer")
+            if not isinstance(binary, dict) or binary.get("resourceType") != "Binary":
+                raise FhirServerError("attachment URL answered JSON that is not a FHIR Binary")
+            try:
+                body = base64.b64decode(binary.get("data") or "", validate=True)
+            except (binascii.Error, ValueError):
+                raise FhirServerError("attachment URL answered a Binary whose data is not base64") from None
+            content_type = binary.get("contentType") if isinstance(binary.get("contentType"), str) else None
+        if len(body) > self.cfg.max_attachment_bytes:
+            raise FhirServerError(
+                f"attachment is {len(body) / 2**20:.1f} MiB, over the limit of "
+                f"{self.cfg.max_attachment_bytes / 2**20:.0f} MiB"
+            )
+        return body, content_type

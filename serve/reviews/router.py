@@ -1,0 +1,73 @@
+"""HTTP routes of the review loop; the logic is in `serving.py` (`request.app.state.reviews`).
+
+POST /v1/decisions/{id}/reviews    review            confirm / correct / flag -> a new decision
+GET  /v1/decisions/{id}/history    audit or review   the chain from the first decision to this one
+POST /v1/trials/{id}/revisions     trial_owner/admin a corrected program -> the active version
+GET  /v1/trials/{id}/flags         trial_owner, audit or review   criteria flagged by reviewers
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+
+from ..api_keys import KeyEntry
+from ..protocol import ErrorBody
+from ..roles import require
+from .protocol import (
+    DecisionHistory,
+    ReviewRequest,
+    ReviewResponse,
+    RevisionRequest,
+    RevisionResponse,
+    TrialFlags,
+)
+
+_ERRORS = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in {
+        401: "missing or invalid API key",
+        403: "the key lacks the role",
+        404: "no such decision or trial",
+        409: "superseded: a newer decision (or trial version) exists; the message names it",
+        413: "request body too large",
+        422: "invalid request: every invalid field is named (changes.N.atom, changes.N.value, program...)",
+        503: "the audit store is unavailable: nothing was recorded",
+    }.items()
+}
+
+router = APIRouter(tags=["reviews"])
+
+
+@router.post("/v1/decisions/{decision_id}/reviews", response_model=ReviewResponse, responses=_ERRORS)
+async def post_review(
+    decision_id: str, req: ReviewRequest, request: Request, key: KeyEntry = Depends(require("review"))
+) -> ReviewResponse:
+    """Confirm assumptions or open atoms, correct extracted facts, flag criteria: the core re-derives
+    the decision (no language-model call) and a new decision supersedes this one (review role)."""
+    return await request.app.state.reviews.review(decision_id, req, key)
+
+
+@router.get("/v1/decisions/{decision_id}/history", response_model=DecisionHistory, responses=_ERRORS)
+async def get_history(
+    decision_id: str, request: Request, _key: KeyEntry = Depends(require("audit", "review"))
+) -> DecisionHistory:
+    """The decision's lineage: from the first decision to this one, with each change's reviewer,
+    time and reason (audit or review role)."""
+    return request.app.state.reviews.history(decision_id)
+
+
+@router.post("/v1/trials/{trial_id}/revisions", response_model=RevisionResponse, responses=_ERRORS)
+async def post_revision(
+    trial_id: str, req: RevisionRequest, request: Request, key: KeyEntry = Depends(require("trial_owner"))
+) -> RevisionResponse:
+    """A corrected program for the trial: checked like an upload, stored as a new version (origin
+    `revision`) that becomes active; the old version stays readable by hash (trial_owner or admin)."""
+    return await request.app.state.reviews.revise(trial_id, req, key)
+
+
+@router.get("/v1/trials/{trial_id}/flags", response_model=TrialFlags, responses=_ERRORS)
+async def get_flags(
+    trial_id: str, request: Request, _key: KeyEntry = Depends(require("trial_owner", "audit", "review"))
+) -> TrialFlags:
+    """Criteria reviewers flagged as mis-formalized, newest first (trial_owner, audit or review)."""
+    return request.app.state.reviews.flags(trial_id)

@@ -1,0 +1,405 @@
+"""The review loop's logic, apart from HTTP: `ReviewService` (`app.state.reviews`).
+
+    reviews = ReviewService(matching_service)
+    await reviews.review(decision_id, ReviewRequest(...), key)    # -> ReviewResponse (a new decision)
+    reviews.history(decision_id)                                   # -> DecisionHistory
+    await reviews.revise(trial_id, RevisionRequest(...), key)      # -> RevisionResponse (a new version)
+    reviews.flags(trial_id)                                        # -> TrialFlags
+
+A review makes no language-model call: the stored resolved patient is re-derived with the changes
+(`rederive.py`), decided by the core in a worker thread under the service's solver limit, rendered,
+and appended as a new decision whose lineage names its parent. A decision already superseded is
+refused (409 naming the newer one): a reviewer acts on the current decision, lineages never fork.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import time
+
+from pydantic import ValidationError
+
+from data_gen.formalizer.miner import PassageConflict
+from verdict_core.decision import ENGINE_VERSION
+from verdict_core.errors import PatientError, PolicyError, VerdictError
+from verdict_core.patient import Resolution, ResolvedPatient
+from verdict_core.policy import Policy, load_policy
+from verdict_core.program import TrialProgram
+from verdict_core.rationale import rationale_json, render_markdown
+
+from ..api_keys import KeyEntry
+from ..audit import DecisionRow
+from ..audit.store import Guard, Superseded, _ACTIVE_ORDER
+from ..errors import InvalidInput, NotFound
+from ..protocol import Links, MatchResponse, ModelIds
+from ..roles import Forbidden
+from ..serving import MatchingService, conflicts_markdown
+from .protocol import (
+    ConfirmChange,
+    DecisionHistory,
+    FlagChange,
+    FlagEntry,
+    HistoryEntry,
+    Lineage,
+    RecordedChange,
+    ReviewLinks,
+    ReviewRequest,
+    ReviewResponse,
+    RevisionRequest,
+    RevisionResponse,
+    TrialFlags,
+)
+from .rederive import conflict_atoms, parse_value, previous_of, rederive
+
+REVIEW_ROLES = ("review",)
+REVISION_ROLES = ("trial_owner",)  # admin holds every role
+REVIEWER_SOURCE = "reviewer"  # evidence_source of a corrected value
+
+
+def _allowed(key: KeyEntry, roles: tuple[str, ...]) -> None:
+    if not any(key.allows(r) for r in roles):
+        raise Forbidden(f"this key lacks the role {' or '.join(roles)}")
+
+
+def stored_patient(row: DecisionRow) -> ResolvedPatient:
+    try:
+        return ResolvedPatient.model_validate(row.artifacts["patient"])
+    except (KeyError, TypeError, ValidationError):
+        raise InvalidInput(
+            f"decision '{row.decision_id}' has no stored resolved patient to re-derive",
+            [("decision_id", "no resolved patient in its artifacts")],
+        ) from None
+
+
+def policy_named(name: str) -> Policy:
+    try:
+        return load_policy(name)
+    except (PolicyError, VerdictError) as e:
+        raise InvalidInput(
+            f"the decision's policy '{name}' cannot be loaded", [("policy", e.summary)]
+        ) from None
+
+
+def policy_reasons(name: str) -> set[str]:
+    """Reason texts the named policy writes into notes (its current file; empty if it is gone)."""
+    try:
+        return {r.reason for r in load_policy(name).rules}
+    except VerdictError:
+        return set()
+
+
+def kind_of(row: DecisionRow) -> str:
+    return (row.lineage or {}).get("kind", "match") if row.parent_id else "match"
+
+
+def _hidden(text: str) -> str:
+    return f"[not kept: sha256:{hashlib.sha256(text.encode()).hexdigest()[:16]}, {len(text)} chars]"
+
+
+class ReviewService:
+    def __init__(self, service: MatchingService):
+        self.service = service
+
+    @property
+    def audit(self):
+        return self.service.audit
+
+    # -- reviews ---------------------------------------------------------------------------------
+    async def review(self, decision_id: str, req: ReviewRequest, key: KeyEntry) -> ReviewResponse:
+        _allowed(key, REVIEW_ROLES)
+        t_start = time.perf_counter()
+        row = await asyncio.to_thread(self.service.decision_row, decision_id)
+        newer = self.audit.successor(decision_id)
+        if newer is not None:
+            current = self.current_id(decision_id)
+            raise Superseded(
+                f"decision '{decision_id}' was superseded by '{current}': review the current one",
+                [("decision_id", f"superseded by {current}")],
+            )
+        program = self.service.program_version(row.trial_id, row.program_hash)
+        policy = policy_named(row.policy_name)
+        stored = stored_patient(row)
+        now = time.time()
+        overrides, changes = self._changes(program, stored, req, key, now)
+        conflicts = conflict_atoms(row.artifacts) - set(overrides)
+        t0 = time.perf_counter()
+        try:
+            patient = rederive(
+                program, stored, row.policy_name, policy, conflicts=conflicts, overrides=overrides,
+                reasons=policy_reasons(row.policy_name),
+            )  # fmt: skip
+        except (PatientError, ValidationError, ValueError) as e:
+            raise InvalidInput(
+                "the changes do not fit the decision's program", [("changes", str(e)[:300])]
+            ) from None
+        timings = {"resolve": _ms(t0)}
+        lineage = Lineage(kind="review", parent_id=row.decision_id, changes=changes)
+        stored_row, response = await self._decide_and_store(
+            row, program, policy, patient, conflicts, lineage, key.id, timings, t_start
+        )
+        return ReviewResponse(
+            decision_id=stored_row.decision_id,
+            parent_id=row.decision_id,
+            previous_decision=row.decision,
+            changed=stored_row.decision != row.decision,
+            result=response,
+            changes=changes,
+            links=ReviewLinks(
+                decision=f"/v1/decisions/{stored_row.decision_id}",
+                page=f"/v1/decisions/{stored_row.decision_id}/page",
+                history=f"/v1/decisions/{stored_row.decision_id}/history",
+            ),
+        )
+
+    def _changes(
+        self, program: TrialProgram, stored: ResolvedPatient, req: ReviewRequest, key: KeyEntry, now: float
+    ) -> tuple[dict[str, Resolution | None], list[RecordedChange]]:
+        """Every change checked against the program (all problems named at once, by index), as
+        overrides of the re-derivation and as the lineage records them."""
+        table = program.atom_table()
+        criteria = {c.id for _, _, c in program.criteria()}
+        have = stored.by_atom()
+        keep = self.service.config.store_notes
+        problems: list[tuple[str, str]] = []
+        overrides: dict[str, Resolution | None] = {}
+        seen: dict[str, int] = {}
+        recorded: list[RecordedChange] = []
+        common = {"reviewer": key.id, "roles": list(key.roles), "at": now}
+        for i, ch in enumerate(req.changes):
+            where = f"changes.{i}"
+            if isinstance(ch, FlagChange):
+                if ch.criterion not in criteria:
+                    problems.append(
+                        (f"{where}.criterion", f"no criterion '{ch.criterion[:80]}' in the program")
+                    )
+                    continue
+                recorded.append(
+                    RecordedChange(
+                        type="flag", criterion=ch.criterion, note=ch.note, reason=ch.reason, **common
+                    )
+                )
+                continue
+            atom = table.get(ch.atom)
+            if atom is None:
+                problems.append((f"{where}.atom", f"no atom '{ch.atom[:80]}' in the decision's program"))
+                continue
+            if ch.atom in seen:
+                problems.append(
+                    (f"{where}.atom", f"atom '{ch.atom}' is already changed by changes.{seen[ch.atom]}")
+                )
+                continue
+            seen[ch.atom] = i
+            value = None
+            if ch.value is not None:
+                value, why = parse_value(atom, ch.value)
+                if why:
+                    problems.append((f"{where}.value", why))
+                    continue
+            source = ch.established if isinstance(ch, ConfirmChange) else REVIEWER_SOURCE
+            evidence = ch.evidence if keep or not ch.evidence else _hidden(ch.evidence)
+            overrides[ch.atom] = (
+                None if value is None
+                else Resolution(atom=ch.atom, status="observed", value=value, evidence=evidence or None,
+                                evidence_source=source,
+                                note=f"{ch.type} by reviewer {key.id}: {ch.reason}"[:500])
+            )  # fmt: skip
+            recorded.append(RecordedChange(
+                type=ch.type, atom=ch.atom, value=value, established=source, evidence=evidence or None,
+                previous=previous_of(have.get(ch.atom)), reason=ch.reason, **common,
+            ))  # fmt: skip
+        if problems:
+            raise InvalidInput(
+                "invalid review: " + ", ".join(sorted({f for f, _ in problems}))[:300], problems
+            )
+        return overrides, recorded
+
+    async def _decide_and_store(
+        self,
+        parent: DecisionRow,
+        program: TrialProgram,
+        policy: Policy,
+        patient: ResolvedPatient,
+        conflicts: set[str],
+        lineage: Lineage,
+        caller: str,
+        timings: dict[str, float],
+        t_start: float,
+    ) -> tuple[DecisionRow, MatchResponse]:
+        """Decide (in a thread, under the solver limit), render, and append as the parent's successor."""
+        t0 = time.perf_counter()
+        decision = await asyncio.to_thread(self.service.engine.decide, program, patient)
+        timings["solve"] = _ms(t0)
+        row, response = superseding_decision(
+            self.audit,
+            parent,
+            program,
+            policy,
+            patient,
+            conflicts,
+            decision,
+            lineage,
+            caller,
+            timings,
+            t_start,
+        )
+        stored = await asyncio.to_thread(row)
+        self.service.metrics.decisions.labels(decision.decision).inc()
+        return stored, response(stored)
+
+    # -- history ---------------------------------------------------------------------------------
+    def current_id(self, decision_id: str) -> str:
+        current, hops = decision_id, 0
+        while (nxt := self.audit.successor(current)) is not None and hops < 10_000:
+            current, hops = nxt, hops + 1
+        return current
+
+    def history(self, decision_id: str) -> DecisionHistory:
+        row = self.service.decision_row(decision_id)
+        chain = [row]
+        while chain[-1].parent_id is not None and len(chain) < 10_000:
+            parent = self.audit.decision(chain[-1].parent_id)
+            if parent is None:
+                break
+            chain.append(parent)
+        entries = [
+            HistoryEntry(
+                decision_id=r.decision_id,
+                parent_id=r.parent_id,
+                kind=kind_of(r),
+                created_at=r.created_at,
+                created_by=r.created_by,
+                program_hash=r.program_hash,
+                policy={"name": r.policy_name, "version": r.policy_version},
+                decision=r.decision,
+                changes=[RecordedChange.model_validate(c) for c in (r.lineage or {}).get("changes", [])],
+            )  # fmt: skip
+            for r in reversed(chain)
+        ]
+        current = self.current_id(decision_id)
+        return DecisionHistory(
+            decision_id=decision_id, current_id=current, superseded=current != decision_id, entries=entries
+        )
+
+    # -- trial revisions and flags ---------------------------------------------------------------
+    async def revise(self, trial_id: str, req: RevisionRequest, key: KeyEntry) -> RevisionResponse:
+        _allowed(key, REVISION_ROLES)
+        active = self.audit.active_trial(trial_id)
+        if active is None:
+            raise NotFound(f"no trial '{trial_id}': register it with POST /v1/trials")
+        revises = req.revises or active.program_hash
+        if revises != active.program_hash:
+            raise Superseded(
+                f"version {revises} of trial '{trial_id}' is not its active version ({active.program_hash})",
+                [("revises", f"the active version is {active.program_hash}")],
+            )
+        # In a thread: the satisfiability check runs for up to the solver limit, never on the loop.
+        program = await asyncio.to_thread(self.service.checked_program, req.program, key.id, "revision")
+        if program.trial_id != trial_id:
+            raise InvalidInput(
+                "the program is for another trial",
+                [("program.trial_id", f"'{program.trial_id}', the route's trial is '{trial_id}'")],
+            )
+        if program.content_hash == active.program_hash:
+            return RevisionResponse(
+                trial=self.service.get_trial(trial_id), revises=revises, reason=req.reason, unchanged=True
+            )
+        # Refused in the append's transaction if another version became active meanwhile.
+        guard = active_version_guard(trial_id, revises)
+        row = await asyncio.to_thread(functools.partial(
+            self.audit.add_trial, trial_id=trial_id, program_hash=program.content_hash,
+            program_json=program.model_dump_json(by_alias=True), origin="revision", created_by=key.id,
+            details={"revises": revises, "reason": req.reason, "roles": list(key.roles)}, refuse_if=guard,
+        ))  # fmt: skip
+        return RevisionResponse(
+            trial=self.service._trial_response(row, cached=False), revises=revises, reason=req.reason
+        )
+
+    def flags(self, trial_id: str) -> TrialFlags:
+        if self.audit.active_trial(trial_id) is None:
+            raise NotFound(f"no trial '{trial_id}'")
+        flags = [
+            FlagEntry(decision_id=r.decision_id, program_hash=r.program_hash, criterion=c["criterion"],
+                      note=c.get("note") or "", reason=c["reason"], reviewer=c["reviewer"], roles=c["roles"],
+                      at=c["at"])
+            for r in self.audit.superseding_decisions(trial_id)
+            for c in (r.lineage or {}).get("changes", [])
+            if c.get("type") == "flag"
+        ]  # fmt: skip
+        return TrialFlags(trial_id=trial_id, flags=flags)
+
+
+def superseding_decision(
+    audit, parent, program, policy, patient, conflicts, decision, lineage, caller, timings, t_start
+):
+    """(a callable that appends the new decision, a function of the stored row -> MatchResponse).
+    Shared by reviews and `verdict match rescreen`."""
+    t0 = time.perf_counter()
+    passage_conflicts = []
+    for c in parent.artifacts.get("extraction_conflicts") or []:
+        try:
+            pc = PassageConflict.model_validate(c)
+        except ValidationError:
+            continue
+        if pc.atom in conflicts:
+            passage_conflicts.append(pc)
+    markdown = render_markdown(program, patient, decision) + conflicts_markdown(passage_conflicts)
+    rationale = rationale_json(program, patient, decision)
+    rationale["extraction_conflicts"] = [c.model_dump(mode="json") for c in passage_conflicts]
+    timings["render"] = _ms(t0)
+    timings["total"] = _ms(t_start)
+    artifacts = {
+        **{k: v for k, v in parent.artifacts.items() if k in ("value_miner", "documents", "trial_origin")},
+        "decision": decision.model_dump(mode="json", by_alias=True),
+        "patient": patient.model_dump(mode="json"),
+        "extraction_conflicts": [
+            c
+            for c in parent.artifacts.get("extraction_conflicts") or []
+            if not isinstance(c, dict)
+            or not (set([c.get("atom")]) | set(c.get("set_aside") or [])).isdisjoint(conflicts)
+        ],  # fmt: skip
+        "rationale_markdown": markdown,
+    }
+    append = functools.partial(
+        audit.add_decision,
+        created_by=caller, trial_id=program.trial_id, program_hash=program.content_hash,
+        patient_id=parent.patient_id, note_hash=parent.note_hash, patient_hash=patient.content_hash(),
+        policy_name=policy.name, policy_version=policy.version, engine_version=ENGINE_VERSION,
+        decision=decision.decision, models=parent.models, timings=timings, artifacts=artifacts,
+        note_text=parent.note_text, parent_id=parent.decision_id, lineage=lineage.model_dump(mode="json"),
+    )  # fmt: skip
+
+    def response(stored: DecisionRow) -> MatchResponse:
+        models = {k: parent.models.get(k) for k in ModelIds.model_fields}
+        models["value_miner"] = models["value_miner"] or "(recorded)"
+        models["endpoint"] = models["endpoint"] or ""
+        models["prompts"] = models["prompts"] or {}
+        return MatchResponse(
+            decision_id=stored.decision_id, trial_id=program.trial_id, program_hash=program.content_hash,
+            patient_id=parent.patient_id, policy=policy.ref, decision=decision, patient=patient,
+            rationale=rationale, rationale_markdown=markdown, extraction_conflicts=passage_conflicts,
+            models=ModelIds(**models), timings_ms=timings, trial_cached=True,
+            links=Links(decision=f"/v1/decisions/{stored.decision_id}",
+                        page=f"/v1/decisions/{stored.decision_id}/page"),
+        )  # fmt: skip
+
+    return append, response
+
+
+def active_version_guard(trial_id: str, revises: str) -> Guard:
+    """Refuses an append when the active version of `trial_id` is no longer `revises`."""
+    return Guard(
+        "SELECT program_hash FROM (SELECT program_hash FROM trials WHERE trial_id = ? "
+        + _ACTIVE_ORDER
+        + ") AS active WHERE program_hash <> ?",
+        (trial_id, revises),
+        lambda r: Superseded(
+            f"trial '{trial_id}' got another active version meanwhile ({r[0]})",
+            [("revises", f"the active version is {r[0]}")],
+        ),
+    )
+
+
+def _ms(t0: float) -> float:
+    return round((time.perf_counter() - t0) * 1000, 3)
