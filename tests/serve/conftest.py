@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 
 from tests.fixtures.vllm import STUDENT_MAX_TOKENS
@@ -140,3 +141,13 @@ def start_service(
         time.sleep(0.05)
     svc.url = json.loads(ready.read_text())["url"]
     return svc
+
+
+@pytest.fixture(scope="module")
+def scripted(request):
+    """The scripted formalizer (real HTTP) answering the test module's `SCRIPT`."""
+    from data_gen.scripted_server import Script, ScriptedServer
+
+    srv = ScriptedServer(Script.model_validate(request.module.SCRIPT)).start()
+    yield srv
+    srv.stop()

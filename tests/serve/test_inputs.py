@@ -10,7 +10,6 @@ import json
 
 import pytest
 
-from data_gen.scripted_server import Script, ScriptedServer
 from tests.serve.conftest import start_service
 from verdict_core.formula import MAX_DEPTH, MAX_MAGNITUDE
 
@@ -46,13 +45,6 @@ def nested(depth: int) -> dict:
     for _ in range(depth - 1):
         f = {"op": "and", "args": [f]}
     return f
-
-
-@pytest.fixture(scope="module")
-def scripted():
-    srv = ScriptedServer(Script.model_validate(SCRIPT)).start()
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture(scope="module")

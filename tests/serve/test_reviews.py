@@ -12,7 +12,6 @@ import threading
 
 import pytest
 
-from data_gen.scripted_server import Script, ScriptedServer
 from tests.serve.conftest import start_service, verdict_command
 from tests.support import REPO
 
@@ -68,13 +67,6 @@ def program(trial_id=TRIAL, age_min=18, extra_inclusion=()):
             "exclusion": [{"id": "exc_preg", "text": "Pregnancy", "formula": "pregnant"}],
         }],
     }  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def scripted():
-    srv = ScriptedServer(Script.model_validate(SCRIPT)).start()
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture(scope="module")

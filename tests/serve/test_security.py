@@ -175,13 +175,6 @@ CONFIG = {
 
 
 @pytest.fixture(scope="module")
-def scripted():
-    srv = ScriptedServer(Script.model_validate(SCRIPT)).start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
 def svc(tmp_path_factory, scripted):
     s = start_service(tmp_path_factory.mktemp("security"), scripted.url, CONFIG)
     with s.client("admin") as admin:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from data_gen.scripted_server import Script, ScriptedServer
+from data_gen.scripted_server import ScriptedServer
 from tests.serve.conftest import CHROMIUM, launch_chromium, start_service
 from tests.support import need
 
@@ -69,13 +69,6 @@ SCRIPT = {
     ],
     "default": {"content": INCLUSION, "latency_s": 0.5},
 }
-
-
-@pytest.fixture(scope="module")
-def scripted():
-    srv = ScriptedServer(Script.model_validate(SCRIPT)).start()
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from data_gen.scripted_server import Script, ScriptedServer
 from tests.fixtures.vllm import STUDENT_MAX_TOKENS
 from tests.serve.conftest import start_service
 
@@ -70,13 +69,6 @@ SCRIPT = {
     ],
     "default": {"auto": "nulls"},
 }
-
-
-@pytest.fixture(scope="module")
-def scripted():
-    srv = ScriptedServer(Script.model_validate(SCRIPT)).start()
-    yield srv
-    srv.stop()
 
 
 def one_document_per_call() -> int:
