@@ -24,24 +24,18 @@ KEY_ENV = "VERDICT_API_KEY"
 
 
 def _patients(path: Path) -> list[dict]:
-    """patients JSONL ({_id, text} as the benchmarks, or {patient_id, note|notes}); a bad line is an
-    error naming its line number, never its content."""
-    out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-        except ValueError:
-            fail(f"{path.name} line {i}: not JSON")
-        if not isinstance(r, dict):
-            fail(f"{path.name} line {i}: not a JSON object")
-        if "_id" in r:
-            r = {"patient_id": r["_id"], "note": r.get("text")}
-        out.append({k: r[k] for k in ("patient_id", "note", "notes") if r.get(k) is not None})
-    if not out:
+    """The patients JSONL through the project's one patient reader (`data_gen.sources`), as the
+    batch sends them (`patient_input`); each bad line is reported by number, never by content."""
+    from data_gen.sources import load_patients
+
+    from ..match_batch import patient_input
+
+    loaded = load_patients(path)
+    for problem in loaded.problems:
+        typer.echo(f"skipped: {problem}", err=True)
+    if not loaded.items:
         fail(f"{path.name}: no patients")
-    return out
+    return [patient_input(p).model_dump(exclude_none=True) for p in loaded.items]
 
 
 def table(body: dict) -> str:

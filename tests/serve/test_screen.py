@@ -177,3 +177,14 @@ def test_the_cli_refuses_a_host_off_the_allowlist_before_sending_anything(servic
     assert r.returncode == 2 and "$VERDICT_API_KEY is not set" in r.stderr
     r = _cli(["--url", svc.url, "--patient-id", "P40", "--note", str(note)], {"VERDICT_API_KEY": svc.keys["audit"]})
     assert r.returncode == 2 and "HTTP 403" in r.stderr
+
+
+def test_the_cli_screens_a_trial_against_a_patients_file_and_names_a_bad_line(service, tmp_path):
+    svc, _ = service
+    pats = tmp_path / "patients.jsonl"
+    pats.write_text(json.dumps({"_id": "P40", "text": NOTE_40}) + "\nnot json\n"
+                    + json.dumps({"_id": "P60", "text": NOTE_60}) + "\n")
+    r = _cli(["--url", svc.url, "--trial", "T-MISS1", "--patients", str(pats)], {"VERDICT_API_KEY": svc.keys["match"]})
+    assert r.returncode == 0, r.stderr
+    ranked = [line.split()[2] for line in r.stdout.splitlines()[1:-1] if line.split()[0].isdigit()]
+    assert ranked == ["P60", "P40"] and "patients.jsonl:2" in r.stderr and "not json" not in r.stderr
