@@ -16,10 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
+from pydantic import Field, SerializeAsAny, field_validator, model_validator
 
 from data_gen.teacher_config import EgressConfig
 from serve.vllm_config import VLLMConfig
+from verdict_core.configs import StrictModel
 from verdict_core.program import Id
 
 from .backends import BackendConfig, backend_config
@@ -27,11 +28,7 @@ from .datasets import DatasetConfig
 from .protocol import BenchError
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ScoringConfig(_Strict):
+class ScoringConfig(StrictModel):
     bootstrap_b: int = Field(2000, ge=100, description="bootstrap resamples for the 95% CIs")
     seed: int = Field(0, description="seed of the bootstrap")
     failed_as: Literal["ineligible", "excluded"] = Field(
@@ -39,7 +36,7 @@ class ScoringConfig(_Strict):
         "counts as not eligible, or is left out of that backend's scores (coverage is reported either way)")
 
 
-class ReferencePoint(_Strict):
+class ReferencePoint(StrictModel):
     """A published figure shown next to the measured ones (e.g. the paper's Table 1 row)."""
 
     label: str
@@ -49,7 +46,7 @@ class ReferencePoint(_Strict):
     source: str = ""
 
 
-class BenchConfig(_Strict):
+class BenchConfig(StrictModel):
     name: Id
     description: str = ""
     out_dir: str = Field("runs/bench", description="the run is written to OUT_DIR/NAME/")
@@ -101,15 +98,6 @@ class BenchConfig(_Strict):
 
 def load_bench_config(name_or_path: str | Path, overrides: list[str] | None = None) -> BenchConfig:
     """A config by name (configs/bench/NAME.yaml) or path; ``overrides`` as ``--set key=value``."""
-    from train.config_io import ConfigError, load
-    from verdict_core.configs import find_config
-    from verdict_core.errors import VerdictError
+    from verdict_core.configs import load_config
 
-    try:
-        path = find_config("bench", name_or_path)
-    except VerdictError as e:
-        raise BenchError(str(e)) from None
-    try:
-        return load(BenchConfig, path, overrides)
-    except ConfigError as e:
-        raise BenchError(str(e)) from None
+    return load_config("bench", BenchConfig, name_or_path, overrides, BenchError, "bench")[1]

@@ -50,26 +50,19 @@ def run(
     """Run the backends of a bench config over its dataset (resumable: run it again to continue)."""
     import asyncio
 
-    from verdict_core.errors import VerdictError
-
     from .bench_config import load_bench_config
     from .runner import BenchRun
 
-    try:
-        cfg = load_bench_config(config, set_)
-        runner = BenchRun(cfg, progress=progress, restart=restart)
-        if report_only:
-            if not (cfg.run_dir / "pairs.jsonl").exists():
-                fail(f"{cfg.run_dir}: no recorded pairs yet (run without --report-only first)")
-            files = runner.write_outputs()  # "complete" only if every backend decided every pair
-            typer.echo(f"{files['report']}")
-            return
-        outcome = asyncio.run(runner.run())
-    except VerdictError as e:
-        fail(str(e))
-    except KeyboardInterrupt:
-        fail("interrupted; every pair finished so far is kept: run the same command to resume", 130)
-    o = outcome
+    cfg = load_bench_config(config, set_)
+    runner = BenchRun(cfg, progress=progress, restart=restart)
+    if report_only:
+        if not (cfg.run_dir / "pairs.jsonl").exists():
+            fail(f"{cfg.run_dir}: no recorded pairs yet (run without --report-only first)")
+        files = runner.write_outputs()  # "complete" only if every backend decided every pair
+        typer.echo(f"{files['report']}")
+        return
+    o = guarded(lambda: asyncio.run(runner.run()),
+                interrupted="every pair finished so far is kept: run the same command to resume")
     typer.echo(f"bench {cfg.name}: {o.status}: {o.done_now} pair results this session, {o.done_before} before; "
                f"paid ${o.paid_usd:.4f}; {o.elapsed_s:.1f} s")
     typer.echo(f"results: {o.files.get('results')}\nreport:  {o.files.get('report')}")
@@ -88,14 +81,10 @@ def compare(
     out: Optional[Path] = typer.Option(None, help="also write the comparison (Markdown) here"),
 ) -> None:
     """Two runs side by side: scores, latency, cost, flip rates; agreement and McNemar's tests."""
-    from verdict_core.errors import VerdictError
 
     from .report import compare_runs
 
-    try:
-        text = compare_runs(run_a, run_b)
-    except VerdictError as e:
-        fail(str(e))
+    text = compare_runs(run_a, run_b)
     typer.echo(text)
     if out is not None:
         out.write_text(text)

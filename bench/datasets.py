@@ -23,18 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from data_gen.protocol import PatientDoc, TrialDoc
+from verdict_core.configs import StrictModel
 
 from .protocol import PAIR_SEP, BenchError, LabeledPair, pair_id
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class SampleConfig(_Strict):
+class SampleConfig(StrictModel):
     per_class: int | None = Field(None, ge=1, description="class-balanced: this many pairs of each label")
     n: int | None = Field(None, ge=1, description="uniform: this many pairs")
     seed: int = 0
@@ -46,7 +43,7 @@ class SampleConfig(_Strict):
         return self
 
 
-class DatasetConfig(_Strict):
+class DatasetConfig(StrictModel):
     kind: Literal["trec2021", "sigir", "jsonl"]
     pairs: str = Field(description="trec2021: pairs JSONL (patient_id, nct_id, score); sigir: the gold labels "
                        "JSON; jsonl: the site's labelled pairs")

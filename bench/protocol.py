@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from verdict_core.configs import StrictModel
 from verdict_core.errors import VerdictError
 
 Label = Literal["eligible", "ineligible"]
@@ -22,15 +23,11 @@ class BenchError(VerdictError):
     """A benchmark config, dataset or run directory is unusable."""
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
 def pair_id(patient_id: str, trial_id: str) -> str:
     return f"{patient_id}{PAIR_SEP}{trial_id}"
 
 
-class LabeledPair(_Model):
+class LabeledPair(StrictModel):
     """One patient-trial pair of the dataset with its reference label."""
 
     pair_id: str
@@ -40,7 +37,7 @@ class LabeledPair(_Model):
     source: str = Field("", description="where the label came from (file:line or file#key)")
 
 
-class StageStat(_Model):
+class StageStat(StrictModel):
     """What one formalizer stage cost and how its output fared (no content)."""
 
     stage: str
@@ -58,7 +55,7 @@ class StageStat(_Model):
     shared: bool = Field(False, description="one result for every pair of the trial (the trial parser)")
 
 
-class Flip(_Model):
+class Flip(StrictModel):
     """One formal counterfactual: the decision's primary pivotal conditions applied, decided again."""
 
     case: str
@@ -66,7 +63,7 @@ class Flip(_Model):
     flipped: bool
 
 
-class PairResult(_Model):
+class PairResult(StrictModel):
     backend: str
     repeat: int = 0
     pair_id: str

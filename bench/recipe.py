@@ -28,12 +28,13 @@ from pathlib import Path
 
 import yaml
 
+from data_gen.sft_record import TASKS
+
 from .protocol import BenchError
 from .recipe_config import RecipeConfig
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 STUDENT_PLACEHOLDER_URL = "http://127.0.0.1:8000/v1"  # replaced by the run's vLLM server (local_vllm)
-TASKS = ("parser", "value_miner")
 
 
 @dataclass

@@ -12,19 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from slurm.job_config import JobResources
+from verdict_core.configs import StrictModel
 from verdict_core.program import Id
 
 from .protocol import BenchError
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Corpus(_Strict):
+class Corpus(StrictModel):
     """TREC 2021 Clinical Trials in the benchmarks layout."""
 
     pairs: str = Field("../shared/data/benchmarks/pairs_trec2021.jsonl", description="qrels: patient_id, nct_id, score")
@@ -32,7 +29,7 @@ class Corpus(_Strict):
     trials: list[str] = Field(default_factory=lambda: ["../shared/data/benchmarks/trials.jsonl"])
 
 
-class SplitSettings(_Strict):
+class SplitSettings(StrictModel):
     """How held-out pairs are chosen: `seeded` (a class-balanced seeded sample; every trial of a
     held-out pair is held out with it) or `paper` (the paper's 80/20 split by trial: the sorted
     unique NCT ids, every `test_every`-th to the test side; then test pairs without a usable
@@ -45,7 +42,7 @@ class SplitSettings(_Strict):
     max_train_trials: int | None = Field(None, ge=1, description="cap the teacher's training trials (cost)")
 
 
-class StudentSettings(_Strict):
+class StudentSettings(StrictModel):
     base_model: str = Field("../models/Qwen2.5-7B-Instruct", description="local copy of the base model")
     train_configs: dict[str, str] = Field(default_factory=lambda: {"parser": "parser", "value_miner": "value_miner"},
                                           description="per task: a config in configs/train (or a path)")
@@ -75,7 +72,7 @@ def _cpu(time: str, mem: str, cpus: int) -> JobResources:
     return JobResources(time=time, mem=mem, cpus=cpus, gpus=0, signal_seconds=0)
 
 
-class RecipeJobs(_Strict):
+class RecipeJobs(StrictModel):
     """Resources of the recipe's own jobs (training and evaluation use the slurm config's)."""
 
     teacher: JobResources = Field(default_factory=lambda: _cpu("1-00:00:00", "8G", 4))
@@ -83,7 +80,7 @@ class RecipeJobs(_Strict):
     bench: JobResources = Field(default_factory=lambda: JobResources(time="12:00:00", mem="64G", signal_seconds=0))
 
 
-class RecipeConfig(_Strict):
+class RecipeConfig(StrictModel):
     name: Id
     description: str = ""
     work_dir: str = Field("runs/recipes", description="the chain writes to WORK_DIR/NAME/")
@@ -110,15 +107,6 @@ class RecipeConfig(_Strict):
 
 
 def load_recipe(name_or_path: str | Path, overrides: list[str] | None = None) -> RecipeConfig:
-    from train.config_io import ConfigError, load
-    from verdict_core.configs import find_config
-    from verdict_core.errors import VerdictError
+    from verdict_core.configs import load_config
 
-    try:
-        path = find_config("bench/recipes", name_or_path)
-    except VerdictError as e:
-        raise BenchError(str(e)) from None
-    try:
-        return load(RecipeConfig, path, overrides)
-    except ConfigError as e:
-        raise BenchError(str(e)) from None
+    return load_config("bench/recipes", RecipeConfig, name_or_path, overrides, BenchError, "recipe")[1]

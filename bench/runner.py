@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
-from pydantic import ValidationError
 
+from verdict_core import configs
 from verdict_core.jsonl_store import JsonlStore
 
 from .bench_config import BenchConfig
@@ -69,10 +69,10 @@ class BenchRun:
         cfg_path = self.dir / "config.yaml"
         if cfg_path.exists() and not self.restart:
             try:
-                old = BenchConfig.model_validate(yaml.safe_load(cfg_path.read_text()))
-            except (ValidationError, yaml.YAMLError, BenchError, ValueError):
+                old = configs.load(BenchConfig, cfg_path, None, f"bench config {cfg_path.name}", BenchError)
+            except ValueError as e:  # a BenchError, or a model check outside validation
                 raise BenchError(f"{cfg_path} is not a readable bench config: pass --restart to start the run "
-                                 "over") from None
+                                 "over", getattr(e, "problems", None)) from None
             a, b = old.work_identity(), self.config.work_identity()
             if a != b:
                 differ = [k for k in a if a[k] != b[k]]

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from verdict_core.cli_errors import fail
+from verdict_core.cli_errors import fail, guarded
 
 app = typer.Typer(help="teacher commands", no_args_is_help=True, pretty_exceptions_enable=False)
 
@@ -36,11 +36,11 @@ def run(
     dry_run: bool = typer.Option(False, "--dry-run", help="estimate tokens and cost; send nothing"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar on stderr"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="log each stage result (ids only) to stderr"),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="override a run config key, e.g. --set "
+                                             "trials.limit=5 (repeatable)"),
 ) -> None:
     """Run the teachers over a run config's trials and patients (resumable: re-run to continue)."""
     import asyncio
-
-    from verdict_core.errors import VerdictError
 
     from .runner import TeacherRun
     from .teacher_config import load_run_config
@@ -48,19 +48,13 @@ def run(
     _logging(verbose)
     if budget_usd is not None and budget_usd < 0:
         fail("--budget-usd must be >= 0")
-    try:
-        cfg = load_run_config(config)
-        runner = TeacherRun(cfg, budget_usd=budget_usd, progress=progress)
-        if dry_run:
-            est = runner.dry_run()
-            _print_estimate(est)
-            return
-        summary = asyncio.run(runner.run())
-    except VerdictError as e:
-        fail(str(e))
-    except KeyboardInterrupt:
-        fail("interrupted; everything answered so far is kept: run the same command to resume", 130)
-    s = summary
+    cfg = load_run_config(config, set_)
+    runner = TeacherRun(cfg, budget_usd=budget_usd, progress=progress)
+    if dry_run:
+        _print_estimate(runner.dry_run())
+        return
+    s = guarded(lambda: asyncio.run(runner.run()),
+                interrupted="everything answered so far is kept: run the same command to resume")
     typer.echo(f"run {s.run}: {s.status}: {s.records_total} records in all; this session: "
                f"{s.accepted} accepted, {s.rejected} rejected, {s.failed} failed, "
                f"{s.calls_paid} calls paid (${s.cost_usd:.4f}), {s.cache_hits} cache hits; "
@@ -111,7 +105,6 @@ def export(
 ) -> None:
     """Write SFT datasets (DatasetDict + JSONL + dataset card) from the accepted records of runs, or with
     --from-reviews from the reviews in a service's audit store (private site records)."""
-    from verdict_core.errors import VerdictError
 
     from .export import export_datasets
     from .stats import find_run
@@ -129,38 +122,34 @@ def export(
     if not runs:
         fail("give one or more run folders (or --from-reviews AUDIT_DB)")
     out = Path(out)  # type: ignore[assignment]
-    try:
-        dirs = [find_run(r, runs_dir) for r in runs]
-        cards = export_datasets(dirs, out, seed=seed, fractions=fractions, split_by=split_by,  # type: ignore[arg-type]
-                                tasks=tuple(t.strip() for t in tasks.split(",") if t.strip()), overwrite=overwrite)
-    except VerdictError as e:
-        fail(str(e))
+    dirs = [find_run(r, runs_dir) for r in runs]
+    cards = export_datasets(dirs, out, seed=seed, fractions=fractions, split_by=split_by,  # type: ignore[arg-type]
+                            tasks=tuple(t.strip() for t in tasks.split(",") if t.strip()), overwrite=overwrite)
+    _print_cards(out, cards, lambda card: f"rejected {card['records']['rejected']} of "
+                 f"{card['records']['total']} records")
+
+
+def _print_cards(out: str | Path, cards: dict, detail) -> None:
+    """One line per exported task: its folder, split sizes, and `detail(card)` in brackets."""
     for task, card in cards.items():
         c = card["counts"]
-        typer.echo(f"{out / task}: train {c['train']}, validation {c['validation']}, test {c['test']} "
-                   f"(rejected {card['records']['rejected']} of {card['records']['total']} records)")
+        typer.echo(f"{Path(out) / task}: train {c['train']}, validation {c['validation']}, test {c['test']} "
+                   f"({detail(card)})")
 
 
 def _export_reviews(audit_db: str, out: str, serve_config: str | None, seed: int,
                     fractions: tuple[float, float, float], overwrite: bool) -> None:
-    from verdict_core.errors import VerdictError
 
     from .review_export import export_reviews
 
-    try:
-        limits = None
-        if serve_config:
-            from serve.config import load_serve_config
+    limits = None
+    if serve_config:
+        from serve.config import load_serve_config
 
-            limits = load_serve_config(serve_config).require("api").formalizer
-        cards, summary = export_reviews(audit_db, out, limits=limits, seed=seed, fractions=fractions,
-                                        overwrite=overwrite)  # a str: an URL is refused, not collapsed to a path
-    except VerdictError as e:
-        fail(str(e))
-    for task, card in cards.items():
-        c = card["counts"]
-        typer.echo(f"{Path(out) / task}: train {c['train']}, validation {c['validation']}, test {c['test']} "
-                   f"(data class {card['data_class']})")
+        limits = load_serve_config(serve_config).require("api").formalizer
+    cards, summary = export_reviews(audit_db, out, limits=limits, seed=seed, fractions=fractions,
+                                    overwrite=overwrite)  # a str: an URL is refused, not collapsed to a path
+    _print_cards(out, cards, lambda card: f"data class {card['data_class']}")
     for reason, ids in sorted(summary.skipped.items()):
         typer.echo(f"not exported ({reason}): {len(ids)}: {', '.join(ids)}")
 
@@ -172,14 +161,10 @@ def stats(
     runs_dir: Path = typer.Option(Path("runs"), help="where run names are looked up"),
 ) -> None:
     """Summarize a run: calls, cache hits, rejected outputs by reason, tokens, cost."""
-    from verdict_core.errors import VerdictError
 
     from .stats import find_run, render_stats, run_stats
 
-    try:
-        s = run_stats(find_run(run, runs_dir))
-    except VerdictError as e:
-        fail(str(e))
+    s = run_stats(find_run(run, runs_dir))
     typer.echo(json.dumps(s, indent=2, sort_keys=True) if as_json else render_stats(s))
 
 
@@ -197,15 +182,11 @@ def import_recorded(
 ) -> None:
     """Import the paper authors' recorded outputs as per-criterion parser records and value-miner
     records (no API calls)."""
-    from verdict_core.errors import VerdictError
 
     from .recorded import import_recorded as run_import
 
-    try:
-        s = run_import(reference, patients, out_dir, name, prompt_version, trials_path=[p for p in trials if p.exists()],
-                       parser_prompt_version=parser_prompt_version)
-    except VerdictError as e:
-        fail(str(e))
+    s = run_import(reference, patients, out_dir, name, prompt_version, trials_path=[p for p in trials if p.exists()],
+                   parser_prompt_version=parser_prompt_version)
     typer.echo(f"{s.run_dir}: {s.files} reference files -> {s.accepted} accepted, {s.rejected} rejected value-miner "
                f"records" + (f" (reasons: {', '.join(f'{k} {v}' for k, v in s.reasons.items())})" if s.reasons else ""))
     typer.echo(f"parser: {s.parser_accepted} accepted, {s.parser_rejected} rejected per-criterion records"
@@ -236,7 +217,6 @@ def budget(
 ) -> None:
     """Do the stage calls fit a student's limits? Prompt and completion tokens per stage (real
     tokenizer), and the share that fits; the last line sums up the recorded corpus."""
-    from verdict_core.errors import VerdictError
 
     from .budget_report import budget_report, format_report
 
@@ -244,10 +224,7 @@ def budget(
         sizes = tuple(int(x) for x in note_tokens.split(",") if x.strip())
     except ValueError:
         fail(f"--note-tokens must be comma-separated integers (got '{note_tokens}')")
-    try:
-        report = budget_report(trials or None, notes or None, recorded, recorded_notes, limits, sizes)
-    except VerdictError as e:
-        fail(str(e))
+    report = budget_report(trials or None, notes or None, recorded, recorded_notes, limits, sizes)
     typer.echo(format_report(report))
 
 
@@ -294,11 +271,13 @@ def scripted_server(
     host: str = typer.Option("127.0.0.1"),
     port: int = typer.Option(0, help="0 = a free port"),
     latency: Optional[float] = typer.Option(None, help="fixed per-call latency (s)"),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="override a script key, e.g. --set "
+                                             "default_latency_s=0.5 (repeatable)"),
 ) -> None:
     """Serve the scripted OpenAI-compatible test server (offline demos and tests)."""
     from .scripted_server import main
 
-    args = ["--host", host, "--port", str(port)]
+    args = ["--host", host, "--port", str(port)] + [f"--set={s}" for s in set_ or []]
     if script:
         args += ["--script", str(script)]
     if latency is not None:

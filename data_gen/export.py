@@ -30,9 +30,9 @@ from pathlib import Path
 from verdict_core.errors import VerdictError
 
 from .records import Record, RecordStore
+from .sft_record import TASKS, SftRecord, features
 
 SPLITS = ("train", "validation", "test")
-TASKS = ("parser", "value_miner")
 
 
 @dataclass(frozen=True)
@@ -101,25 +101,12 @@ def assign_splits(records: list[Record], seed: int, fractions: tuple[float, floa
 
 
 def _row(run: str, r: Record, provenance: dict[str, dict] | None = None) -> dict:
-    messages = [{"role": m["role"], "content": m["content"]} for m in r.messages]
-    messages.append({"role": "assistant", "content": r.output_json or ""})
-    row = {"messages": messages, "task": r.task, "record_id": f"{run}:{r.record_id}", "trial_id": r.trial_id,
-           "patient_id": r.patient_id, "stage": r.stage, "teacher": r.teacher, "prompt_version": r.prompt_version}
+    prov = None
     if provenance is not None:  # review exports (data_gen/review_export.py): JSON text per row
-        row["provenance"] = json.dumps(provenance.get(r.record_id) or {}, sort_keys=True)
-    return row
-
-
-def _features(with_provenance: bool = False):
-    from datasets import Features, Value
-
-    extra = {"provenance": Value("string")} if with_provenance else {}
-    return Features({**extra, 
-        "messages": [{"role": Value("string"), "content": Value("string")}],
-        "task": Value("string"), "record_id": Value("string"), "trial_id": Value("string"),
-        "patient_id": Value("string"), "stage": Value("string"), "teacher": Value("string"),
-        "prompt_version": Value("string"),
-    })
+        prov = json.dumps(provenance.get(r.record_id) or {}, sort_keys=True)
+    return SftRecord.of_call(r.messages, r.output_json or "", task=r.task, record_id=f"{run}:{r.record_id}",
+                             trial_id=r.trial_id, patient_id=r.patient_id, stage=r.stage, teacher=r.teacher,
+                             prompt_version=r.prompt_version, provenance=prov).row()
 
 
 def _stats(xs: list[int]) -> dict:
@@ -182,7 +169,7 @@ def export_datasets(run_dirs: list[str | Path], out: str | Path, *, seed: int = 
         if task_dir.exists():
             shutil.rmtree(task_dir)
         task_dir.mkdir(parents=True)
-        feats = _features(provenance is not None)
+        feats = features(provenance is not None)
         # from_dict keeps the columns of an empty split (from_list would lose them)
         dd = DatasetDict({s: Dataset.from_dict({c: [r[c] for r in rows[s]] for c in feats}, features=feats)
                           for s in SPLITS})

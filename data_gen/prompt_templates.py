@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
+from verdict_core.configs import StrictModel, build, find_config, parse_yaml
 
 from .errors import TeacherConfigError
 
@@ -79,18 +79,26 @@ def load_prompt(name: str, version: str = "v1") -> PromptTemplate:
     return _load(name, version)
 
 
+class PromptFile(StrictModel):
+    """`data_gen/prompts/NAME.VERSION.yaml`."""
+
+    name: str
+    version: str
+    stage: str
+    system: str | None = ""
+    user: str
+
+
 @lru_cache(maxsize=64)
 def _load(name: str, version: str) -> PromptTemplate:
-    path = PROMPTS_DIR / f"{name}.{version}.yaml"
-    if not path.exists():
-        known = ", ".join(f"{n}.{v}" for n, vs in available().items() for v in vs)
-        raise TeacherConfigError(f"no prompt template '{name}' version '{version}' (known: {known})")
-    raw = path.read_bytes()
-    data = yaml.safe_load(raw)
-    if data.get("name") != name or data.get("version") != version:
-        raise TeacherConfigError(f"prompt file {path.name} declares {data.get('name')}.{data.get('version')}")
-    return PromptTemplate(name=name, version=version, stage=data["stage"], system=data.get("system") or "",
-                          user=data["user"], sha256=hashlib.sha256(raw).hexdigest())
+    path = find_config("prompt", f"{name}.{version}", TeacherConfigError, dirs=[PROMPTS_DIR])
+    raw = path.read_bytes()  # parsed and hashed as one read: the hash is of the text in use
+    where = f"prompt file {path.name}"
+    data = build(PromptFile, parse_yaml(raw, where, TeacherConfigError), where=where, error=TeacherConfigError)
+    if data.name != name or data.version != version:
+        raise TeacherConfigError(f"prompt file {path.name} declares {data.name}.{data.version}")
+    return PromptTemplate(name=name, version=version, stage=data.stage, system=data.system or "",
+                          user=data.user, sha256=hashlib.sha256(raw).hexdigest())
 
 
 def stage_prompt(stage: str, version: str = "v1") -> PromptTemplate:

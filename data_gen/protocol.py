@@ -9,22 +9,18 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from verdict_core.configs import StrictModel
 from verdict_core.formula import AtomName
 from verdict_core.patient import Value
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
 
 # A section's own heading ("Inclusion Criteria:", or a bare ":" left by upstream splitting).
 _HEADING = re.compile(r"^\s*(?:(?:inclusion|exclusion)\s+criteria\s*:?|:)", re.IGNORECASE)
 
 
 # ---- inputs ---------------------------------------------------------------------------------------
-class TrialDoc(_Model):
+class TrialDoc(StrictModel):
     """Public eligibility criteria of one trial."""
 
     trial_id: str
@@ -43,7 +39,7 @@ class TrialDoc(_Model):
         return self.criteria.strip()
 
 
-class NoteDocument(_Model):
+class NoteDocument(StrictModel):
     """One document of a patient record (a discharge summary, a lab report, ...)."""
 
     id: str = Field(min_length=1, description="the document's id; every evidence quote names it")
@@ -55,7 +51,7 @@ class NoteDocument(_Model):
 SINGLE_NOTE_ID = "note"  # the document id of a patient given as one text
 
 
-class PatientDoc(_Model):
+class PatientDoc(StrictModel):
     """A patient note, or several documents. Its text never goes to logs; log `patient_id` or
     `text_hash` instead. Given `documents` only, `text` is their texts joined by blank lines."""
 
@@ -87,14 +83,14 @@ class PatientDoc(_Model):
         return hashlib.sha256(self.text.encode()).hexdigest()[:12]
 
 
-class Pair(_Model):
+class Pair(StrictModel):
     patient_id: str
     trial_id: str
     score: int | None = None
 
 
 # ---- stage results --------------------------------------------------------------------------------
-class Usage(_Model):
+class Usage(StrictModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = Field(0.0, description="what the calls behind the result cost when they were paid")
@@ -106,7 +102,7 @@ class Usage(_Model):
         return Usage(**{k: getattr(self, k) + getattr(other, k) for k in Usage.model_fields})
 
 
-class Attempt(_Model):
+class Attempt(StrictModel):
     """One model output and what validation said about it (first try, then the repair)."""
 
     key: str = Field(description="cache key of the call")
@@ -119,7 +115,7 @@ class Attempt(_Model):
 Status = Literal["accepted", "rejected"]
 
 
-class StageResult(_Model):
+class StageResult(StrictModel):
     """What one formalizer stage produced: an accepted, checked output or a rejection with its reason.
 
     `messages` is the prompt (system + user) of the first attempt; `output_json` the compact JSON
@@ -160,17 +156,17 @@ class StageResult(_Model):
 
 
 # ---- arbiter and verbalizer output formats --------------------------------------------------------
-class ArbiterOverride(_Model):
+class ArbiterOverride(StrictModel):
     atom: AtomName
     value: Value | None = Field(description="the value the chart supports; null = leave it open")
     evidence: str = Field("", description="verbatim quote from the note supporting the value")
     reason: str = Field(min_length=1)
 
 
-class ArbiterOutput(_Model):
+class ArbiterOutput(StrictModel):
     overrides: list[ArbiterOverride] = Field(description="minimal changes; empty if no faithful correction exists")
 
 
-class VerbalizerOutput(_Model):
+class VerbalizerOutput(StrictModel):
     decision: Literal["eligible", "ineligible", "undetermined"]
     rationale: str = Field(min_length=1)

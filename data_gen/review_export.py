@@ -137,7 +137,7 @@ def miner_results(audit, row, limits, summary: ReviewExportSummary, prompt_versi
     programs = teacher_programs(records)
     prov = _provenance(reviews, changes)
     out = []
-    for r in miner_rows(records, programs, {}, limits):
+    for r in miner_rows(records, programs, {"teacher": TEACHER, "prompt_version": prompt_version}, limits):
         answer = r["messages"][-1]["content"]
         atoms = [v["atom"] for v in json.loads(answer)["values"]]
         if not changed & set(atoms):

@@ -39,15 +39,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from verdict_core import configs
+from verdict_core.configs import StrictModel
+from verdict_core.errors import VerdictError
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ScriptedResponse(_Strict):
+class ScriptedResponse(StrictModel):
     content: str | dict | list | None = None
     auto: Literal["nulls"] | None = None
     auto_values: dict[str, dict] = Field(
@@ -63,25 +62,26 @@ class ScriptedResponse(_Strict):
     completion_tokens: int | None = None
 
 
-class Match(_Strict):
+class Match(StrictModel):
     contains: list[str] = Field(default_factory=list)
     model: str | None = None
 
 
-class Rule(_Strict):
+class Rule(StrictModel):
     match: Match = Field(default_factory=Match)
     responses: list[ScriptedResponse] = Field(min_length=1)
 
 
-class Script(_Strict):
+class Script(StrictModel):
     rules: list[Rule] = Field(default_factory=list)
     default: ScriptedResponse | None = None
     default_latency_s: float = 0.0
     timeout_s: float = Field(30.0, description="how long a 'timeout' fault holds the request")
 
     @classmethod
-    def load(cls, path: str | Path) -> "Script":
-        return cls.model_validate(yaml.safe_load(Path(path).read_text()))
+    def load(cls, path: str | Path, overrides: list[str] | None = None) -> "Script":
+        """A script file (YAML/JSON); ``overrides`` as ``--set key=value``. Unknown keys are errors."""
+        return configs.load(cls, path, overrides, f"scripted-server script {Path(path).name}")
 
 
 @dataclass
@@ -337,8 +337,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--latency", type=float, default=None, help="fixed per-call latency in seconds")
     ap.add_argument("--log", help="append a JSON line per request (hashes only) to this file")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a script key, e.g. --set default_latency_s=0.5 (repeatable)")
     a = ap.parse_args(argv)
-    script = Script.load(a.script) if a.script else Script(default=ScriptedResponse(auto="nulls"))
+    try:
+        if a.script:
+            script = Script.load(a.script, a.overrides)
+        else:
+            script = configs.build(Script, {"default": {"auto": "nulls"}}, a.overrides, "scripted-server script")
+    except VerdictError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
     if a.latency is not None:
         script.default_latency_s = a.latency
     srv = ScriptedServer(script, host=a.host, port=a.port, log_path=a.log)

@@ -11,18 +11,13 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
-import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
-from verdict_core.configs import find_config
-from verdict_core.errors import describe_validation_error
+from verdict_core.configs import StrictModel, load_config
 from verdict_core.program import Id
 
 from .errors import TeacherConfigError
@@ -39,11 +34,7 @@ _MANAGED = {"messages", "model", "response_format", "max_tokens", "max_completio
             "stream", "n", "seed", "extra_body"}
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Prices(_Strict):
+class Prices(StrictModel):
     """US dollars per million tokens (as providers list them)."""
 
     input_per_million: float = Field(0.0, ge=0)
@@ -53,7 +44,7 @@ class Prices(_Strict):
         return (prompt_tokens * self.input_per_million + completion_tokens * self.output_per_million) / 1e6
 
 
-class StageTokens(_Strict):
+class StageTokens(StrictModel):
     """Per-stage output token limits (the max_tokens / max_completion_tokens sent)."""
 
     parser: int = Field(4096, gt=0)
@@ -66,7 +57,7 @@ class StageTokens(_Strict):
         return int(getattr(self, stage))
 
 
-class TeacherConfig(_Strict):
+class TeacherConfig(StrictModel):
     name: str = Field(min_length=1)
     description: str = ""
     base_url: str = Field(description="e.g. https://api.openai.com/v1 or http://127.0.0.1:8000/v1")
@@ -146,14 +137,14 @@ class TeacherConfig(_Strict):
         return f"{self.api}:{self.base_url.rstrip('/')}"
 
 
-class TrialSource(_Strict):
+class TrialSource(StrictModel):
     path: str = Field(description="trials JSONL (benchmarks layout) or ClinicalTrials.gov study JSON file/folder")
     format: Literal["auto", "jsonl", "ctgov"] = "auto"
     ids: list[str] | None = None
     limit: int | None = Field(None, ge=0)
 
 
-class PatientSource(_Strict):
+class PatientSource(StrictModel):
     path: str = Field(description="patients JSONL: {_id, text, metadata}")
     data_class: DataClass = Field(
         "private", description="public/synthetic lets API teachers see the notes; private keeps them on allowed hosts"
@@ -162,29 +153,29 @@ class PatientSource(_Strict):
     limit: int | None = Field(None, ge=0)
 
 
-class PairSource(_Strict):
+class PairSource(StrictModel):
     path: str = Field(description="pairs JSONL: {patient_id, nct_id, score}")
     scores: list[int] | None = Field(None, description="keep only pairs with these scores (e.g. [1, 2])")
     limit: int | None = Field(None, ge=0)
 
 
-class EgressConfig(_Strict):
+class EgressConfig(StrictModel):
     allow_loopback: bool = True
     allow_hosts: list[str] = Field(default_factory=list, description="hosts, *.suffix wildcards or CIDR blocks")
 
 
-class RunTeachers(_Strict):
+class RunTeachers(StrictModel):
     parser: str | None = None
     miner: str | None = None
 
 
-class RunPrompts(_Strict):
+class RunPrompts(StrictModel):
     parser: str = "v1"
     miner_inclusion: str = "v1"
     miner_exclusion: str = "v1"
 
 
-class RunConfig(_Strict):
+class RunConfig(StrictModel):
     name: Id
     description: str = ""
     out_dir: str = Field("runs", description="runs are written to OUT_DIR/NAME/")
@@ -217,32 +208,11 @@ class RunConfig(_Strict):
         return name
 
 
-def _load_yaml(kind: str, name_or_path: str | Path) -> tuple[Path, Any]:
-    from verdict_core.errors import VerdictError
-
-    try:
-        path = find_config(kind, name_or_path)
-    except VerdictError as e:
-        raise TeacherConfigError(str(e)) from None
-    try:
-        return path, yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise TeacherConfigError(f"{kind} config {path.name} is not valid YAML: {e}") from None
-    except OSError as e:
-        raise TeacherConfigError(f"cannot read {kind} config {path}: {e.strerror}") from None
+def load_teacher(name_or_path: str | Path, overrides: list[str] | None = None) -> TeacherConfig:
+    """configs/teachers/NAME.yaml (or a path); ``overrides`` as ``--set key=value``."""
+    return load_config("teachers", TeacherConfig, name_or_path, overrides, TeacherConfigError, "teacher")[1]
 
 
-def load_teacher(name_or_path: str | Path) -> TeacherConfig:
-    path, data = _load_yaml("teachers", name_or_path)
-    try:
-        return TeacherConfig.model_validate(data)
-    except ValidationError as e:
-        raise TeacherConfigError(f"invalid teacher config {path.name}", describe_validation_error(e, "teacher")) from None
-
-
-def load_run_config(name_or_path: str | Path) -> RunConfig:
-    path, data = _load_yaml("teacher_runs", name_or_path)
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as e:
-        raise TeacherConfigError(f"invalid run config {path.name}", describe_validation_error(e, "run")) from None
+def load_run_config(name_or_path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """configs/teacher_runs/NAME.yaml (or a path); ``overrides`` as ``--set key=value``."""
+    return load_config("teacher_runs", RunConfig, name_or_path, overrides, TeacherConfigError, "run")[1]

@@ -17,15 +17,15 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from verdict_core.configs import StrictModel
 
 from .errors import AdapterCheckError
 from .vllm_config import VLLMConfig
 
 
-class AdapterCheckConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class AdapterCheckConfig(StrictModel):
     golden: str = Field(description="JSONL of chat records")
     adapters: list[str] | None = Field(None, description="adapter names to check; default: all in the config")
     limit: int | None = Field(None, ge=1)

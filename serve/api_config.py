@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from data_gen.teacher_config import EgressConfig, StageTokens, TeacherConfig
+from verdict_core.configs import StrictModel
 
 from .pages.session import SessionConfig
 from .protocol import POLICY_NAME
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class FormalizerConfig(_Strict):
+class FormalizerConfig(StrictModel):
     """The students behind the service: OpenAI-compatible servers (vLLM) with two adapters."""
 
     base_url: str | None = Field(
@@ -60,6 +57,15 @@ class FormalizerConfig(_Strict):
         True, description="values mined for a patient record are reused for other trials that declare the same "
         "atom (same definition, domain, unit), not asked again (in memory, per process; see "
         "data_gen/formalizer/value_reuse.py)")
+    arbiter: bool = Field(
+        False, description="opt-in extraction-resolution arbiter (paper appendix A.5): when mined facts contradict "
+        "the program's definitional constraints, the value-miner adapter re-reads the note for those atoms once; "
+        "its checked overrides are applied and the pair decided again. A rejected answer or an endpoint error "
+        "keeps the solver result (noted, never an error). Output limit: max_tokens.arbiter")
+    verbalizer: bool = Field(
+        False, description="opt-in verbalizer (paper appendix A.6): the value-miner adapter restates the decision "
+        "as prose in the response's rationale_text; it must repeat the decision and state no number the record "
+        "lacks, else rationale_text is null (noted). Output limit: max_tokens.verbalizer")
     timeout_s: float = Field(60.0, gt=0, description="a call slower than this answers 503 (formalizer slow)")
     concurrency: int = Field(
         16, ge=1, le=1024, description="requests in flight towards the server, all stages"
@@ -97,13 +103,13 @@ class FormalizerConfig(_Strict):
         )
 
 
-class Limits(_Strict):
+class Limits(StrictModel):
     max_body_bytes: int = Field(1_000_000, ge=1024, description="larger request bodies get 413")
     max_batch_pairs: int = Field(1000, ge=1, description="patients x trials in one /v1/match/batch request")
     batch_concurrency: int = Field(8, ge=1, description="pairs of one batch computed at the same time")
 
 
-class AuthLimits(_Strict):
+class AuthLimits(StrictModel):
     """Failed API keys: after `max_failures` within `window_s` from one client address, or for one
     key id, that address or key id is refused (429) for `lockout_s`, the right key included."""
 
@@ -114,7 +120,7 @@ class AuthLimits(_Strict):
     lockout_s: float = Field(300.0, gt=0, description="how long an address or key id is refused after that")
 
 
-class TlsConfig(_Strict):
+class TlsConfig(StrictModel):
     """TLS in uvicorn itself (the other way: terminate TLS at the site's reverse proxy)."""
 
     certfile: str | None = Field(None, description="PEM certificate (chain) file; with keyfile, serve HTTPS")
@@ -131,7 +137,7 @@ class TlsConfig(_Strict):
         return bool(self.certfile)
 
 
-class ApiConfig(_Strict):
+class ApiConfig(StrictModel):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535, description="0 = a free port")
     formalizer: FormalizerConfig = Field(default_factory=FormalizerConfig)

@@ -23,8 +23,6 @@ import typer
 
 from verdict_core.cli_errors import fail
 
-from verdict_core.errors import VerdictError
-
 from .audit.cli import audit_app
 
 app = typer.Typer(help="serve commands", no_args_is_help=True)
@@ -65,46 +63,43 @@ def vllm_cmd(
     """Start vLLM's OpenAI-compatible server with the base model and the adapters; wait until ready."""
     from .vllm_server import VLLMServer
 
+    cfg = _config(config, set_).require("vllm")
+    server = VLLMServer(cfg)
+    if print_command:
+        typer.echo(" ".join(server.command()))
+        return
+    if detach and state_file is None:
+        fail("--detach needs --state-file (how `verdict serve stop` finds the server)")
+    stop = _Stop()
+    typer.echo(
+        f"starting vLLM ({cfg.device}) with {', '.join(cfg.model_names())}; log: {server.log_path}",
+        err=True,
+    )
+    t0 = time.monotonic()
+    server.start(wait=False)
     try:
-        cfg = _config(config, set_).require("vllm")
-        server = VLLMServer(cfg)
-        if print_command:
-            typer.echo(" ".join(server.command()))
-            return
-        if detach and state_file is None:
-            fail("--detach needs --state-file (how `verdict serve stop` finds the server)")
-        stop = _Stop()
-        typer.echo(
-            f"starting vLLM ({cfg.device}) with {', '.join(cfg.model_names())}; log: {server.log_path}",
-            err=True,
-        )
-        t0 = time.monotonic()
-        server.start(wait=False)
-        try:
-            server.wait_ready(on_progress=lambda m: typer.echo(m, err=True))
-        except BaseException:
-            server.stop()
-            raise
-        typer.echo(f"vLLM ready after {time.monotonic() - t0:.0f} s at {server.base_url}", err=True)
-        typer.echo(json.dumps(server.state().model_dump()))
-        if detach:
-            state_file.parent.mkdir(parents=True, exist_ok=True)
-            state_file.write_text(server.state().model_dump_json(indent=2))
-            return
-        try:
-            while not stop.requested and server.running:
-                time.sleep(0.5)
-            if not stop.requested:
-                from .vllm_server import log_tail
+        server.wait_ready(on_progress=lambda m: typer.echo(m, err=True))
+    except BaseException:
+        server.stop()
+        raise
+    typer.echo(f"vLLM ready after {time.monotonic() - t0:.0f} s at {server.base_url}", err=True)
+    typer.echo(json.dumps(server.state().model_dump()))
+    if detach:
+        state_file.parent.mkdir(parents=True, exist_ok=True)
+        state_file.write_text(server.state().model_dump_json(indent=2))
+        return
+    try:
+        while not stop.requested and server.running:
+            time.sleep(0.5)
+        if not stop.requested:
+            from .vllm_server import log_tail
 
-                fail(
-                    f"vLLM exited unexpectedly; last lines of {server.log_path}:\n{log_tail(server.log_path)}"
-                )
-        finally:
-            server.stop()
-        typer.echo("vLLM stopped", err=True)
-    except VerdictError as e:
-        fail(str(e))
+            fail(
+                f"vLLM exited unexpectedly; last lines of {server.log_path}:\n{log_tail(server.log_path)}"
+            )
+    finally:
+        server.stop()
+    typer.echo("vLLM stopped", err=True)
 
 
 @app.command("stop")
@@ -156,15 +151,12 @@ def api_cmd(
     """Run the matching API (FastAPI) in front of a running student server."""
     from .api_server import run_api
 
-    try:
-        cfg = _config(config, set_)
-        run_api(
-            cfg.require("api"),
-            _formalizer_url(cfg, formalizer_url),
-            ready_file=str(ready_file) if ready_file else None,
-        )
-    except VerdictError as e:
-        fail(str(e))
+    cfg = _config(config, set_)
+    run_api(
+        cfg.require("api"),
+        _formalizer_url(cfg, formalizer_url),
+        ready_file=str(ready_file) if ready_file else None,
+    )
 
 
 @app.command("up")
@@ -185,39 +177,36 @@ def up_cmd(
     from .api_server import run_api
     from .vllm_server import VLLMServer
 
+    cfg = _config(config, set_)
+    api = cfg.require("api")
+    server = VLLMServer(cfg.require("vllm"))
+    typer.echo(
+        f"starting vLLM with {', '.join(cfg.vllm.model_names())}; log: {server.log_path}", err=True
+    )
+    t0 = time.monotonic()
+    server.start(wait=False)
     try:
-        cfg = _config(config, set_)
-        api = cfg.require("api")
-        server = VLLMServer(cfg.require("vllm"))
-        typer.echo(
-            f"starting vLLM with {', '.join(cfg.vllm.model_names())}; log: {server.log_path}", err=True
+        server.wait_ready(on_progress=lambda m: typer.echo(m, err=True))
+        typer.echo(f"vLLM ready after {time.monotonic() - t0:.0f} s at {server.base_url}", err=True)
+        typer.echo(json.dumps(server.state().model_dump()))
+
+        def vllm_died(message: str) -> None:
+            typer.echo(f"error: {message}", err=True)
+            logging.getLogger("serve").error("%s", message.split("\n", 1)[0])
+
+        server.supervise(vllm_died)
+        urls = _formalizer_url(cfg, None, server.base_url)
+        if server.base_url not in urls:
+            urls = [server.base_url, *urls]
+        run_api(
+            api,
+            urls,
+            ready_file=str(ready_file) if ready_file else None,
+            on_ready=lambda url: typer.echo(f"matching API at {url} (docs: {url}/docs)", err=True),
         )
-        t0 = time.monotonic()
-        server.start(wait=False)
-        try:
-            server.wait_ready(on_progress=lambda m: typer.echo(m, err=True))
-            typer.echo(f"vLLM ready after {time.monotonic() - t0:.0f} s at {server.base_url}", err=True)
-            typer.echo(json.dumps(server.state().model_dump()))
-
-            def vllm_died(message: str) -> None:
-                typer.echo(f"error: {message}", err=True)
-                logging.getLogger("serve").error("%s", message.split("\n", 1)[0])
-
-            server.supervise(vllm_died)
-            urls = _formalizer_url(cfg, None, server.base_url)
-            if server.base_url not in urls:
-                urls = [server.base_url, *urls]
-            run_api(
-                api,
-                urls,
-                ready_file=str(ready_file) if ready_file else None,
-                on_ready=lambda url: typer.echo(f"matching API at {url} (docs: {url}/docs)", err=True),
-            )
-        finally:
-            server.stop()
-            typer.echo("vLLM stopped", err=True)
-    except VerdictError as e:
-        fail(str(e))
+    finally:
+        server.stop()
+        typer.echo("vLLM stopped", err=True)
 
 
 # ---- keys -------------------------------------------------------------------------------------------
@@ -240,11 +229,8 @@ def keys_add(
     expires_days: Optional[float] = typer.Option(None, help="refuse the key this many days from now"),
 ) -> None:
     """Create a key. It is printed once (stdout) and stored only as a hash."""
-    try:
-        store = _key_store(keys_file, config)
-        key, entry = store.add(name, role, expires_days=expires_days)
-    except VerdictError as e:
-        fail(str(e))
+    store = _key_store(keys_file, config)
+    key, entry = store.add(name, role, expires_days=expires_days)
     typer.echo(
         f"key id {entry.id} ({entry.name}, roles {', '.join(entry.roles)}) added to {store.path}", err=True
     )
@@ -257,12 +243,9 @@ def keys_list(
     config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
 ) -> None:
     """List key ids, names and roles (never the keys)."""
-    try:
-        for k in _key_store(keys_file, config).load().keys:
-            state = "revoked" if k.revoked else "expired" if k.expired() else "active"
-            typer.echo(f"{k.id}\t{state}\t{','.join(k.roles)}\t{k.name}")
-    except VerdictError as e:
-        fail(str(e))
+    for k in _key_store(keys_file, config).load().keys:
+        state = "revoked" if k.revoked else "expired" if k.expired() else "active"
+        typer.echo(f"{k.id}\t{state}\t{','.join(k.roles)}\t{k.name}")
 
 
 @keys_app.command("revoke")
@@ -272,10 +255,7 @@ def keys_revoke(
     config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
 ) -> None:
     """Revoke a key (takes effect at once, also in a running service)."""
-    try:
-        entry = _key_store(keys_file, config).revoke(key_id)
-    except VerdictError as e:
-        fail(str(e))
+    entry = _key_store(keys_file, config).revoke(key_id)
     typer.echo(f"revoked {entry.id} ({entry.name})", err=True)
 
 
@@ -298,19 +278,16 @@ def check_adapter_cmd(
     an adapter that vLLM serves differently is caught before deployment."""
     from .adapter_check import AdapterCheckConfig, run_adapter_check
 
-    try:
-        cfg = _config(config, set_).require("vllm")
-        check = AdapterCheckConfig(
-            golden=str(golden),
-            adapters=adapter or None,
-            limit=limit,
-            max_tokens=max_tokens,
-            min_agreement=min_agreement,
-            base_url=base_url,
-        )
-        result = run_adapter_check(cfg, check, progress=lambda m: typer.echo(m, err=True))
-    except VerdictError as e:
-        fail(str(e))
+    cfg = _config(config, set_).require("vllm")
+    check = AdapterCheckConfig(
+        golden=str(golden),
+        adapters=adapter or None,
+        limit=limit,
+        max_tokens=max_tokens,
+        min_agreement=min_agreement,
+        base_url=base_url,
+    )
+    result = run_adapter_check(cfg, check, progress=lambda m: typer.echo(m, err=True))
     for a in result.adapters:
         flag = "ok" if a.agreement >= min_agreement else "DISAGREES"
         typer.echo(

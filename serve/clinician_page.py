@@ -263,39 +263,37 @@ def render_page(
 
     reason_box = '<label>Reason <textarea name="reason" required maxlength="2000"></textarea></label>'
 
-    def correct_form(a: str) -> str:
+    def review_form(kind: str, summary: str, fields: str, button: str, **ids: str) -> str:
+        """One review form (kind confirm / correct / flag) folded under its summary line."""
+        data = "".join(f' data-{k}="{escape(v)}"' for k, v in ids.items())
         return (
-            f'<details class="review"><summary>Correct this fact</summary>'
-            f'<form class="review" method="post" action="{escape(action)}" data-review="correct" '
-            f'data-atom="{escape(a)}">{hidden("correct", atom=a)}{value_input(a, unknown=True)}'
-            f'<label>Evidence (optional) <input type="text" name="evidence" maxlength="2000"></label>'
-            f'{reason_box}<button type="submit">Record the correction</button></form></details>'
+            f'<details class="review"><summary>{summary}</summary>'
+            f'<form class="review" method="post" action="{escape(action)}" data-review="{kind}"{data}>'
+            f'{hidden(kind, **ids)}{fields}{reason_box}'
+            f'<button type="submit">{button}</button></form></details>'
         )
+
+    evidence_box = '<label>Evidence (optional) <input type="text" name="evidence" maxlength="2000"></label>'
+
+    def correct_form(a: str) -> str:
+        return review_form("correct", "Correct this fact", value_input(a, unknown=True) + evidence_box,
+                           "Record the correction", atom=a)
 
     def confirm_form(a: str) -> str:
         if not viewer.forms:
             return ""
         where = "".join(f'<option value="{k}">{escape(v)}</option>' for k, v in ESTABLISHED_TEXT.items())
-        return (
-            f'<details class="review"><summary>Confirm</summary>'
-            f'<form class="review" method="post" action="{escape(action)}" data-review="confirm" '
-            f'data-atom="{escape(a)}">{hidden("confirm", atom=a)}{value_input(a, unknown=False)}'
-            f'<label>Established <select name="established" required>{where}</select></label>'
-            f'<label>Evidence (optional) <input type="text" name="evidence" maxlength="2000"></label>'
-            f'{reason_box}<button type="submit">Record the confirmation</button></form></details>'
-        )
+        established = f'<label>Established <select name="established" required>{where}</select></label>'
+        return review_form("confirm", "Confirm", value_input(a, unknown=False) + established + evidence_box,
+                           "Record the confirmation", atom=a)
 
     def flag_form(criterion: str) -> str:
         if not viewer.forms:
             return ""
-        return (
-            f'<details class="review"><summary>Flag as mis-formalized</summary>'
-            f'<form class="review" method="post" action="{escape(action)}" data-review="flag" '
-            f'data-criterion="{escape(criterion)}">{hidden("flag", criterion=criterion)}'
-            f'<label>What is wrong (for the trial owner) <textarea name="note" required maxlength="4000">'
-            f'</textarea></label>{reason_box}<button type="submit">Flag the criterion</button></form>'
-            "</details>"
-        )
+        note = ('<label>What is wrong (for the trial owner) <textarea name="note" required maxlength="4000">'
+                "</textarea></label>")
+        return review_form("flag", "Flag as mis-formalized", note, "Flag the criterion",
+                           criterion=criterion)
 
     decisive = decisive_criteria(decision, patient)
     rows: dict[bool, list[str]] = {True: [], False: []}
@@ -446,7 +444,7 @@ def render_page(
 <h2>Record</h2>
 <p class="meta">Decision <span id="decision-id">{escape(row.decision_id)}</span>, {escape(when)}; policy
 {escape(row.policy_name)} v{escape(row.policy_version)}; program {escape(row.program_hash)}; value miner
-{escape(str(models.get("value_miner")))}, parser {escape(str(models.get("parser")))}, base model
+{escape(str(models.get("value_miner")))}, parser {escape(str(models.get("parser") or "none (an uploaded or revised program)"))}, base model
 {escape(str(models.get("base_model")))}; engine v{escape(row.engine_version)}.</p>"""
     return shell(f"{row.trial_id} / {row.patient_id}: {d}", body, viewer)
 

@@ -2,7 +2,7 @@
 server) and an `api` section (the matching service in front of it). Either may be absent: a site
 that runs vLLM on another host has only `api`, with `api.formalizer.base_url` set.
 
-Loaded with the project's one strict-config loader (`train.config_io`): unknown keys, in the file
+Loaded with the project's one strict-config loader (`verdict_core.configs`): unknown keys, in the file
 or in `--set a.b=value` overrides, are errors that name the key and suggest the closest one.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from verdict_core.configs import find_config
+from verdict_core.configs import StrictModel, find_config
 from verdict_core.errors import VerdictError
 
 from .api_config import ApiConfig
@@ -20,9 +20,7 @@ from .errors import ServeConfigError
 from .vllm_config import VLLMConfig
 
 
-class ServeConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ServeConfig(StrictModel):
     name: str = ""
     description: str = ""
     limits: str | None = Field(
@@ -63,13 +61,13 @@ class ServeConfig(BaseModel):
 
 def load_serve_config(name_or_path: str | Path, overrides: list[str] | None = None) -> ServeConfig:
     """configs/serve/NAME.yaml (or a path), with `a.b=value` overrides applied."""
-    from train import config_io
+    from verdict_core import configs
 
     try:
         path = find_config("serve", name_or_path)
-        data = config_io.read_yaml(path)
+        data = configs.read_yaml(path)
         data.setdefault("name", path.stem)
-        return config_io.build(ServeConfig, data, overrides, where=f"serve config {path.name}")
+        return configs.build(ServeConfig, data, overrides, where=f"serve config {path.name}")
     except ServeConfigError:
         raise
     except VerdictError as e:

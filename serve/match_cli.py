@@ -20,8 +20,6 @@ import typer
 
 from verdict_core.cli_errors import fail
 
-from verdict_core.errors import VerdictError
-
 app = typer.Typer(help="batch matching (site-wide screening as SLURM arrays)", no_args_is_help=True)
 
 
@@ -54,49 +52,46 @@ def batch_cmd(
     the same folder resumes: finished pairs are never matched again."""
     from .match_batch import merge_results, plan_batch, render_batch_jobs
 
-    try:
-        plan = plan_batch(
-            out,
-            name=name or out.resolve().name,
-            serve_config=config,
-            patients=patients,
-            trials=trials,
-            pairs=pairs,
-            policy=policy,
-            shards=shards,
-            overrides=set_ or [],
-        )
-        _say(
-            f"batch '{plan.name}': {plan.counts['pairs']} pairs ({plan.counts['patients']} patients x "
-            f"{plan.counts['trials']} trials) in {plan.shards} shard(s) -> {out}"
-        )
-        scripts = render_batch_jobs(out, slurm, slurm_set or [])
-        for p in scripts.values():
-            _say(f"rendered {p}")
-        if not submit:
-            return
-        from slurm.submit import Job, slurm_env, submit_jobs, wait_for
+    plan = plan_batch(
+        out,
+        name=name or out.resolve().name,
+        serve_config=config,
+        patients=patients,
+        trials=trials,
+        pairs=pairs,
+        policy=policy,
+        shards=shards,
+        overrides=set_ or [],
+    )
+    _say(
+        f"batch '{plan.name}': {plan.counts['pairs']} pairs ({plan.counts['patients']} patients x "
+        f"{plan.counts['trials']} trials) in {plan.shards} shard(s) -> {out}"
+    )
+    scripts = render_batch_jobs(out, slurm, slurm_set or [])
+    for p in scripts.values():
+        _say(f"rendered {p}")
+    if not submit:
+        return
+    from slurm.submit import Job, slurm_env, submit_jobs, wait_for
 
-        env = slurm_env()
-        # afterany: merge what finished even if a task failed (its pairs are reported missing)
-        ids = submit_jobs([Job("match", scripts["match"]),
-                           Job("merge", scripts["match-merge"], after=["match"], when="afterany")], env)
-        array, merge = ids["match"], ids["merge"]
-        typer.echo(json.dumps({"array": array, "merge": merge}))
-        if not wait:
-            return
-        states = wait_for(
-            [array, merge],
-            timeout=timeout,
-            env=env,
-            on_change=lambda s: _say(f"jobs: {s}; " + _progress_line(out)),
-        )
-        summary = merge_results(out)
-        typer.echo(json.dumps({"jobs": states, "summary": summary}, indent=2))
-        if any(s != "COMPLETED" for s in states.values()) or summary["missing"]:
-            raise typer.Exit(1)
-    except VerdictError as e:
-        fail(str(e))
+    env = slurm_env()
+    # afterany: merge what finished even if a task failed (its pairs are reported missing)
+    ids = submit_jobs([Job("match", scripts["match"]),
+                       Job("merge", scripts["match-merge"], after=["match"], when="afterany")], env)
+    array, merge = ids["match"], ids["merge"]
+    typer.echo(json.dumps({"array": array, "merge": merge}))
+    if not wait:
+        return
+    states = wait_for(
+        [array, merge],
+        timeout=timeout,
+        env=env,
+        on_change=lambda s: _say(f"jobs: {s}; " + _progress_line(out)),
+    )
+    summary = merge_results(out)
+    typer.echo(json.dumps({"jobs": states, "summary": summary}, indent=2))
+    if any(s != "COMPLETED" for s in states.values()) or summary["missing"]:
+        raise typer.Exit(1)
 
 
 def _progress_line(out: Path) -> str:
@@ -118,10 +113,7 @@ def worker_cmd(
     """Match one shard's pairs (only those without a result yet)."""
     from .match_batch import run_shard
 
-    try:
-        counts = asyncio.run(run_shard(out, shard, formalizer_url=formalizer_url, progress=_say))
-    except VerdictError as e:
-        fail(str(e))
+    counts = asyncio.run(run_shard(out, shard, formalizer_url=formalizer_url, progress=_say))
     typer.echo(json.dumps(counts))
 
 
@@ -130,10 +122,7 @@ def merge_cmd(out: Path = typer.Option(..., help="batch folder")) -> None:
     """Merge the shards' results into out/results.jsonl (deduplicated) and out/summary.json."""
     from .match_batch import merge_results
 
-    try:
-        typer.echo(json.dumps(merge_results(out), indent=2))
-    except VerdictError as e:
-        fail(str(e))
+    typer.echo(json.dumps(merge_results(out), indent=2))
 
 
 @app.command("status")
@@ -141,11 +130,8 @@ def status_cmd(out: Path = typer.Option(..., help="batch folder")) -> None:
     """Pairs done per shard."""
     from .match_batch import _load_inputs, load_plan, read_results, result_path, shard_of
 
-    try:
-        plan = load_plan(out)
-        _, _, pairs = _load_inputs(plan)
-    except VerdictError as e:
-        fail(str(e))
+    plan = load_plan(out)
+    _, _, pairs = _load_inputs(plan)
     for i in range(plan.shards):
         total = sum(1 for _, t in pairs if shard_of(t, plan.shards) == i)
         done = len({(r.patient_id, r.trial_id) for r in read_results(result_path(out, i))})
@@ -171,9 +157,6 @@ def rescreen_cmd(
         fail("give --config NAME or --db PATH|URL")
     if (policy is None) == (trial is None):
         fail("give --policy NAME or --trial ID")
-    try:
-        table, summary = run_rescreen(config, db, password_env, policy=policy, trial_id=trial, out=out)
-    except VerdictError as e:
-        fail(str(e))
+    table, summary = run_rescreen(config, db, password_env, policy=policy, trial_id=trial, out=out)
     typer.echo(table)
     _say(summary)

@@ -1,17 +1,21 @@
 """Request and response models of the matching API (the OpenAPI schema is generated from these).
 
 Strict (`extra="forbid"`), with limits on every text field, so that a malformed request is a 422
-naming each invalid field, never a 500. Patient text comes in `PatientInput.note` or `.notes` only.
+naming each invalid field, never a 500. Patient text comes in `PatientInput.note`, `.notes` or
+`.fhir` (its documents) only.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
 
+from data_gen.fhir.models import FhirPatientRecord
 from data_gen.formalizer.miner import PassageConflict
 from data_gen.protocol import SINGLE_NOTE_ID, NoteDocument
+from verdict_core.configs import StrictModel
 from verdict_core.decision import Decision
 from verdict_core.patient import PolicyRef, ResolvedPatient
 from verdict_core.program import Id, TrialProgram
@@ -26,8 +30,7 @@ MAX_BATCH_PATIENTS = 1000
 MAX_BATCH_TRIALS = 200
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+_Strict = StrictModel  # the project's one strict base, under the name serve/screen imports
 
 
 # ---- errors -------------------------------------------------------------------------------------
@@ -118,8 +121,12 @@ class NoteInput(_Strict):
     kind: str | None = Field(None, max_length=64, description="e.g. discharge_summary, radiology, lab")
 
 
+MAX_FHIR_FACTS = 5000  # coded facts per FHIR patient record
+
+
 class PatientInput(_Strict):
-    """The patient record: one `note`, or several documents in `notes` (exactly one of the two)."""
+    """The patient record: one `note`, several documents in `notes`, or a FHIR patient record in
+    `fhir` (exactly one of the three)."""
 
     patient_id: Id
     note: str | None = Field(
@@ -131,11 +138,20 @@ class PatientInput(_Strict):
         max_length=MAX_NOTES,
         description="several documents, each with its id (a long document is read in passages)",
     )
+    fhir: FhirPatientRecord | None = Field(
+        None,
+        description="a patient read from FHIR R4 (format verdict.fhir_patient/v1, as `verdict fhir load "
+        "--out` writes it): its documents are the miner's; atoms its coded facts decide (coded labs, age "
+        "at reference_date) are not asked of the miner and their evidence names the resource",
+    )
 
     @model_validator(mode="after")
     def _one_record(self):
-        if (self.note is None) == (self.notes is None):
-            raise ValueError("give exactly one of `note` and `notes`")
+        given = [k for k in ("note", "notes", "fhir") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of `note` and `notes`, or `fhir` (got {given or 'none'})")
+        if self.fhir is not None:
+            _check_fhir(self.patient_id, self.fhir)
         if self.notes is not None:
             ids = [d.id for d in self.notes]
             dup = sorted({i for i in ids if ids.count(i) > 1})
@@ -147,9 +163,63 @@ class PatientInput(_Strict):
 
     def documents(self) -> list[NoteDocument]:
         """The record as the value miner reads it: `note` is the one document 'note'."""
+        if self.fhir is not None:
+            return list(self.fhir.documents)
         if self.notes is None:
             return [NoteDocument(id=SINGLE_NOTE_ID, text=self.note or "")]
         return [NoteDocument(id=d.id, text=d.text, date=d.date, kind=d.kind) for d in self.notes]
+
+
+_ID = TypeAdapter(Id)
+
+
+def _check_fhir(patient_id: str, rec: FhirPatientRecord) -> None:
+    """The FHIR record fits the same limits as `notes`, and its dates and age agree (the age decides
+    atoms without the miner): problems by field, never by content."""
+    import datetime as dt
+
+    from data_gen.fhir.records import age_at
+
+    if rec.patient_id != patient_id:
+        raise ValueError("`fhir.patient_id` must equal `patient_id`")
+    if not rec.documents:
+        raise ValueError("`fhir.documents` is empty: the record has no DocumentReference or DiagnosticReport "
+                         "text for the value miner")
+    if len(rec.documents) > MAX_NOTES or len(rec.facts) > MAX_FHIR_FACTS:
+        raise ValueError(f"`fhir` holds more than {MAX_NOTES} documents or {MAX_FHIR_FACTS} facts")
+    ids = [d.id for d in rec.documents]
+    if len(set(ids)) != len(ids):
+        raise ValueError("duplicate document id(s) in `fhir.documents`")
+    for i, d in enumerate(rec.documents):  # the same rules as `notes` (ids are evidence sources)
+        try:
+            _ID.validate_python(d.id)
+        except ValidationError:
+            raise ValueError(f"`fhir.documents.{i}.id` is not a valid document id") from None
+        if d.date is not None and not re.match(r"^\d{4}-\d{2}-\d{2}", d.date):
+            raise ValueError(f"`fhir.documents.{i}.date` is not an ISO date")
+    if any(len(d.text) > MAX_NOTE_CHARS for d in rec.documents) or sum(
+            len(d.text) for d in rec.documents) > MAX_RECORD_CHARS:
+        raise ValueError(f"`fhir.documents` exceed {MAX_NOTE_CHARS} characters per document or "
+                         f"{MAX_RECORD_CHARS} in all")
+    try:
+        at = dt.date.fromisoformat(rec.reference_date)
+    except ValueError:
+        raise ValueError("`fhir.reference_date` is not an ISO date YYYY-MM-DD") from None
+    span = None
+    if rec.birth_date is not None:
+        try:
+            span = age_at(rec.birth_date, at)
+        except ValueError:
+            raise ValueError("`fhir.birth_date` is not a date YYYY, YYYY-MM or YYYY-MM-DD") from None
+    if span is None or span[0] < 0:
+        ok = rec.age_years is None and rec.age_range is None
+    elif span[0] == span[1]:
+        ok = rec.age_years == span[0] and rec.age_range is None
+    else:
+        ok = rec.age_years is None and rec.age_range == (max(span[0], 0), span[1])
+    if not ok:
+        raise ValueError("`fhir.age_years` / `fhir.age_range` do not match `fhir.birth_date` at "
+                         "`fhir.reference_date`")
 
 
 class MatchRequest(_Strict):
@@ -199,6 +269,10 @@ class MatchResponse(BaseModel):
     patient: ResolvedPatient = Field(description="resolved values with evidence quotes and imputations")
     rationale: dict[str, Any] = Field(description="structured rationale (criteria, to confirm, would change)")
     rationale_markdown: str
+    rationale_text: str | None = Field(
+        None, description="the verbalizer's prose restatement of the decision (api.formalizer.verbalizer); null "
+        "when it is off or its output was rejected (rationale.verbalizer says why). The structured rationale "
+        "and rationale_markdown are the source of truth")
     extraction_conflicts: list[PassageConflict] = Field(
         default_factory=list,
         description="atoms whose documents or passages give values that cannot both hold: each value "
@@ -256,6 +330,10 @@ class DecisionRecord(BaseModel):
         description="decision, resolved patient, value-miner outputs, rationale"
     )
     note_stored: bool
+    parent_id: str | None = Field(None, description="the decision this one supersedes (a review or a re-screening)")
+    lineage: dict[str, Any] | None = Field(
+        None, description="why it superseded its parent: kind (review, rescreen), the changes with reviewer role, "
+        "time and reason, program and policy versions; the whole chain: GET /v1/decisions/{id}/history")
 
 
 # ---- health -------------------------------------------------------------------------------------

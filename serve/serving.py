@@ -28,6 +28,8 @@ from data_gen.egress import ENV_ALLOW as EGRESS_ENV
 from data_gen.egress import RULE as EGRESS_RULE
 from data_gen.egress import EgressPolicy
 from data_gen.errors import EgressRefused, EndpointError
+from data_gen.fhir.models import FhirPatientRecord
+from data_gen.fhir.resolve import CodedResolutions, coded_resolutions
 from data_gen.formalizer import Formalizer, core_schema, merge_sides
 from data_gen.formalizer.miner import BUDGET as MINER_BUDGET
 from data_gen.formalizer.miner import PassageConflict
@@ -54,6 +56,7 @@ from .errors import (
 )
 from .metrics import ServiceMetrics
 from .note_free import note_free
+from .optional_stages import arbiter_markdown, arbitrate, verbalize
 from .protocol import (
     BatchLine,
     BatchRequest,
@@ -387,12 +390,17 @@ class MatchingService:
         pid = req.patient.patient_id
         record = PatientDoc(patient_id=pid, documents=req.patient.documents())
         note = record.text  # every document's text: what error messages must never quote
+        # A FHIR record's coded facts decide some atoms (data_gen.fhir.resolve): the miner is not asked them.
+        coded = coded_resolutions(program, req.patient.fhir) if req.patient.fhir is not None else None
+        skip = coded.decided if coded is not None else frozenset()
         self.metrics.in_flight.inc()
         try:
             t0 = time.perf_counter()
             inc, exc = await _both(
-                self._stage(self.miner.mine_values(program, record, "inclusion"), "miner_inclusion", note),
-                self._stage(self.miner.mine_values(program, record, "exclusion"), "miner_exclusion", note),
+                self._stage(self.miner.mine_values(program, record, "inclusion", skip=skip), "miner_inclusion",
+                            note),
+                self._stage(self.miner.mine_values(program, record, "exclusion", skip=skip), "miner_exclusion",
+                            note),
             )
             timings["value_miner"] = _ms(t0)
             t0 = time.perf_counter()
@@ -406,15 +414,23 @@ class MatchingService:
                     "value-miner output does not fit the trial program",
                     [("value_miner", f"{len(e.problems)} problem(s) (details withheld: they may quote the note)")],
                 ) from None
+            if coded is not None:
+                patient = coded.apply(patient)
             timings["resolve"] = self._observe("resolve", t0)
             t0 = time.perf_counter()
             decision = await asyncio.to_thread(self.engine.decide, program, patient)
             timings["solve"] = self._observe("solve", t0)
+            # Opt-in (api.formalizer.arbiter): facts contradicting definitions re-read, decided again.
+            decision, arbiter = await arbitrate(self, program, record, patient, decision, timings)
             t0 = time.perf_counter()
-            markdown = render_markdown(program, patient, decision) + conflicts_markdown(mined.conflicts)
+            markdown = (render_markdown(program, patient, decision) + conflicts_markdown(mined.conflicts)
+                        + arbiter_markdown(arbiter))
             rationale = rationale_json(program, patient, decision)
             rationale["extraction_conflicts"] = [c.model_dump(mode="json") for c in mined.conflicts]
             timings["render"] = self._observe("render", t0)
+            # Opt-in (api.formalizer.verbalizer): prose restating the decision; decides nothing.
+            rationale_text, verbalizer = await verbalize(self, program, record, patient, decision, timings)
+            rationale.update({k: v for k, v in (("arbiter", arbiter), ("verbalizer", verbalizer)) if v is not None})
             models = ModelIds(
                 parser=row.parser_model,
                 value_miner=self.miner.endpoint.model,
@@ -457,8 +473,11 @@ class MatchingService:
                             for r in (inc, exc)
                         },
                         "documents": documents_meta(req.patient.note, record),
+                        "fhir": fhir_meta(req.patient.fhir, coded),
                         "extraction_conflicts": [c.model_dump(mode="json") for c in mined.conflicts],
                         "rationale_markdown": markdown,
+                        "arbiter": arbiter,
+                        "verbalizer": verbalizer and {**verbalizer, "rationale_text": rationale_text},
                         "trial_origin": row.origin,
                     }),
                     note_text=stored_note,
@@ -478,6 +497,7 @@ class MatchingService:
             patient=patient,
             rationale=rationale,
             rationale_markdown=markdown,
+            rationale_text=rationale_text,
             extraction_conflicts=mined.conflicts,
             models=models,
             timings_ms=timings,
@@ -588,6 +608,8 @@ class MatchingService:
             timings_ms=r.timings,
             artifacts=r.artifacts,
             note_stored=r.note_text is not None,
+            parent_id=r.parent_id,
+            lineage=r.lineage,
         )
 
     def program_version(self, trial_id: str, program_hash: str) -> TrialProgram:
@@ -770,6 +792,16 @@ def documents_meta(note: str | None, record: PatientDoc) -> list[dict] | None:
         {"id": d.id, "date": d.date, "kind": d.kind, "sha256": _sha256(d.text)}
         for d in record.note_documents()
     ]
+
+
+def fhir_meta(rec: FhirPatientRecord | None, coded: CodedResolutions | None) -> dict | None:
+    """Where a FHIR patient's values came from (resource ids, no text): the reference date, the atoms
+    coded facts decided and why the others were left to the miner, the record's problems."""
+    if rec is None or coded is None:
+        return None
+    return {"patient": f"Patient/{rec.patient_id}", "reference_date": rec.reference_date,
+            "coded_atoms": {r.atom: r.evidence_source for r in coded.resolutions},
+            "left_for_miner": coded.notes, "problems": rec.problems}
 
 
 def conflicts_markdown(conflicts: list[PassageConflict]) -> str:

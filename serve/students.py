@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-TASKS = ("parser", "value_miner")
+from data_gen.sft_record import TASKS, SftRecord  # noqa: F401  (TASKS: re-exported for the demo and tests)
+
 # Context for the tiny tokenizer: a per-criterion parser prompt is under 1k tokens with it.
 MAX_MODEL_LEN = 4096
 STUDENT_MAX_TOKENS = {"parser": 768, "miner_inclusion": 256, "miner_exclusion": 256}
@@ -98,6 +99,7 @@ def parser_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[
     recurring criterion is one row. A criterion the teacher program does not have is an error."""
     from data_gen.formalizer import Formalizer, compact, criterion_outputs
     from data_gen.formalizer.criteria import normalize_criterion
+    from verdict_core.program import ParsedCriterion
 
     from .api_config import FormalizerConfig
     from .serving import trial_doc
@@ -109,6 +111,8 @@ def parser_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[
         program = programs[t["trial_id"]]
         outputs = criterion_outputs(program)
         by_text = {normalize_criterion(cr.text, case=True): outputs[cr.id] for _, _, cr in program.criteria()}
+        for text, reason in t.get("out_of_scope", {}).items():  # criteria the teacher left out of the program
+            by_text[normalize_criterion(text, case=True)] = ParsedCriterion(in_scope=False, reason=reason)
         for c in fz.trial_criteria(trial_doc(trial_text(t))).criteria:
             target = by_text.get(normalize_criterion(c.text, case=True))
             if target is None:
@@ -119,9 +123,8 @@ def parser_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[
                 continue
             seen.add(json.dumps(msgs))
             answer = target.model_dump(mode="json", by_alias=True, exclude_defaults=True)
-            out.append({"messages": msgs + [{"role": "assistant", "content": compact(answer)}],
-                        "task": "parser", "record_id": f"parser:{t['trial_id']}#{c.id}", "trial_id": t["trial_id"],
-                        "patient_id": None, "stage": "parser", **meta})
+            out.append(SftRecord.of_call(msgs, compact(answer), task="parser", record_id=f"parser:{t['trial_id']}#{c.id}",
+                                         trial_id=t["trial_id"], stage="parser", **meta).row())
     return out
 
 
@@ -156,45 +159,29 @@ def miner_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[d
                         for a in call.atoms
                     ]
                     rid = f"miner_{side}:{tid}:{p['patient_id']}"
-                    answer = {"role": "assistant", "content": miner_target(values)}
-                    out.append(
-                        {
-                            "messages": call.messages + [answer],
-                            "task": "value_miner",
-                            "record_id": rid + (f":{call.call_id}" if len(plan) > 1 else ""),
-                            "trial_id": tid,
-                            "patient_id": p["patient_id"],
-                            "stage": f"miner_{side}",
-                            **meta,
-                        }
-                    )
+                    out.append(SftRecord.of_call(
+                        call.messages, miner_target(values), task="value_miner",
+                        record_id=rid + (f":{call.call_id}" if len(plan) > 1 else ""), trial_id=tid,
+                        patient_id=p["patient_id"], stage=f"miner_{side}", **meta).row())
     return out
 
 
 def write_student_export(records: dict, out: str | Path, limits=None) -> Path:
     """`out/parser` and `out/value_miner` in the SFT export layout (DatasetDict + split JSONL)."""
-    from datasets import Dataset, DatasetDict, Features, Value
+    from datasets import Dataset, DatasetDict
 
-    text = Value("string")
-    features = Features(
-        {
-            "messages": [{"role": text, "content": text}],
-            **{
-                k: text
-                for k in ("task", "record_id", "trial_id", "patient_id", "stage", "teacher", "prompt_version")
-            },
-        }
-    )
+    from data_gen.sft_record import features, write_jsonl
+
     out = Path(out)
     for task, rows in sft_rows(records, limits).items():
         # Every split holds the same records: the students are meant to memorize them.
         splits = {"train": rows, "validation": rows[:2], "test": rows[:2]}
         folder = out / task
-        DatasetDict({s: Dataset.from_list(r, features=features) for s, r in splits.items()}).save_to_disk(
+        DatasetDict({s: Dataset.from_list(r, features=features()) for s, r in splits.items()}).save_to_disk(
             str(folder)
         )
         for s, r in splits.items():
-            (folder / f"{s}.jsonl").write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in r))
+            write_jsonl(folder / f"{s}.jsonl", r)
         (folder / "dataset_card.json").write_text(
             json.dumps(
                 {

@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
-from verdict_core.configs import REPO_ROOT
+from verdict_core.configs import REPO_ROOT, StrictModel
 
 from .errors import ServeConfigError
 
@@ -24,17 +24,13 @@ DEFAULT_PYTHON = Path(".venv-vllm") / "bin" / "python"
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class StructuredOutputs(_Strict):
+class StructuredOutputs(StrictModel):
     backend: Literal["xgrammar", "guidance", "outlines", "lm-format-enforcer", "auto"] = "xgrammar"
     # Without it small models spend their token budget on whitespace between JSON tokens.
     disable_any_whitespace: bool = True
 
 
-class VLLMConfig(_Strict):
+class VLLMConfig(StrictModel):
     model: str = Field(description="local path of the base model (no hub downloads on site)")
     served_model_name: str = Field("base", description="name the base model is served under")
     adapters: dict[str, str] = Field(

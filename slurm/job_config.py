@@ -10,20 +10,17 @@ import os
 import re
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
-from train import config_io
+from verdict_core import configs
+from verdict_core.configs import StrictModel
 
 # sbatch accepts "minutes", "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS"
 TIME_RE = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2})$")
 MEM_RE = re.compile(r"^\d+[KMGT]?$")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class JobResources(_Model):
+class JobResources(StrictModel):
     time: str = Field(description="wall-clock limit, sbatch syntax (e.g. 10:00:00 or 1-00:00:00)")
     mem: str = Field(description="memory per node, sbatch syntax (e.g. 64G)")
     cpus: int = Field(default=8, ge=1, description="--cpus-per-task")
@@ -86,14 +83,14 @@ def _serve_default() -> JobResources:
     return JobResources(time="7-00:00:00", mem="64G", signal_seconds=0)
 
 
-class Jobs(_Model):
+class Jobs(StrictModel):
     train: JobResources = Field(default_factory=_train_default)
     eval: EvalJob = Field(default_factory=_eval_default)
     eval_report: ReportJob = Field(default_factory=_report_default)
     serve: JobResources = Field(default_factory=_serve_default)
 
 
-class SlurmConfig(_Model):
+class SlurmConfig(StrictModel):
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
@@ -142,4 +139,4 @@ class SlurmConfig(_Model):
 
 
 def load_slurm_config(path: str | os.PathLike, overrides: list[str] | None = None) -> SlurmConfig:
-    return config_io.load(SlurmConfig, path, overrides)
+    return configs.load(SlurmConfig, path, overrides)

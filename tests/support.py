@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,8 @@ SHARED = REPO.parent / "shared"  # the shared data folder beside the checkout (a
 SHARED_DATA = SHARED / "data"
 REFERENCE_V6 = SHARED_DATA / "reference" / "v6"
 BENCHMARKS = SHARED_DATA / "benchmarks"
+# The `verdict` command of this checkout, run as a subprocess (as a user runs it).
+VERDICT = [sys.executable, "-c", "from verdict_core.cli import main; main()"]
 
 
 def need(ok: bool, why: str) -> None:
@@ -22,3 +28,18 @@ def need(ok: bool, why: str) -> None:
     if os.environ.get("VERDICT_REQUIRE_ALL") == "1":
         pytest.fail(f"required dependency missing: {why}")
     pytest.skip(why)
+
+
+def run_together(*calls: Callable[[], object]) -> None:
+    """Run every call in its own thread, all started before any is joined (concurrency tests)."""
+    threads = [threading.Thread(target=c) for c in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def run_verdict(*args: str, cwd: Path = REPO, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`verdict ARGS` from `cwd`, output captured as text, its exit code left to the caller."""
+    return subprocess.run([*VERDICT, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
+                          check=False)

@@ -30,6 +30,7 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from data_gen.sft_record import target
 from verdict_core.errors import VerdictError
 from verdict_core.jsonl_store import JsonlStore
 from verdict_core.metrics import NO_JSON, format_rate, output_validity, percentile, rate
@@ -267,7 +268,7 @@ def _load_companion(path: Path | None, task: str) -> list[dict] | None:
 
 
 def _content(row: dict) -> str:
-    return row["messages"][2]["content"]
+    return target(row)
 
 
 def decision_agreement(

@@ -6,14 +6,13 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from . import config_io
+from verdict_core import configs
+from verdict_core.configs import StrictModel
 
 
-class EvalConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class EvalConfig(StrictModel):
     limits: str | None = Field(
         default=None, description="configs/limits/NAME.yaml: max_new_tokens derives from it (paper: 3072)"
     )
@@ -50,5 +49,5 @@ class EvalConfig(BaseModel):
 
 def load_eval_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> EvalConfig:
     if path is None:
-        return config_io.build(EvalConfig, {}, overrides, where="eval settings")
-    return config_io.load(EvalConfig, Path(path), overrides)
+        return configs.build(EvalConfig, {}, overrides, where="eval settings")
+    return configs.load(EvalConfig, Path(path), overrides)

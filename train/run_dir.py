@@ -20,10 +20,13 @@ import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import yaml
-
+from verdict_core import configs
 from verdict_core.errors import VerdictError
+
+if TYPE_CHECKING:
+    from .sft_config import TrainConfig
 
 CODE_ROOT = Path(__file__).resolve().parent.parent
 LIBRARIES = ("torch", "transformers", "peft", "trl", "datasets", "accelerate", "verdict-onsite")
@@ -74,10 +77,13 @@ class RunDir:
         write_atomic(self.info, json.dumps(info, indent=2, sort_keys=True) + "\n")
         return info
 
-    def read_config(self) -> dict:
+    def read_config(self) -> TrainConfig:
+        """The run's resolved config, strict: a key TrainConfig does not declare is an error."""
+        from .sft_config import TrainConfig
+
         if not self.config.is_file():
             raise RunError(f"'{self.path}' is not a training run (no config.yaml)")
-        return yaml.safe_load(self.config.read_text())
+        return configs.load(TrainConfig, self.config, None, f"run config {self.config}", RunError)
 
 
 def open_run(path: str | os.PathLike) -> RunDir:

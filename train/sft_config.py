@@ -10,19 +10,14 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from . import config_io
-
-Task = Literal["parser", "value_miner"]
-TASKS: tuple[str, ...] = ("parser", "value_miner")
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from data_gen.sft_record import TASKS, Task  # noqa: F401  (the one task list; re-exported)
+from verdict_core import configs
+from verdict_core.configs import StrictModel
 
 
-class DatasetSpec(_Model):
+class DatasetSpec(StrictModel):
     """One exported SFT dataset (``verdict teacher export`` writes ``<out>/<task>/``)."""
 
     path: str = Field(description="folder of a DatasetDict saved with save_to_disk")
@@ -40,7 +35,7 @@ class DatasetSpec(_Model):
         return self.name or (f"{p.parent.name}/{p.name}" if p.parent.name else p.name)
 
 
-class LoraSpec(_Model):
+class LoraSpec(StrictModel):
     r: int = Field(default=32, ge=1)
     alpha: int = Field(default=64, ge=1)
     dropout: float = Field(default=0.05, ge=0, lt=1)
@@ -49,7 +44,7 @@ class LoraSpec(_Model):
     )
 
 
-class TrainConfig(_Model):
+class TrainConfig(StrictModel):
     name: str = Field(description="run name; the run directory is <output_dir>/<name>")
     task: Task
     base_model: str = Field(
@@ -144,6 +139,6 @@ class TrainConfig(_Model):
 
 
 def load_train_config(path: str | os.PathLike, overrides: list[str] | None = None) -> TrainConfig:
-    data = config_io.read_yaml(path)
+    data = configs.read_yaml(path)
     data.setdefault("name", Path(path).stem)
-    return config_io.build(TrainConfig, data, overrides, where=f"train config {Path(path).name}")
+    return configs.build(TrainConfig, data, overrides, where=f"train config {Path(path).name}")

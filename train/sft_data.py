@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ValidationError
 
+from data_gen.sft_record import ROLES
 from verdict_core.errors import VerdictError
 from verdict_core.patient import ValueMinerOutput
 from verdict_core.program import ParsedCriterion, ParsedTrial
@@ -23,7 +24,6 @@ from verdict_core.program import ParsedCriterion, ParsedTrial
 if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
 
-ROLES = ["system", "user", "assistant"]
 REQUIRED_COLUMNS = ("messages", "task", "record_id")
 MAX_LISTED = 10
 

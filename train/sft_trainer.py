@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable
 
 import yaml
 
+from verdict_core import configs
 from verdict_core.errors import VerdictError
 
 from . import sft_data
@@ -291,7 +292,7 @@ def open_for_training(prep: Prepared, overwrite: bool) -> tuple[RunDir, str]:
             elif p.exists():
                 p.unlink()
     if run.config.is_file():
-        diff = _differences(yaml.safe_load(run.config.read_text()) or {}, _config_dump(prep.cfg))
+        diff = _differences(configs.read_yaml(run.config, RunError), _config_dump(prep.cfg))
         if diff:
             raise RunError(
                 f"run directory '{run.path}' holds a run with a different config (differs in: "

@@ -19,7 +19,7 @@ from typing import Optional
 
 import typer
 
-from .cli_errors import fail
+from .cli_errors import fail, guarded
 from .errors import VerdictError
 
 app = typer.Typer(
@@ -154,10 +154,7 @@ def decide(
     from .engine import Engine
     from .policy import load_policy
 
-    try:
-        pol = load_policy(policy)
-    except VerdictError as e:
-        fail(str(e))
+    pol = load_policy(policy)
     if format not in ("json", "md", "full-json"):
         fail(f"--format must be json, md or full-json (got '{format}')")
     engine = Engine(timeout_ms=timeout_ms, alternatives=alternatives)
@@ -284,10 +281,9 @@ def samples(
 def main() -> None:
     _mount_parts()
     try:
-        app()
-    except VerdictError as e:  # any bad input that escaped a command: message, no traceback
-        typer.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        guarded(app)  # the one error path of every command: `error: ...`, exit 2, no traceback
+    except typer.Exit as e:  # raised by `fail` once the command has left click's hands
+        sys.exit(e.exit_code)
     except ModuleNotFoundError as e:  # a lazy import inside a command: which package, which extra
         command, extra = _extra_of(sys.argv[1:])
         typer.echo(f"error: {missing_dependency(e, command, extra)}", err=True)

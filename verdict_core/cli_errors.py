@@ -17,11 +17,17 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def guarded(fn: Callable[[], T], codes: dict[type[BaseException], int] | None = None) -> T:
-    """Run a command body: a VerdictError or an OS error becomes `error: ...` with exit 2; the
-    exception types in ``codes`` get their own exit codes (e.g. an interrupted run)."""
+def guarded(fn: Callable[[], T], codes: dict[type[BaseException], int] | None = None,
+            interrupted: str | None = None) -> T:
+    """Run a command (the `verdict` app runs every command through it): a VerdictError or an OS
+    error becomes `error: ...` with exit 2; the exception types in ``codes`` get their own exit
+    codes; Ctrl-C in a long run that says what was kept (``interrupted``) exits 130 with that."""
     try:
         return fn()
+    except KeyboardInterrupt:
+        if interrupted is None:
+            raise
+        fail(f"interrupted; {interrupted}", 130)
     except tuple(codes or ()) as e:  # type: ignore[misc]
         fail(str(e), next(c for t, c in (codes or {}).items() if isinstance(e, t)))
     except VerdictError as e:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 from typing import Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
+from .configs import StrictModel
 from .patient import Bounds, PolicyRef
 
 Value = Union[StrictBool, StrictInt, StrictFloat]
@@ -18,11 +19,7 @@ DECISION_FORMAT = "verdict.decision/v1"
 ENGINE_VERSION = "1"
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Fact(_Model):
+class Fact(StrictModel):
     """A resolved patient value as the trace cites it."""
 
     atom: str
@@ -33,14 +30,14 @@ class Fact(_Model):
     rule: str | None = Field(default=None, description="policy rule, for imputed values")
 
 
-class Interval(_Model):
+class Interval(StrictModel):
     lo: float | None = None
     hi: float | None = None
     lo_strict: bool = False
     hi_strict: bool = False
 
 
-class Requirement(_Model):
+class Requirement(StrictModel):
     """What a pivot must satisfy, stated as the trial states it (not the solver's witness)."""
 
     text: str = Field(description="e.g. 'creatinine (mg/dL) <= 2.0' or 'has type 2 diabetes: false'")
@@ -50,7 +47,7 @@ class Requirement(_Model):
                         "requirement is the solver's witness region only")
 
 
-class PivotalCondition(_Model):
+class PivotalCondition(StrictModel):
     atom: str
     action: Literal["change", "confirm"] = Field(description="change a resolved fact, or confirm an open atom")
     current: Value | None = Field(default=None, description="current value; null for an unresolved atom")
@@ -59,12 +56,12 @@ class PivotalCondition(_Model):
     requirement: Requirement
 
 
-class PivotalSet(_Model):
+class PivotalSet(StrictModel):
     direction: Literal["to_eligible", "to_ineligible"]
     conditions: list[PivotalCondition]
 
 
-class Pivotal(_Model):
+class Pivotal(StrictModel):
     """δ: a minimum-cardinality set of conditions whose change flips the decision."""
 
     direction: Literal["to_eligible", "to_ineligible"]
@@ -74,7 +71,7 @@ class Pivotal(_Model):
     note: str | None = None
 
 
-class Assumption(_Model):
+class Assumption(StrictModel):
     """ρ entry (appendix A.5). forced: every admitting completion agrees (value or requirement);
     alternative: it matters, but other completions serve equally (value left open); inert: no value
     of it affects the decision."""
@@ -87,7 +84,7 @@ class Assumption(_Model):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
-class CriterionLabel(_Model):
+class CriterionLabel(StrictModel):
     cohort: str
     criterion: str
     side: Literal["inclusion", "exclusion"]
@@ -96,7 +93,7 @@ class CriterionLabel(_Model):
     open_atoms: list[str] = Field(default_factory=list, description="deferred: the unresolved atoms it waits on")
 
 
-class TraceStep(_Model):
+class TraceStep(StrictModel):
     cohort: str
     criterion: str
     side: Literal["inclusion", "exclusion"]
@@ -106,7 +103,7 @@ class TraceStep(_Model):
     assumptions: list[str] = Field(default_factory=list)
 
 
-class Trace(_Model):
+class Trace(StrictModel):
     """γ. Ineligible: per cohort a minimum set of violated criteria with the facts that violate them.
     Eligible: for the admitting cohort(s), each criterion with the facts or assumptions meeting it."""
 
@@ -115,14 +112,14 @@ class Trace(_Model):
     steps: list[TraceStep] = Field(default_factory=list)
 
 
-class SideStatus(_Model):
+class SideStatus(StrictModel):
     cohort: str
     admits: bool | None
     inclusion_satisfiable: bool | None
     exclusion_satisfiable: bool | None
 
 
-class ExtractionConflict(_Model):
+class ExtractionConflict(StrictModel):
     """Recorded facts that cannot all be true: an extraction problem, not ineligibility. ``source``
     says what they contradict: the definitional constraints (found by the engine), or each other
     while importing recorded outputs (two threshold helpers of one atom, or the inclusion and the
@@ -144,13 +141,13 @@ class ExtractionConflict(_Model):
         return f"{', '.join(self.atoms)}: the recorded {what} contradict each other ({'; '.join(self.values)})"
 
 
-class Override(_Model):
+class Override(StrictModel):
     atom: str
     value: Value | None = Field(description="null = treat as unresolved")
     reason: str
 
 
-class Decision(_Model):
+class Decision(StrictModel):
     format: Literal["verdict.decision/v1"] = DECISION_FORMAT
     engine_version: str = ENGINE_VERSION
     trial_id: str

@@ -14,8 +14,17 @@ import json
 import math
 from typing import Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from .configs import StrictModel
 from .errors import PatientError, describe_validation_error
 from .formula import AtomName, number_problem
 from .program import TrialProgram
@@ -25,11 +34,7 @@ Status = Literal["observed", "imputed", "unresolved"]
 PATIENT_FORMAT = "verdict.resolved_patient/v1"
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Bounds(_Model):
+class Bounds(StrictModel):
     lo: float | None = None
     hi: float | None = None
     lo_strict: bool = False
@@ -59,7 +64,7 @@ class Bounds(_Model):
         return " and ".join(parts)
 
 
-class Imputation(_Model):
+class Imputation(StrictModel):
     """Which policy rule supplied an imputed value, and why (a_i in Def. 5)."""
 
     policy: str
@@ -68,7 +73,7 @@ class Imputation(_Model):
     reason: str
 
 
-class MinedValue(_Model):
+class MinedValue(StrictModel):
     """One atom as a value-miner pass reports it."""
 
     atom: AtomName
@@ -85,11 +90,11 @@ class MinedValue(_Model):
         return v
 
 
-class ValueMinerOutput(_Model):
+class ValueMinerOutput(StrictModel):
     values: list[MinedValue]
 
 
-class Resolution(_Model):
+class Resolution(StrictModel):
     atom: AtomName
     status: Status
     value: Value | None = None
@@ -121,12 +126,12 @@ class Resolution(_Model):
         return self.status != "unresolved"
 
 
-class PolicyRef(_Model):
+class PolicyRef(StrictModel):
     name: str
     version: str
 
 
-class ResolvedPatient(_Model):
+class ResolvedPatient(StrictModel):
     format: Literal["verdict.resolved_patient/v1"] = PATIENT_FORMAT
     patient_id: str
     trial_id: str

@@ -20,11 +20,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal, Union
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError, model_validator
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, model_validator
 
-from .configs import find_config
-from .errors import PatientError, PolicyError, describe_validation_error
+from . import configs
+from .configs import StrictModel, find_config
+from .errors import PatientError, PolicyError
 from .formula import numeric_in_complex_terms, polarities, simple_comparisons
 from .patient import (
     Bounds,
@@ -40,17 +40,13 @@ from .program import AtomKind, Domain, TrialProgram
 ImputeValue = Union[StrictBool, StrictInt, StrictFloat, Literal["not_established"]]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Match(_Model):
+class Match(StrictModel):
     kinds: list[AtomKind] | None = Field(default=None, description="atom kinds; omitted = any")
     sides: list[Literal["inclusion", "exclusion"]] | None = Field(default=None, description="omitted = any")
     domains: list[Domain] | None = None
 
 
-class Action(_Model):
+class Action(StrictModel):
     action: Literal["impute", "unresolved"]
     value: ImputeValue | None = None
     reason: str = Field(min_length=1)
@@ -67,7 +63,7 @@ class Rule(Action):
     match: Match = Field(default_factory=Match)
 
 
-class Policy(_Model):
+class Policy(StrictModel):
     name: str
     version: str
     description: str = ""
@@ -79,20 +75,18 @@ class Policy(_Model):
         return PolicyRef(name=self.name, version=self.version)
 
 
-def load_policy(name_or_path: str | Path) -> Policy:
-    path = find_config("policies", name_or_path)
+def load_policy(name_or_path: str | Path, overrides: list[str] | None = None) -> Policy:
+    """A policy by name (configs/policies/NAME.yaml) or path; ``overrides`` as ``--set key=value``.
+    Unknown keys are errors with a did-you-mean."""
+    path = find_config("policies", name_or_path, PolicyError)
+    if overrides:  # not cached: the same file gives another policy
+        return configs.load(Policy, path, overrides, f"policy file {path.name}", PolicyError)
     return _load_policy_file(str(path.resolve()), path.stat().st_mtime_ns)
 
 
 @lru_cache(maxsize=64)
 def _load_policy_file(path: str, _mtime: int) -> Policy:
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-        return Policy.model_validate(data)
-    except ValidationError as e:
-        raise PolicyError(f"invalid policy file {Path(path).name}", describe_validation_error(e, "policy")) from None
-    except yaml.YAMLError as e:
-        raise PolicyError(f"policy file {Path(path).name} is not valid YAML: {e}") from None
+    return configs.load(Policy, path, None, f"policy file {Path(path).name}", PolicyError)
 
 
 # ---- resolving a patient ----------------------------------------------------------------------

@@ -17,8 +17,9 @@ from __future__ import annotations
 import hashlib
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from .configs import StrictModel
 from .errors import ProgramError, describe_validation_error
 from .formula import AtomName, BoundedFormula, Formula, atom_refs, atoms_in, identifier
 
@@ -29,11 +30,7 @@ Id = identifier(r"^[A-Za-z0-9_][A-Za-z0-9_.:/@\-]*$")
 PROGRAM_FORMAT = "verdict.trial_program/v1"
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TimeScope(_Model):
+class TimeScope(StrictModel):
     """Which period a time-scoped atom refers to."""
 
     kind: Literal["current", "ever", "within", "before"] = Field(
@@ -50,7 +47,7 @@ class TimeScope(_Model):
         return self
 
 
-class Atom(_Model):
+class Atom(StrictModel):
     """The smallest chart-checkable condition (paper Def. 4: kind, domain, description, source link)."""
 
     name: AtomName
@@ -62,13 +59,13 @@ class Atom(_Model):
     source_criteria: list[str] = Field(default_factory=list, description="ids of the criteria it comes from")
 
 
-class Criterion(_Model):
+class Criterion(StrictModel):
     id: Id
     text: str = Field(description="the criterion as written in the trial")
     formula: BoundedFormula = Field(description="inclusion: must hold; exclusion: excludes the patient when it holds")
 
 
-class Definition(_Model):
+class Definition(StrictModel):
     """An auxiliary definitional constraint: true of the vocabulary, never an eligibility requirement."""
 
     id: Id
@@ -77,14 +74,14 @@ class Definition(_Model):
     formula: BoundedFormula
 
 
-class Cohort(_Model):
+class Cohort(StrictModel):
     id: Id
     label: str = ""
     inclusion: list[Criterion] = Field(default_factory=list)
     exclusion: list[Criterion] = Field(default_factory=list)
 
 
-class ParsedTrial(_Model):
+class ParsedTrial(StrictModel):
     """What the trial parser (teacher or student) emits: the program without bookkeeping."""
 
     atoms: list[Atom] = Field(min_length=1)
@@ -92,7 +89,7 @@ class ParsedTrial(_Model):
     cohorts: list[Cohort] = Field(min_length=1)
 
 
-class ParsedCriterion(_Model):
+class ParsedCriterion(StrictModel):
     """What the per-criterion trial parser emits for one criterion; `data_gen.formalizer.assembly`
     makes one trial program from a trial's outputs. The side (inclusion/exclusion) is the caller's:
     an exclusion formula describes the excluding condition, not its negation."""
@@ -118,7 +115,7 @@ class ParsedCriterion(_Model):
         return self
 
 
-class Provenance(_Model):
+class Provenance(StrictModel):
     source: str = Field(description="who wrote it: 'parser:<model>', 'reference-import', 'hand', ...")
     details: dict[str, str] = Field(default_factory=dict)
 

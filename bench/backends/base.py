@@ -17,17 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
-from verdict_core.errors import describe_validation_error
+from verdict_core.configs import StrictModel, describe
 
 from ..datasets import BenchDataset
 from ..protocol import BenchError, Flip, LabeledPair, PairResult
 
 
-class BackendConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class BackendConfig(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.@+\-]{0,63}$", description="label in reports")
     kind: str
     description: str = ""
@@ -146,7 +144,7 @@ def backend_config(data) -> BackendConfig:
     try:
         return cls.config_class.model_validate(data)
     except ValidationError as e:
-        raise ValueError(f"backend '{label}' ({kind}): " + "; ".join(describe_validation_error(e, "backend"))) from None
+        raise ValueError(f"backend '{label}' ({kind}): " + "; ".join(describe(e, cls.config_class))) from None
 
 
 def decide_formal(engine, program, patient, case: str) -> tuple[object, list[Flip], float]:

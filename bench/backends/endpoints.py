@@ -23,12 +23,13 @@ def resolve_endpoint(ref: EndpointRef, placement: EndpointPlacement, vllm_url: s
     from pydantic import ValidationError
 
     from data_gen.teacher_config import TeacherConfig, load_teacher
+    from verdict_core.configs import describe
     from verdict_core.errors import VerdictError, describe_validation_error
 
     try:
         endpoint = load_teacher(ref) if isinstance(ref, str) else TeacherConfig.model_validate(ref)
     except ValidationError as e:
-        raise BenchError(f"{what}: invalid inline endpoint", describe_validation_error(e, "endpoint")) from None
+        raise BenchError(f"{what}: invalid inline endpoint", describe(e, TeacherConfig)) from None
     except VerdictError as e:
         raise BenchError(f"{what}: {e}") from None
     url = placement.base_url

@@ -36,7 +36,6 @@ def load(
     ),
 ) -> None:
     """Read patients from FHIR and print, per patient: documents, facts, conversions, problems."""
-    from verdict_core.errors import VerdictError
 
     from .code_map import load_code_map
     from .rest import FhirRestConfig
@@ -46,17 +45,14 @@ def load(
         day = dt.date.fromisoformat(at)
     except ValueError:
         fail(f"--at: '{at}' is not a date YYYY-MM-DD")
-    try:
-        rest = None
-        if config is not None:
-            from train import config_io
+    rest = None
+    if config is not None:
+        from verdict_core import configs
 
-            data = config_io.read_yaml(config)
-            data["base_url"] = source
-            rest = config_io.build(FhirRestConfig, data, where=f"FHIR REST config {config.name}")
-        result = load_source(source, day, patient=patient, code_map=load_code_map(codes), rest=rest)
-    except VerdictError as e:
-        fail(str(e))
+        data = configs.read_yaml(config)
+        data["base_url"] = source
+        rest = configs.build(FhirRestConfig, data, where=f"FHIR REST config {config.name}")
+    result = load_source(source, day, patient=patient, code_map=load_code_map(codes), rest=rest)
     for rec in result.records:
         age = (
             rec.age_years

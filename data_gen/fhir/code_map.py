@@ -1,7 +1,7 @@
 """The site code map (configs/fhir/codes.yaml): which codes (LOINC, SNOMED CT, RxNorm, ICD-10) mean
 which canonical fact, in which canonical unit, and which words name that fact in an atom.
 
-Loaded with the project's strict config loader (`train.config_io`): an unknown key, an unknown
+Loaded with the project's strict config loader (`verdict_core.configs`): an unknown key, an unknown
 code-system prefix, a unit outside the UCUM table or a code mapped twice is an error naming it.
 """
 
@@ -11,9 +11,9 @@ import os
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
-from verdict_core.configs import find_config
+from verdict_core.configs import StrictModel, find_config
 from verdict_core.errors import VerdictError
 
 from .errors import CodeMapError, UnitConversionError
@@ -22,11 +22,7 @@ from .units import ucum_code
 DEFAULT_CODE_MAP = "codes"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Analyte(_Strict):
+class Analyte(StrictModel):
     """A measured quantity (a lab or a vital sign) that numeric atoms can be resolved from."""
 
     kind: Literal["lab", "vital"] = Field(
@@ -50,7 +46,7 @@ class Analyte(_Strict):
     )
 
 
-class Concept(_Strict):
+class Concept(StrictModel):
     """A coded condition, medication or procedure: shown as a canonical fact, not resolved yet."""
 
     kind: Literal["condition", "medication", "procedure"] = Field(description="which resources carry it")
@@ -60,7 +56,7 @@ class Concept(_Strict):
     )
 
 
-class CodeMap(_Strict):
+class CodeMap(StrictModel):
     version: int = Field(1, description="format version of this file")
     systems: dict[str, str] = Field(description="code-system prefix -> FHIR system URI")
     analytes: dict[str, Analyte] = Field(
@@ -146,10 +142,10 @@ def _phrase(text: str) -> str:
 
 def load_code_map(name_or_path: str | os.PathLike = DEFAULT_CODE_MAP) -> CodeMap:
     """configs/fhir/NAME.yaml (or a path)."""
-    from train import config_io
+    from verdict_core import configs
 
     try:
         path = find_config("fhir", name_or_path)
-        return config_io.build(CodeMap, config_io.read_yaml(path), where=f"FHIR code map {path.name}")
+        return configs.build(CodeMap, configs.read_yaml(path), where=f"FHIR code map {path.name}")
     except VerdictError as e:
         raise CodeMapError(e.summary, e.problems) from None

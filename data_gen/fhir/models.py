@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from verdict_core.configs import StrictModel
 
 from ..protocol import NoteDocument, PatientDoc
 
@@ -18,17 +20,13 @@ RECORD_FORMAT = "verdict.fhir_patient/v1"
 FactCategory = Literal["condition", "observation", "medication", "procedure"]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Coding(_Model):
+class Coding(StrictModel):
     system: str | None = Field(None, description="code system URI (http://loinc.org, ...)")
     code: str | None = None
     display: str | None = None
 
 
-class FactConversion(_Model):
+class FactConversion(StrictModel):
     """The fact's value in its analyte's canonical unit (configs/fhir/codes.yaml)."""
 
     value: float = Field(description="value in the canonical unit")
@@ -36,7 +34,7 @@ class FactConversion(_Model):
     rule: str = Field(description="how it was converted: same unit, scale, molar mass ..., IFCC-NGSP ...")
 
 
-class CodedFact(_Model):
+class CodedFact(StrictModel):
     """One coded resource (or one component of an Observation) as a structured fact."""
 
     resource: str = Field(description="the resource it comes from, Type/id (e.g. Observation/123)")
@@ -65,7 +63,7 @@ class CodedFact(_Model):
         return self.codings[0] if self.codings else None
 
 
-class FhirPatientRecord(_Model):
+class FhirPatientRecord(StrictModel):
     """One patient as read from FHIR, at a stated reference date."""
 
     format: Literal["verdict.fhir_patient/v1"] = RECORD_FORMAT

@@ -19,14 +19,15 @@ Each resolution is `observed`, with evidence naming the resource and any convers
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from verdict_core.patient import Bounds, Resolution
+from verdict_core.patient import Bounds, Resolution, ResolvedPatient, value_type_problems
 from verdict_core.program import Atom, TrialProgram
 
-from .code_map import CodeMap
+from .code_map import CodeMap, load_code_map
 from .errors import UnitConversionError
 from .models import CodedFact, FhirPatientRecord
 from .units import convert, ucum_code
@@ -46,6 +47,19 @@ class CodedResolutions(BaseModel):
     notes: dict[str, str] = Field(
         default_factory=dict, description="atom -> why coded facts did not decide it"
     )
+
+    @property
+    def decided(self) -> frozenset[str]:
+        """The atoms the value miner is not asked (their values come from coded facts)."""
+        return frozenset(r.atom for r in self.resolutions)
+
+    def apply(self, patient: ResolvedPatient) -> ResolvedPatient:
+        """`patient` (resolved from the miner's values under a policy) with the coded atoms' resolutions
+        in place of what the policy made of them: coded facts are observations, never imputed over."""
+        coded = {r.atom: r for r in self.resolutions}
+        return patient.model_copy(
+            update={"resolutions": [coded.get(r.atom, r) for r in patient.resolutions]}
+        )
 
 
 def _words(text: str) -> str:
@@ -120,6 +134,9 @@ def _lab(atom: Atom, analyte: str, record: FhirPatientRecord, at: dt.date) -> tu
     if atom.domain == "int":
         value = int(round(c.value))
         rounded = " (rounded)" if value != c.value else ""
+    problems = value_type_problems(atom.domain, value, None)
+    if problems:  # e.g. beyond the core's number range: the same check mined values pass
+        return None, f"{_fact_label(fact)}: {problems[0]}; left for the miner"
     shown = f"{value:g}" if isinstance(value, float) else str(value)
     conv = f" {c.describe()}" if c.converted else ""
     evidence = f"{_fact_label(fact)}: {analyte} {shown} {atom.unit}{rounded}{conv}, {fact.effective[:10]}"
@@ -175,3 +192,13 @@ def resolve_coded(program: TrialProgram, record: FhirPatientRecord, code_map: Co
             if why:
                 out.notes[atom.name] = why
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def _default_code_map() -> CodeMap:
+    return load_code_map()
+
+
+def coded_resolutions(program: TrialProgram, record: FhirPatientRecord) -> CodedResolutions:
+    """`resolve_coded` with the site's code map (configs/fhir/codes.yaml, read once per process)."""
+    return resolve_coded(program, record, _default_code_map())

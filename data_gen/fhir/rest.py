@@ -8,6 +8,9 @@ token is read from the environment variable the config names, at request time; i
 
 Per patient: `Patient/{id}/$everything` (paged), and when the server does not offer it (404, 400,
 405, 501), `Patient/{id}` plus one search `TYPE?patient={id}` per resource type read (paged).
+
+One write: `put_conditional` (FHIR conditional update, `PUT TYPE?identifier=system|value`): creates the
+resource, or updates the one that holds that identifier, so writing it again never duplicates it.
 """
 
 from __future__ import annotations
@@ -117,15 +120,42 @@ class FhirRestClient:
         status, body, _ = self.get(path_or_url, params)
         if status in allow:
             return None
-        what = urlsplit(self._url(path_or_url)).path
+        return self._answer("GET", urlsplit(self._url(path_or_url)).path, status, body)
+
+    def _answer(self, method: str, what: str, status: int, body: bytes) -> Any:
         if status == 401 or status == 403:
             raise FhirServerError(
-                f"FHIR server refused GET {what} with HTTP {status}: check the bearer token "
+                f"FHIR server refused {method} {what} with HTTP {status}: check the bearer token "
                 f"in ${self.cfg.token_env or '(no token_env)'}"
             )
         if status >= 400:
-            raise FhirServerError(f"FHIR server answered HTTP {status} for GET {what}")
-        return parse_json(body, f"FHIR response to GET {what}")
+            raise FhirServerError(f"FHIR server answered HTTP {status} for {method} {what}")
+        return parse_json(body, f"FHIR response to {method} {what}")
+
+    # -- writes ----------------------------------------------------------------------------------
+    def put_conditional(self, resource: dict, system: str, value: str) -> tuple[bool, Any]:
+        """(created, stored resource): `PUT TYPE?identifier=system|value` with `resource` (no `id`:
+        the server assigns it on create). The URL is checked against the allowlist first."""
+        import httpx
+
+        rtype = resource["resourceType"]
+        url = self._url(rtype)
+        self._check(url)
+        headers = {**self._headers(), "Content-Type": "application/fhir+json"}
+        try:
+            r = self._http.put(
+                url, params={"identifier": f"{system}|{value}"}, json=resource, headers=headers
+            )
+        except httpx.HTTPError as e:
+            raise FhirServerError(f"FHIR server unreachable for PUT {rtype} ({type(e).__name__})") from None
+        self.requests += 1
+        if r.status_code == 412:  # more than one resource holds the identifier: never pick one
+            raise FhirServerError(f"FHIR server holds several {rtype} with identifier {system}|{value}")
+        if 400 <= r.status_code < 500 and r.status_code not in (401, 403):
+            raise FhirServerError(
+                f"FHIR server refused PUT {rtype} with HTTP {r.status_code}{_issue(r.content)}"
+            )
+        return r.status_code == 201, self._answer("PUT", f"/{rtype}", r.status_code, r.content)
 
     # -- reads -----------------------------------------------------------------------------------
     def search(self, path: str, params: dict, problems: list[str]) -> list[Any]:
@@ -206,3 +236,14 @@ class FhirRestClient:
                 f"{self.cfg.max_attachment_bytes / 2**20:.0f} MiB"
             )
         return body, content_type
+
+
+def _issue(body: bytes) -> str:
+    """': <first issue>' of an OperationOutcome answering a write (what we sent holds no patient text)."""
+    try:
+        issue = parse_json(body, "OperationOutcome")["issue"][0]
+        text = (issue.get("details") or {}).get("text") or issue.get("diagnostics") or issue.get("code")
+        where = ", ".join(issue.get("expression") or [])
+    except (FhirSourceError, KeyError, IndexError, TypeError, AttributeError):
+        return ""
+    return f": {str(text)[:200]}" + (f" ({where[:100]})" if where else "")

@@ -20,11 +20,11 @@ import functools
 import math
 import os
 from pathlib import Path
-from typing import Callable, Any, Protocol
+from typing import Any, Callable, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from verdict_core.configs import REPO_ROOT, find_config
+from verdict_core.configs import REPO_ROOT, StrictModel, find_config
 from verdict_core.errors import VerdictError
 
 # Qwen2.5's ChatML framing: "<|im_start|>ROLE\n" + content + "<|im_end|>\n" per message, and the
@@ -231,11 +231,7 @@ def qwen25_counter() -> TokenizerCounter:
 
 
 # ---- one place for a student's limits ---------------------------------------------------------------
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class StudentStageTokens(_Strict):
+class StudentStageTokens(StrictModel):
     """Completion tokens per student stage (the `max_tokens` each call is sent)."""
 
     parser: int = Field(gt=0, description="one per-criterion parser call")
@@ -243,7 +239,7 @@ class StudentStageTokens(_Strict):
     miner_exclusion: int = Field(gt=0, description="one value-miner call, exclusion side")
 
 
-class StudentLimits(_Strict):
+class StudentLimits(StrictModel):
     """`configs/limits/NAME.yaml`: the token limits of one student model, for training and serving."""
 
     name: str = Field("", description="the file's name (set on load)")
@@ -280,13 +276,13 @@ class StudentLimits(_Strict):
 
 def load_limits(name_or_path: str | os.PathLike) -> StudentLimits:
     """configs/limits/NAME.yaml (or a path); unknown keys are errors with a did-you-mean."""
-    from train import config_io
+    from verdict_core import configs
 
     try:
         path = find_config("limits", name_or_path)
-        data = config_io.read_yaml(path)
+        data = configs.read_yaml(path)
         data.setdefault("name", path.stem)
-        return config_io.build(StudentLimits, data, where=f"limits config {path.name}")
+        return configs.build(StudentLimits, data, where=f"limits config {path.name}")
     except LimitsError:
         raise
     except VerdictError as e:

@@ -24,10 +24,11 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Collection
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from verdict_core.configs import StrictModel
 from verdict_core.errors import VerdictError
 from verdict_core.patient import Bounds, MinedValue, ValueMinerOutput, Value, value_type_problems
 from verdict_core.program import TrialProgram
@@ -386,11 +387,7 @@ def plan_for(fz: "Formalizer", program: TrialProgram, note, side: str,
 
 
 # ---- merging passages (and sides) ----------------------------------------------------------------
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Finding(_Model):
+class Finding(StrictModel):
     """One value as one call found it."""
 
     value: Value | None = None
@@ -404,7 +401,7 @@ class Finding(_Model):
         return self.bounds.text(atom) if self.bounds is not None else json.dumps(self.value)
 
 
-class PassageConflict(_Model):
+class PassageConflict(StrictModel):
     """Values for one atom that cannot both hold: the atom is left unresolved."""
 
     atom: str
@@ -425,6 +422,7 @@ class MinedValues:
     values: list[MinedValue]
     sources: dict[str, str] = field(default_factory=dict)
     conflicts: list[PassageConflict] = field(default_factory=list)
+    unread: dict[str, str] = field(default_factory=dict)  # atom -> why no call could read it
 
     def __iter__(self):
         return iter(self.values)
@@ -433,8 +431,10 @@ class MinedValues:
         return len(self.values)
 
     def conflict_notes(self) -> dict[str, str]:
-        """atom -> note, for `verdict_core.policy.resolve(conflicts=...)`."""
-        return {c.atom: c.note() for c in self.conflicts}
+        """atom -> note, for `verdict_core.policy.resolve(conflicts=...)`: the atoms that stay
+        unresolved whatever the policy says (values that contradict, and atoms a call that failed
+        validation asked: the chart may hold them, so a default must not stand in for them)."""
+        return {**self.unread, **{c.atom: c.note() for c in self.conflicts}}
 
 
 def _compatible(a: Finding, b: Finding) -> Finding | None:
@@ -510,9 +510,11 @@ def merge_sides(inclusion: MinedValues, exclusion: MinedValues) -> MinedValues:
     conflicts = inclusion.conflicts + exclusion.conflicts
     taken = {c.atom for c in conflicts}
     conflicts += [c for c in merged.conflicts if c.atom not in taken]
+    unread = {a: why for a, why in {**inclusion.unread, **exclusion.unread}.items() if a not in taken}
+    taken |= set(unread)  # an atom one side's failed call asked stays unresolved for both
     values = [MinedValue(atom=mv.atom, value=None) if mv.atom in taken else mv for mv in merged.values]
     sources = {a: d for a, d in merged.sources.items() if a not in taken}
-    return MinedValues(values, sources, conflicts)
+    return MinedValues(values, sources, conflicts, unread)
 
 
 # ---- the stage ------------------------------------------------------------------------------------
@@ -523,15 +525,17 @@ async def mine_values(
     side: str,
     *,
     data_class: str | None = None,
+    skip: Collection[str] = (),
 ) -> StageResult:
     """Patient record + the side's atoms -> checked, merged values with evidence: one call per
-    passage x atom chunk (`plan_for`). `output` is a `MinedValues`; `calls` each call's result."""
+    passage x atom chunk (`plan_for`). `output` is a `MinedValues`; `calls` each call's result.
+    `skip`: atoms decided without the miner (coded FHIR facts): never asked, never in `output`."""
     if side not in SIDES:
         raise ValueError(f"side must be inclusion or exclusion (got '{side}')")
     pid = note.patient_id if isinstance(note, PatientDoc) else "-"
     dclass = data_class or (note.data_class if isinstance(note, PatientDoc) else "private")
     stage = f"miner_{side}"
-    names = side_atoms(program, side)
+    names = [n for n in side_atoms(program, side) if n not in skip]
     base = dict(
         stage=stage, teacher=fz.endpoint.name, model=fz.endpoint.model, prompt_version=fz.prompt(stage).ident
     )
@@ -580,7 +584,7 @@ async def mine_values(
                 messages=fz.miner_messages(program, docs[0].text, side, ask_names)))
         results = list(await asyncio.gather(*(one(c) for c in plan)))
         rejected = [(c, r) for c, r in zip(plan, results) if not r.accepted]
-        if rejected:
+        if len(rejected) == len(results):  # nothing read: the side is rejected (502 in the service)
             usage = Usage()
             for r in results:
                 usage = usage.add(r.usage)
@@ -589,11 +593,20 @@ async def mine_values(
                 problems=[f"{c.label}: {p}" for c, r in rejected for p in r.problems],
                 messages=results[0].messages, attempts=[a for r in results for a in r.attempts], usage=usage,
                 calls=results, assembly=_assembly(plan, None)))
+        # One call that failed validation (after its repair) does not throw the others away: its
+        # atoms stay unresolved, each with the reason (ids only), and the rest of the side stands.
         found: dict[str, list[Finding]] = {}
+        unread: dict[str, str] = {}
         for c, r in zip(plan, results):
+            if not r.accepted:
+                for atom in c.atoms:
+                    unread.setdefault(atom, f"not read: the value miner's answer for {c.label} failed validation "
+                                            f"after one repair ({r.reason})")
+                continue
             for atom, fs in _findings_of(r.output, c).items():
                 found.setdefault(atom, []).extend(fs)
-        return MiningRound(plan, results, findings=found)
+        return MiningRound(plan, results, findings={a: f for a, f in found.items() if a not in unread},
+                           unread=unread)
 
     # Values of this record another trial already mined (or is mining) are reused (value_reuse.py).
     reuse = fz.value_reuse
@@ -620,17 +633,21 @@ async def mine_values(
             if other is None or other.rejected is not None:
                 again += mine
             else:
-                findings.update({n: other.findings.get(n, []) for n in mine})
-                reused += len(mine)
+                again += [n for n in mine if n in other.unread]  # a shared call failed: this trial asks itself
+                findings.update({n: other.findings.get(n, []) for n in mine if n not in other.unread})
+                reused += len([n for n in mine if n not in other.unread])
         if again and not (rounds and rounds[-1].rejected is not None):
             rounds.append(await ask([n for n in names if n in again]))
+    unread: dict[str, str] = {}
     for r in rounds:
         if r.rejected is not None:
             return r.rejected
         findings.update(r.findings)
+        unread.update(r.unread)
     plan = [c for r in rounds for c in r.plan]
     results = [x for r in rounds for x in r.results]
     merged = merge_findings(names, findings, side)
+    merged.unread = {a: why for a, why in unread.items() if a not in findings}
     usage = Usage()
     for r in results:
         usage = usage.add(r.usage)
@@ -655,6 +672,7 @@ class MiningRound:
     results: list[StageResult] = field(default_factory=list)
     findings: dict[str, list[Finding]] = field(default_factory=dict)
     rejected: StageResult | None = None
+    unread: dict[str, str] = field(default_factory=dict)  # atoms of calls that failed validation
 
 
 def _assembly(plan: list[PlannedCall], merged: MinedValues | None) -> dict:
@@ -666,4 +684,5 @@ def _assembly(plan: list[PlannedCall], merged: MinedValues | None) -> dict:
     out = {"calls": len(plan), "chunks": plan[0].chunks if plan else 0, "passages": docs}
     if merged is not None:
         out["conflicts"] = [c.atom for c in merged.conflicts]
+        out["unread"] = sorted(merged.unread)
     return out

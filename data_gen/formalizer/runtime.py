@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import Callable
+from typing import Callable, Collection
 
 from verdict_core.engine import Engine, apply_overrides
 from verdict_core.formula import render
@@ -115,11 +115,11 @@ class Formalizer:
         return await parse_trial(self, trial)
 
     async def mine_values(self, program: TrialProgram, note: PatientDoc | str, side: str, *,
-                          data_class: str | None = None) -> StageResult:
-        """Patient note + the side's atoms -> checked values with evidence (see `miner.py`)."""
+                          data_class: str | None = None, skip: Collection[str] = ()) -> StageResult:
+        """Patient note + the side's atoms (less `skip`) -> checked values with evidence (see `miner.py`)."""
         from .miner import mine_values
 
-        return await mine_values(self, program, note, side, data_class=data_class)
+        return await mine_values(self, program, note, side, data_class=data_class, skip=skip)
 
     async def arbitrate(self, program: TrialProgram, note: PatientDoc | str, patient, conflicts) -> StageResult:
         """Re-read the chart for atoms whose values contradict definitions; output: list[Override]."""

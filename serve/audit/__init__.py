@@ -1,6 +1,6 @@
-"""The append-only audit store: every trial program the service used and every decision it made,
-with what an auditor needs to reproduce it (input hashes, program version, model and adapter ids,
-policy version, timings, artifacts).
+"""The append-only audit store: every trial program the service used, every decision it made, with
+what an auditor needs to reproduce it (input hashes, program version, model and adapter ids,
+policy version, timings, artifacts), and every screening run (its source, counts and decisions).
 
     from serve.audit import AuditStore
     store = AuditStore("runs/serve/audit.sqlite")            # SQLite (one node), see sqlite.py
@@ -19,6 +19,7 @@ from .store import (
     REVIEWED_ORIGINS,
     AuditStore,
     DecisionRow,
+    ScreeningRow,
     TrialRow,
     is_postgres_url,
     open_store,
@@ -30,6 +31,7 @@ __all__ = [
     "AuditStore",
     "ChainReport",
     "DecisionRow",
+    "ScreeningRow",
     "TrialRow",
     "is_postgres_url",
     "open_store",

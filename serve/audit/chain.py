@@ -1,5 +1,5 @@
-"""The hash chain of the audit store: every row, trials and decisions alike, has a place `seq` in one
-sequence (1, 2, 3, ...) and carries the hash of the row before it and of its own content.
+"""The hash chain of the audit store: every row, trials, decisions and screenings alike, has a place
+`seq` in one sequence (1, 2, 3, ...) and carries the hash of the row before it and of its own content.
 
     row_hash = sha256(canonical JSON of {"table": ..., every column but row_hash})
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 GENESIS = "sha256:" + "0" * 64
-TABLES = ("trials", "decisions")
+TABLES = ("trials", "decisions", "screenings")  # screenings: schema 4
 ADDED_COLUMNS = frozenset({"parent_id", "lineage_json"})  # hashed only when not NULL (see above)
 
 
@@ -61,7 +61,7 @@ class ChainReport:
 
 
 def describe(table: str, row: dict[str, Any]) -> str:
-    ident = row.get("decision_id") or row.get("trial_id")
+    ident = row.get("decision_id") or row.get("screening_id") or row.get("trial_id")
     return f"{table} row seq {row.get('seq')}" + (f" ({ident})" if ident else "")
 
 

@@ -12,7 +12,6 @@ from typing import Optional
 import typer
 
 from verdict_core.cli_errors import fail
-from verdict_core.errors import VerdictError
 
 audit_app = typer.Typer(help="the append-only audit store: verify it, set it up", no_args_is_help=True)
 CONFIG_HELP = "serve config: NAME in configs/serve/ or a YAML path (its api.audit_db)"
@@ -34,20 +33,17 @@ def verify_cmd(
 
     if (config is None) == (db is None):
         fail("give --config NAME or --db PATH|URL")
-    try:
-        if config is not None:
-            from ..config import load_serve_config
+    if config is not None:
+        from ..config import load_serve_config
 
-            api = load_serve_config(config).require("api")
-        else:
-            api = ApiConfig(audit_db=db, audit_password_env=password_env)
-        store = open_store(api, read_only=True)
-        try:
-            report = store.verify(head)
-        finally:
-            store.close()
-    except VerdictError as e:
-        fail(str(e))
+        api = load_serve_config(config).require("api")
+    else:
+        api = ApiConfig(audit_db=db, audit_password_env=password_env)
+    store = open_store(api, read_only=True)
+    try:
+        report = store.verify(head)
+    finally:
+        store.close()
     counts = ", ".join(f"{n} {t}" for t, n in report.rows.items())
     if not report.ok:
         for p in report.problems:
@@ -73,8 +69,5 @@ def setup_postgres_cmd(
 
     if not is_postgres_url(url):
         fail("--url: expected postgresql://USER@HOST:PORT/DB")
-    try:
-        for line in setup_schema(url, writer, password_env=password_env):
-            typer.echo(line, err=True)
-    except VerdictError as e:
-        fail(str(e))
+    for line in setup_schema(url, writer, password_env=password_env):
+        typer.echo(line, err=True)

@@ -34,14 +34,16 @@ from .store import (
     UPGRADES_FROM,
     AuditStore,
     schema_version_of,
+    tables_of,
     tampered,
 )
 
 SCHEMA = "verdict_audit"
 CHAIN_LOCK = 0x76657264  # advisory-lock key of the chain ("verd")
 _TYPES = {"seq": "bigint PRIMARY KEY", "created_at": "double precision NOT NULL",
-          "decision_id": "text NOT NULL UNIQUE"}  # fmt: skip
-_NULLABLE = {"source_key", "parser_model", "prompt_version", "details_json", "note_text", *LINEAGE_COLUMNS}
+          "decision_id": "text NOT NULL UNIQUE", "screening_id": "text NOT NULL UNIQUE"}  # fmt: skip
+_NULLABLE = {"source_key", "parser_model", "prompt_version", "details_json", "note_text", "source_label",
+             *LINEAGE_COLUMNS}  # fmt: skip
 _TABLES = ("audit_meta", *TABLES)
 
 
@@ -52,6 +54,21 @@ def _table_sql(table: str) -> str:
     return f"CREATE TABLE {table} ({', '.join(cols)})"
 
 
+def _triggers(table: str) -> list[str]:
+    return [
+        f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table} FOR EACH ROW "
+        + "EXECUTE FUNCTION refuse_change()",
+        f"CREATE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {table} FOR EACH STATEMENT "
+        + "EXECUTE FUNCTION refuse_change()",
+    ]
+
+
+# Schema 4: the screenings table, with its triggers (created so by a schema-2 or -3 store's upgrade too).
+_SCREENINGS = [
+    _table_sql("screenings"),
+    "CREATE INDEX screenings_by_time ON screenings (created_at)",
+    *_triggers("screenings"),
+]
 _DDL = [
     "CREATE TABLE audit_meta (key text PRIMARY KEY, value text NOT NULL)",
     _table_sql("trials"),
@@ -65,24 +82,24 @@ _DDL = [
         "CREATE FUNCTION refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
         "RAISE EXCEPTION 'audit store is append-only: % on % refused', TG_OP, TG_TABLE_NAME; END $$"
     ),
-    *[
-        stmt
-        for t in _TABLES
-        for stmt in (
-            f"CREATE TRIGGER {t}_append_only BEFORE UPDATE OR DELETE ON {t} FOR EACH ROW "
-            + "EXECUTE FUNCTION refuse_change()",
-            f"CREATE TRIGGER {t}_no_truncate BEFORE TRUNCATE ON {t} FOR EACH STATEMENT "
-            + "EXECUTE FUNCTION refuse_change()",
-        )
-    ],
+    *[stmt for t in _TABLES if t != "screenings" for stmt in _triggers(t)],
+    *_SCREENINGS,
 ]
-# Schema 2 -> 3 in place (as the tables' owner): NULL in every existing row, no row rewritten.
-_UPGRADE_3 = [
+# In-place upgrades (as the tables' owner), by the schema they reach; no existing row is rewritten.
+_UPGRADE_3 = [  # NULL in every existing row
     "ALTER TABLE decisions ADD COLUMN IF NOT EXISTS parent_id text",
     "ALTER TABLE decisions ADD COLUMN IF NOT EXISTS lineage_json text",
     "CREATE UNIQUE INDEX IF NOT EXISTS decisions_by_parent ON decisions (parent_id)",
 ]
-TRIGGERS = [f"{t}_{kind}" for t in _TABLES for kind in ("append_only", "no_truncate")]
+
+
+def triggers_of(version: int | None) -> list[str]:
+    """The triggers a store of this schema has (an older store read by verify lacks the newer tables')."""
+    tables = ("audit_meta", *tables_of(version))
+    return [f"{t}_{kind}" for t in tables for kind in ("append_only", "no_truncate")]
+
+
+TRIGGERS = triggers_of(SCHEMA_VERSION)
 
 
 class PostgresAuditStore(AuditStore):
@@ -169,20 +186,26 @@ class PostgresAuditStore(AuditStore):
         with self._using("write") as conn:
             with conn.transaction():  # replicas starting at once: one creates, the others wait
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (CHAIN_LOCK,))
-                if _schema_exists(conn) and _version(conn) == UPGRADES_FROM:
+                version = _version(conn) if _schema_exists(conn) else None
+                if version in UPGRADES_FROM:
                     try:
-                        for stmt in _UPGRADE_3:
-                            conn.execute(stmt)
+                        if version < 3:
+                            for stmt in _UPGRADE_3:
+                                conn.execute(stmt)
+                        if not _exists(conn, "screenings"):
+                            for stmt in _SCREENINGS:
+                                conn.execute(stmt)
                     except psycopg.errors.InsufficientPrivilege:
                         raise ServeConfigError(
-                            f"audit store {self.where} has schema version {UPGRADES_FROM}; upgrade it to "
+                            f"audit store {self.where} has schema version {version}; upgrade it to "
                             f"{SCHEMA_VERSION} once as its owner: verdict serve audit setup-postgres --url "
-                            "ADMIN_URL --writer ROLE (adds the lineage columns, rewrites no row)"
+                            "ADMIN_URL --writer ROLE (adds the lineage columns and the screenings table, "
+                            "rewrites no row)"
                         ) from None
-                    conn.execute(
-                        "INSERT INTO audit_meta VALUES (%s, %s)",
-                        (f"schema_upgrade:{SCHEMA_VERSION}", str(SCHEMA_VERSION)),
-                    )
+                    for to in range(version + 1, SCHEMA_VERSION + 1):
+                        conn.execute(
+                            "INSERT INTO audit_meta VALUES (%s, %s)", (f"schema_upgrade:{to}", str(to))
+                        )
                 if not _schema_exists(conn):
                     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
                     for stmt in _DDL:
@@ -203,8 +226,9 @@ class PostgresAuditStore(AuditStore):
                 ).fetchall()
             }  # fmt: skip
         self._columns = {t: tuple(c for c in names if t != "decisions" or c in present) for t, names in COLUMNS.items()}
-        # verify (read-only) also reads a schema-2 store as it is: it never changes evidence
-        if version != SCHEMA_VERSION and not (self.read_only and version == UPGRADES_FROM):
+        self._tables, self._schema_version = tables_of(version), version
+        # verify (read-only) also reads an older store as it is: it never changes evidence
+        if version != SCHEMA_VERSION and not (self.read_only and version in UPGRADES_FROM):
             raise ServeConfigError(
                 f"audit store {self.where} has schema version {version or 'none'}, this service "
                 f"writes {SCHEMA_VERSION}"
@@ -261,7 +285,7 @@ class PostgresAuditStore(AuditStore):
                 yield
 
     def _stream(self, table: str) -> Iterator[dict[str, Any]]:
-        names = self._columns[table]  # a schema-2 store read by verify has no lineage columns
+        names = self._columns[table]  # an older store read by verify has no lineage columns
         with self._snap.cursor(name=f"verify_{table}") as cur:  # server side: rows in batches
             cur.execute(f"SELECT {', '.join(names)} FROM {table} ORDER BY seq")
             for r in cur:
@@ -275,7 +299,7 @@ class PostgresAuditStore(AuditStore):
         ).fetchall()
         have = dict(rows)
         problems = []
-        for name in TRIGGERS:
+        for name in triggers_of(self._schema_version):
             if name not in have:
                 problems.append(f"trigger {name} is missing (dropped)")
             elif have[name] == "D":
@@ -333,7 +357,11 @@ def _version(conn) -> int | None:
 
 
 def _schema_exists(conn) -> bool:
-    return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{SCHEMA}.trials",)).fetchone()[0]
+    return _exists(conn, "trials")
+
+
+def _exists(conn, table: str) -> bool:
+    return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{SCHEMA}.{table}",)).fetchone()[0]
 
 
 def _first_line(e: BaseException) -> str:

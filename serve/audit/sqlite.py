@@ -19,7 +19,16 @@ from typing import Any
 
 from ..errors import AuditUnavailable, ServeConfigError
 from .chain import link
-from .store import COLUMNS, HEAD_SQL, SCHEMA_VERSION, UPGRADES_FROM, AuditStore, schema_version_of, tampered
+from .store import (
+    COLUMNS,
+    HEAD_SQL,
+    SCHEMA_VERSION,
+    UPGRADES_FROM,
+    AuditStore,
+    schema_version_of,
+    tables_of,
+    tampered,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -66,25 +75,59 @@ CREATE TABLE IF NOT EXISTS decisions (
 );
 CREATE INDEX IF NOT EXISTS decisions_by_pair ON decisions (patient_id, trial_id);
 CREATE UNIQUE INDEX IF NOT EXISTS decisions_by_parent ON decisions (parent_id);
+CREATE TABLE IF NOT EXISTS screenings (  -- schema 4: one row per screening run
+    seq INTEGER PRIMARY KEY,
+    screening_id TEXT NOT NULL UNIQUE,
+    created_at REAL NOT NULL,
+    created_by TEXT NOT NULL,     -- API key id
+    direction TEXT NOT NULL,      -- 'patient' (one patient x trials) | 'trial' (one trial x patients)
+    source_kind TEXT NOT NULL,    -- as the caller stated it: text | fhir_bundle | ... | api
+    source_label TEXT,            -- e.g. the FHIR server's base URL, a file name (never patient text)
+    policy_name TEXT NOT NULL,
+    policy_version TEXT NOT NULL,
+    counts_json TEXT NOT NULL,    -- pairs, ranked per tier, failures
+    decision_ids_json TEXT NOT NULL,
+    prev_hash TEXT NOT NULL,
+    row_hash TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS screenings_by_time ON screenings (created_at);
 """
-# Schema 2 -> 3 in place: columns added (NULL in every existing row, so no row is rewritten).
-_UPGRADE_3 = ["ALTER TABLE decisions ADD COLUMN parent_id TEXT", "ALTER TABLE decisions ADD COLUMN lineage_json TEXT"]
+# In-place upgrades, by the schema they reach; no existing row is rewritten. 3: columns added (NULL in
+# every existing row); 4: the screenings table and its triggers, created by _SCHEMA (IF NOT EXISTS).
+_UPGRADES = {
+    3: [
+        "ALTER TABLE decisions ADD COLUMN parent_id TEXT",
+        "ALTER TABLE decisions ADD COLUMN lineage_json TEXT",
+    ],
+    4: [],
+}
 _KEYS = {"meta": "key = NEW.key", "trials": "seq = NEW.seq",
          "decisions": "seq = NEW.seq OR decision_id = NEW.decision_id"}  # fmt: skip
-TRIGGERS = {
-    **{
-        f"{t}_no_{op.lower()}": f"CREATE TRIGGER IF NOT EXISTS {t}_no_{op.lower()} BEFORE {op} ON {t} "
-        f"BEGIN SELECT RAISE(ABORT, 'audit store is append-only: {op} on {t} refused'); END"
-        for t in _KEYS
-        for op in ("UPDATE", "DELETE")
-    },
-    **{
-        f"{t}_no_replace": f"CREATE TRIGGER IF NOT EXISTS {t}_no_replace BEFORE INSERT ON {t} "
-        f"WHEN EXISTS (SELECT 1 FROM {t} WHERE {key}) "
-        f"BEGIN SELECT RAISE(ABORT, 'audit store is append-only: replacing a row of {t} refused'); END"
-        for t, key in _KEYS.items()
-    },
-}
+
+
+def _triggers(keys: dict[str, str]) -> dict[str, str]:
+    return {
+        **{
+            f"{t}_no_{op.lower()}": f"CREATE TRIGGER IF NOT EXISTS {t}_no_{op.lower()} BEFORE {op} ON {t} "
+            f"BEGIN SELECT RAISE(ABORT, 'audit store is append-only: {op} on {t} refused'); END"
+            for t in keys
+            for op in ("UPDATE", "DELETE")
+        },
+        **{
+            f"{t}_no_replace": f"CREATE TRIGGER IF NOT EXISTS {t}_no_replace BEFORE INSERT ON {t} "
+            f"WHEN EXISTS (SELECT 1 FROM {t} WHERE {key}) "
+            f"BEGIN SELECT RAISE(ABORT, 'audit store is append-only: replacing a row of {t} refused'); END"
+            for t, key in keys.items()
+        },
+    }
+
+
+TRIGGERS = _triggers(_KEYS)  # the tables of schemas 2 and 3
+TRIGGERS_4 = _triggers({"screenings": "seq = NEW.seq OR screening_id = NEW.screening_id"})  # schema 4 adds
+
+
+def triggers_of(version: int | None) -> dict[str, str]:
+    return {**TRIGGERS, **(TRIGGERS_4 if (version or 0) >= 4 else {})}
 
 
 class SqliteAuditStore(AuditStore):
@@ -133,14 +176,15 @@ class SqliteAuditStore(AuditStore):
             problems = self._protection_problems() if existing and old is None else []
             if problems:
                 raise ServeConfigError(tampered(self.location, problems))
-            if existing and old is None and self._version() == UPGRADES_FROM:
-                for stmt in _UPGRADE_3:
-                    self._db.execute(stmt)
-                self._db.execute(
-                    "INSERT INTO meta VALUES (?, ?)", (f"schema_upgrade:{SCHEMA_VERSION}", str(SCHEMA_VERSION))
-                )
+            version = self._version() if existing and old is None else None
+            if version in UPGRADES_FROM:
+                for to in range(version + 1, SCHEMA_VERSION + 1):
+                    for stmt in _UPGRADES[to]:
+                        self._db.execute(stmt)
+                    self._db.execute("INSERT INTO meta VALUES (?, ?)", (f"schema_upgrade:{to}", str(to)))
             if old is None:  # one statement at a time: executescript would commit
-                for stmt in [s for s in _SCHEMA.split(";") if s.strip()] + list(TRIGGERS.values()):
+                triggers = list(triggers_of(SCHEMA_VERSION).values())
+                for stmt in [s for s in _SCHEMA.split(";") if s.strip()] + triggers:
                     self._db.execute(stmt)
                 self._db.execute(
                     "INSERT INTO meta SELECT 'schema_version', ? "
@@ -157,8 +201,9 @@ class SqliteAuditStore(AuditStore):
 
     def _check_schema_version(self) -> None:
         version = self._version()
-        # verify (read-only) also reads a schema-2 store as it is: it never changes evidence
-        if version != SCHEMA_VERSION and not (self.read_only and version == UPGRADES_FROM):
+        self._tables = tables_of(version)
+        # verify (read-only) also reads an older store as it is: it never changes evidence
+        if version != SCHEMA_VERSION and not (self.read_only and version in UPGRADES_FROM):
             raise ServeConfigError(
                 f"audit store {self.location} has schema version {version or 'none'}, this service "
                 f"writes {SCHEMA_VERSION} (the hash chain): keep the old file as the record and point "
@@ -208,7 +253,7 @@ class SqliteAuditStore(AuditStore):
                 self._db.execute("COMMIT")
 
     def _stream(self, table: str) -> Iterator[dict[str, Any]]:
-        names = self._columns[table]  # a schema-2 store read by verify has no lineage columns
+        names = self._columns[table]  # an older store read by verify has no lineage columns
         cur = self._db.cursor()  # its own cursor: verify reads both tables side by side
         cur.execute(f"SELECT {', '.join(names)} FROM {table} ORDER BY seq")
         for r in cur:
@@ -217,7 +262,7 @@ class SqliteAuditStore(AuditStore):
     def _protection_problems(self) -> list[str]:
         have = dict(self._db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'").fetchall())
         problems = []
-        for name, stmt in TRIGGERS.items():
+        for name, stmt in triggers_of(self._version()).items():
             if name not in have:
                 problems.append(f"trigger {name} is missing (dropped)")
             elif have[name] != stmt.replace("IF NOT EXISTS ", ""):

@@ -22,6 +22,11 @@ why). A decision has at most one successor (refused in the append's transaction 
 index), so a lineage is a chain and the newest decision of it is its *current* one. A schema-2
 store is upgraded in place when a writer opens it: two nullable columns and an index are added,
 rows are never rewritten, and the chain still verifies (a NULL new column is not hashed, chain.py).
+
+Screening runs (schema 4): each `POST /v1/screen` appends one `screenings` row after its pairs' decisions:
+who ran it, the direction, the source as the caller stated it (a kind and a short label such as a
+FHIR server's base URL or a file name, never patient text), the counts, the decision ids and the
+policy. A schema-2 or schema-3 store gets the new table (and its triggers) in place; no row changes.
 """
 
 from __future__ import annotations
@@ -36,8 +41,9 @@ from typing import Any
 from ..errors import ServiceError
 from .chain import TABLES, ChainReport, check_chain, merge_by_seq
 
-SCHEMA_VERSION = 3
-UPGRADES_FROM = 2  # a store of this schema is upgraded in place by a writer (lineage columns added)
+SCHEMA_VERSION = 4
+# stores of these schemas are upgraded in place by a writer: 3 added the lineage columns, 4 the screenings
+UPGRADES_FROM = (2, 3)
 # origin -> the role that may create it (admin may create any)
 ORIGIN_ROLE = {"parser": "match", "upload": "admin", "revision": "trial_owner"}
 REVIEWED_ORIGINS = ("upload", "revision")
@@ -52,7 +58,12 @@ DECISION_COLUMNS = (
     "prev_hash", "row_hash",
 )  # fmt: skip
 LINEAGE_COLUMNS = ("parent_id", "lineage_json")  # added in schema 3 (nullable: a first decision has none)
-COLUMNS = {"trials": TRIAL_COLUMNS, "decisions": DECISION_COLUMNS}
+SCREENING_COLUMNS = (
+    "seq", "screening_id", "created_at", "created_by", "direction", "source_kind", "source_label",
+    "policy_name", "policy_version", "counts_json", "decision_ids_json", "prev_hash", "row_hash",
+)  # fmt: skip
+COLUMNS = {"trials": TRIAL_COLUMNS, "decisions": DECISION_COLUMNS, "screenings": SCREENING_COLUMNS}
+SCREENING_DIRECTIONS = ("patient", "trial")
 _REVIEWED_SQL = ", ".join(f"'{o}'" for o in REVIEWED_ORIGINS)
 _ACTIVE_ORDER = f"ORDER BY CASE WHEN origin IN ({_REVIEWED_SQL}) THEN 1 ELSE 0 END DESC, seq DESC LIMIT 1"
 
@@ -103,16 +114,38 @@ class DecisionRow:
     lineage: dict[str, Any] | None = None  # kind, changes (who, when, why); see serve/reviews/protocol.py
 
 
+@dataclass(frozen=True)
+class ScreeningRow:
+    """One screening run: its source as the caller stated it, its counts and the decisions it made."""
+
+    screening_id: str
+    created_at: float
+    created_by: str
+    direction: str
+    source_kind: str
+    source_label: str | None
+    policy_name: str
+    policy_version: str
+    counts: dict[str, Any]  # pairs, ranked (per tier), failures
+    decision_ids: list[str]  # the ranked rows' decisions, best first
+
+
 _TRIAL_SELECT = (
     "SELECT seq, trial_id, program_hash, origin, parser_model, prompt_version, created_at, program_json, "
     "created_by, details_json FROM trials "
 )
 _DECISION_SELECT = "SELECT " + ", ".join(DECISION_COLUMNS[1:19]) + " FROM decisions "
+_SCREENING_SELECT = "SELECT " + ", ".join(SCREENING_COLUMNS[1:11]) + " FROM screenings "
 _CURRENT = "NOT EXISTS (SELECT 1 FROM decisions c WHERE c.parent_id = decisions.decision_id)"
 
 
 def is_postgres_url(location: str) -> bool:
     return str(location).startswith(("postgresql://", "postgres://"))
+
+
+def tables_of(version: int | None) -> tuple[str, ...]:
+    """The chained tables a store of this schema has (verify reads an older store as it is)."""
+    return TABLES if (version or 0) >= 4 else TABLES[:2]
 
 
 class AuditStore:
@@ -123,6 +156,7 @@ class AuditStore:
     `read_only=True` opens an existing store without creating or repairing anything (for verify)."""
 
     backend = ""
+    _tables: tuple[str, ...] = TABLES  # the chained tables this store has (set from its schema)
 
     def __new__(cls, location, store_notes: bool = True, **kwargs):
         if cls is AuditStore:
@@ -318,6 +352,38 @@ class AuditStore:
         )
         return [_decision_row(r) for r in rows]
 
+    # -- screening runs --------------------------------------------------------------------------
+    def add_screening(
+        self,
+        *,
+        created_by: str,
+        direction: str,
+        source_kind: str,
+        source_label: str | None,
+        policy_name: str,
+        policy_version: str,
+        counts: dict[str, Any],
+        decision_ids: list[str],
+    ) -> ScreeningRow:
+        """Append a screening run (after its decisions: every id it lists is already in the chain)."""
+        if direction not in SCREENING_DIRECTIONS:
+            raise ValueError(f"unknown screening direction '{direction}'")
+        row = ScreeningRow(
+            "scr_" + uuid.uuid4().hex, time.time(), created_by, direction, source_kind, source_label,
+            policy_name, policy_version, counts, list(decision_ids),
+        )  # fmt: skip
+        columns = {k: getattr(row, k) for k in SCREENING_COLUMNS[1:9]}
+        columns.update(counts_json=_dump(counts), decision_ids_json=_dump(row.decision_ids))
+        self._append("screenings", columns)
+        return row
+
+    def screening(self, screening_id: str) -> ScreeningRow | None:
+        rows = self._select(_SCREENING_SELECT + "WHERE screening_id = ?", (screening_id,))
+        if not rows:
+            return None
+        r = rows[0]
+        return ScreeningRow(*r[:8], json.loads(r[8]), json.loads(r[9]))
+
     def count(self, table: str) -> int:
         assert table in TABLES
         return self._select(f"SELECT COUNT(*) FROM {table}")[0][0]
@@ -328,7 +394,7 @@ class AuditStore:
         report = ChainReport()
         with self._snapshot():
             report.problems.extend(self._protection_problems())
-            streams = {t: self._stream(t) for t in TABLES}
+            streams = {t: self._stream(t) for t in self._tables}  # an older store read as it is
             try:
                 return check_chain(merge_by_seq(streams), report, head)
             finally:  # stopped at a bad row: close the cursors before the snapshot ends
@@ -362,9 +428,11 @@ def open_store(api, *, read_only: bool = False) -> AuditStore:
 
 
 HEAD_SQL = (  # the newest row of the chain, whichever table it is in
-    "SELECT seq, row_hash FROM (SELECT seq, row_hash FROM trials ORDER BY seq DESC LIMIT 1) AS t UNION ALL "
-    "SELECT seq, row_hash FROM (SELECT seq, row_hash FROM decisions ORDER BY seq DESC LIMIT 1) AS d "
-    "ORDER BY seq DESC LIMIT 1"
+    " UNION ALL ".join(
+        f"SELECT seq, row_hash FROM (SELECT seq, row_hash FROM {t} ORDER BY seq DESC LIMIT 1) AS {t[0]}"
+        for t in TABLES
+    )
+    + " ORDER BY seq DESC LIMIT 1"
 )
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt
 
+from verdict_core.configs import StrictModel
 from verdict_core.patient import PolicyRef
 
 from ..protocol import MatchResponse, TrialResponse
@@ -37,12 +38,8 @@ Reason = Annotated[
 Established = Literal["screening_visit", "chart"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
 # ---- changes ------------------------------------------------------------------------------------
-class ConfirmChange(_Strict):
+class ConfirmChange(StrictModel):
     """Confirm an assumption (an imputed value) or an open atom: the value as established."""
 
     type: Literal["confirm"] = Field(description="confirm an assumption or an open atom")
@@ -59,7 +56,7 @@ class ConfirmChange(_Strict):
     reason: Reason
 
 
-class CorrectChange(_Strict):
+class CorrectChange(StrictModel):
     """Correct an extracted fact: a new value, or null meaning "unknown" (the policy then applies)."""
 
     type: Literal["correct"] = Field(description="correct an extracted fact")
@@ -73,7 +70,7 @@ class CorrectChange(_Strict):
     reason: Reason = Field(description="why the old value was wrong")
 
 
-class FlagChange(_Strict):
+class FlagChange(StrictModel):
     """Flag a trial criterion as mis-formalized: a note for the trial's owner; the decision stays."""
 
     type: Literal["flag"] = Field(
@@ -91,7 +88,7 @@ class FlagChange(_Strict):
 Change = Annotated[Union[ConfirmChange, CorrectChange, FlagChange], Field(discriminator="type")]
 
 
-class ReviewRequest(_Strict):
+class ReviewRequest(StrictModel):
     changes: list[Change] = Field(min_length=1, max_length=MAX_CHANGES, description="applied in order")
 
 
@@ -166,7 +163,7 @@ class ReviewResponse(BaseModel):
 
 
 # ---- trial revisions and flags --------------------------------------------------------------------
-class RevisionRequest(_Strict):
+class RevisionRequest(StrictModel):
     """A corrected program for a trial (admin or trial_owner): checked, then the active version."""
 
     # A plain object, checked by the core's TrialProgram model (422s name `program.<path>`), as in

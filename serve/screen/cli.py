@@ -2,11 +2,23 @@
 
     verdict screen --url http://127.0.0.1:8000 --patient-id P1 --note discharge.txt --note labs.txt
     verdict screen --url ... --trial NCT00000001 --patients population.jsonl      # one trial, many patients
+    verdict screen --url ... --fhir-server https://fhir.site.example/r4 --fhir-patient 123 --at 2024-05-01
+    verdict screen --url ... --trial NCT00000001 --fhir-ndjson export/ --at 2024-05-01
+
+Patients from FHIR (a Bundle file, a Bulk Data NDJSON folder, or a REST server: bearer token from
+$VERDICT_FHIR_TOKEN, host checked against the egress allowlist before any request) are read by
+`data_gen.fhir.sources` at the reference date `--at` and sent as `PatientInput.fhir`: the service
+decides from their coded labs and age without asking the miner, and mines the rest from their documents.
 
 The key is read from an environment variable (default VERDICT_API_KEY), never from the command
 line (it would land in the shell history). Patient text goes to the service only if its host
 passes the egress allowlist (loopback or `VERDICT_EGRESS_ALLOW`), checked before any connection.
-Prints the ranked table; `--out FILE` also writes the whole response as JSON.
+Prints the ranked table; `--out FILE` also writes the whole response as JSON. The request names its
+source (`source`, recorded with the run): the FHIR server's base URL without credentials or query,
+the export folder's, bundle's or patients file's name (never a path), `text` for --note files.
+
+`--write-back` (with --fhir-server; the key must hold the admin role, which the service checks) writes
+one ResearchSubject per ranked pair back to that FHIR server (`write_back`); without it nothing is written.
 """
 
 from __future__ import annotations
@@ -38,6 +50,57 @@ def _patients(path: Path) -> list[dict]:
     return [patient_input(p).model_dump(exclude_none=True) for p in loaded.items]
 
 
+def _fhir_patients(source: str, at: str, patient: str | None) -> list[dict]:
+    """The patients of one FHIR source as `PatientInput`s (`fhir` form); each problem is printed by
+    resource id (never content), a patient without a document is left out with the reason."""
+    import datetime as dt
+
+    from data_gen.fhir.sources import load_source
+    from verdict_core.errors import VerdictError
+
+    try:
+        day = dt.date.fromisoformat(at)
+    except ValueError:
+        fail(f"--at: '{at}' is not a date YYYY-MM-DD")
+    try:
+        loaded = load_source(source, day, patient=patient)
+    except VerdictError as e:  # EgressRefused included: nothing was sent
+        fail(str(e))
+    for problem in loaded.problems:
+        typer.echo(f"fhir: {problem}", err=True)
+    out = []
+    for rec in loaded.records:
+        for problem in rec.problems:
+            typer.echo(f"fhir: {problem}", err=True)
+        if not rec.documents:
+            typer.echo(f"fhir: Patient/{rec.patient_id}: no document for the value miner; not screened", err=True)
+            continue
+        out.append({"patient_id": rec.patient_id, "fhir": rec.model_dump(mode="json")})
+    if not out:
+        fail(f"no patient to screen in the {loaded.kind} source")
+    return out
+
+
+def _source(kind: str, label: str | None = None) -> dict:
+    """The request's `source`; a label that the service would refuse (an odd file name) is left out."""
+    from pydantic import ValidationError
+
+    from .protocol import ScreenSource
+
+    try:
+        return ScreenSource(kind=kind, label=label).model_dump(exclude_none=True)
+    except ValidationError:
+        return {"kind": kind}
+
+
+def _server_label(url: str) -> str:
+    """A FHIR server's base URL as recorded: no credentials, query or fragment."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path.rstrip('/')}"
+
+
 def table(body: dict) -> str:
     lines = [f"{'rank':>4}  {'trial':<16} {'patient':<14} {'tier':<20} {'dist':>4}  reason"]
     for r in body["rows"]:
@@ -63,9 +126,22 @@ def screen(
     trial_ids: Optional[list[str]] = typer.Option(None, "--trial-id", help="only these trials (repeat)"),
     trial: Optional[str] = typer.Option(None, help="screen this trial against --patients"),
     patients: Optional[Path] = typer.Option(None, exists=True, dir_okay=False, help="patients JSONL, with --trial"),
+    fhir_bundle: Optional[Path] = typer.Option(None, exists=True, dir_okay=False,
+                                               help="patients from a FHIR R4 Bundle (JSON)"),
+    fhir_ndjson: Optional[Path] = typer.Option(None, exists=True,
+                                               help="patients from a Bulk Data export (folder of *.ndjson)"),
+    fhir_server: Optional[str] = typer.Option(None, help="patients from a FHIR R4 REST server (base URL)"),
+    fhir_patient: Optional[str] = typer.Option(None, help="only this Patient id of the FHIR source"),
+    at: Optional[str] = typer.Option(None, "--at", help="reference date YYYY-MM-DD of a FHIR source (ages)"),
     policy: Optional[str] = typer.Option(None, help="policy name (default: the service's)"),
-    key_env: str = typer.Option(KEY_ENV, help="environment variable holding the API key (role match)"),
+    key_env: str = typer.Option(KEY_ENV, help="environment variable holding the API key "
+                                "(role match; admin for --write-back)"),
     out: Optional[Path] = typer.Option(None, help="also write the whole response here (JSON)"),
+    research_subjects: Optional[Path] = typer.Option(
+        None, help="also write one FHIR R4 ResearchSubject per ranked pair here (NDJSON)"),
+    write_back: bool = typer.Option(
+        False, "--write-back", help="also create or update one ResearchSubject per ranked pair on the "
+        "--fhir-server (the API key needs the admin role)"),
     timeout: float = typer.Option(3600, help="seconds to wait for the screen"),
 ) -> None:
     """One patient against the site's trials, or one trial against patients, ranked by formal
@@ -75,19 +151,36 @@ def screen(
     from data_gen.egress import EgressPolicy
     from data_gen.errors import EgressRefused
 
-    if (patient_id is None) == (trial is None):
-        fail("give --patient-id with --note, or --trial with --patients")
-    if patient_id is not None:
+    fhir = [str(x) for x in (fhir_bundle, fhir_ndjson, fhir_server) if x is not None]
+    if write_back and fhir_server is None:
+        fail("--write-back writes to the FHIR server the patients came from: it needs --fhir-server URL")
+    if len(fhir) > 1:
+        fail("give one FHIR source: --fhir-bundle, --fhir-ndjson or --fhir-server")
+    if fhir:
+        if note or patients or patient_id:
+            fail("a FHIR source gives the patients: drop --note / --patients / --patient-id (use --fhir-patient)")
+        if at is None:
+            fail("a FHIR source needs --at YYYY-MM-DD (ages are computed at it, never at 'today')")
+        body = {"trial_id": trial} if trial is not None else ({"trial_ids": list(trial_ids)} if trial_ids else {})
+        if fhir_server is not None:
+            body["source"] = _source("fhir_server", _server_label(fhir_server))
+        else:
+            body["source"] = _source("fhir_bundle" if fhir_bundle else "fhir_ndjson",
+                                     (fhir_bundle or fhir_ndjson).resolve().name)
+    elif (patient_id is None) == (trial is None):
+        fail("give --patient-id with --note, or --trial with --patients, or a FHIR source")
+    elif patient_id is not None:
         if not note:
             fail("--patient-id needs at least one --note FILE")
         docs = [{"id": p.name, "text": p.read_text()} for p in note]
-        body: dict = {"patient": {"patient_id": patient_id, "notes": docs}}
+        body: dict = {"patient": {"patient_id": patient_id, "notes": docs}, "source": _source("text")}
         if trial_ids:
             body["trial_ids"] = list(trial_ids)
     else:
         if patients is None:
             fail("--trial needs --patients FILE")
-        body = {"trial_id": trial, "patients": _patients(patients)}
+        body = {"trial_id": trial, "patients": _patients(patients),
+                "source": _source("patients_file", patients.name)}
     if policy:
         body["policy"] = policy
     key = os.environ.get(key_env)
@@ -98,6 +191,15 @@ def screen(
         EgressPolicy.from_config().check(target, carries_patient_text=True, what="verdict screen")
     except EgressRefused as e:
         fail(e.summary)
+    if fhir:  # read only once the service may receive it
+        found = _fhir_patients(fhir[0], at, fhir_patient)
+        if trial is not None:
+            body["patients"] = found
+        elif len(found) != 1:
+            fail(f"the FHIR source holds {len(found)} patients: pick one with --fhir-patient ID, "
+                 "or screen a trial against them all with --trial")
+        else:
+            body["patient"] = found[0]
     try:
         r = httpx.post(target, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=timeout)
     except httpx.HTTPError as e:
@@ -112,4 +214,15 @@ def screen(
     result = r.json()
     if out is not None:
         out.write_text(json.dumps(result, indent=2))
+    if research_subjects is not None:
+        from .research_subjects import research_subjects_ndjson
+
+        research_subjects.write_text(research_subjects_ndjson(result, url))
     typer.echo(table(result))
+    typer.echo(f"recorded as screening {result['screening_id']} (GET /v1/screenings/ID, role audit)", err=True)
+    if write_back:
+        from .write_back import fetch_subjects, write_subjects
+
+        done = write_subjects(fhir_server, fetch_subjects(url, result["screening_id"], key, timeout))
+        typer.echo(f"wrote ResearchSubjects to {_server_label(fhir_server)}: {done.created} created, "
+                   f"{done.updated} updated", err=True)

@@ -1,15 +1,54 @@
-"""Models of `POST /v1/screen`: who is screened against what, and the ranked answer."""
+"""Models of `POST /v1/screen`: who is screened against what (and where the patients came from), the
+ranked answer, and the screening run's record (`GET /v1/screenings/{id}`)."""
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from verdict_core.program import Id
 from verdict_core.ranking import RankedRow
 
 from ..protocol import MAX_BATCH_PATIENTS, MAX_BATCH_TRIALS, POLICY_NAME, ErrorBody, PatientInput, _Strict
+
+SourceKind = Literal["text", "fhir_bundle", "fhir_ndjson", "fhir_server", "patients_file", "api"]
+MAX_SOURCE_LABEL = 200
+_NAMED_BY_FILE = ("text", "fhir_bundle", "fhir_ndjson", "patients_file")  # a file or folder name, not a path
+
+
+class ScreenSource(_Strict):
+    """Where the screened patients came from, as the caller states it (recorded with the run). The
+    label names the source, never a patient: a FHIR server's base URL (no credentials, query or
+    fragment), an export folder or file name (no path), or an export id."""
+
+    kind: SourceKind = Field(
+        description="text | fhir_bundle | fhir_ndjson | fhir_server | patients_file | api")
+    label: str | None = Field(None, min_length=1, max_length=MAX_SOURCE_LABEL,
+                              description="e.g. https://fhir.site.example/r4, export-2024-05, patients.jsonl")
+
+    @field_validator("label")
+    @classmethod
+    def _printable(cls, v: str | None) -> str | None:
+        if v is not None and any(unicodedata.category(c).startswith("C") for c in v):
+            raise ValueError("the label holds control or format characters")
+        return v
+
+    @model_validator(mode="after")
+    def _fits_kind(self):
+        if self.label is None:
+            return self
+        if self.kind == "fhir_server":
+            parts = urlsplit(self.label)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError("a fhir_server label is the server's base URL (http or https)")
+            if "@" in parts.netloc or parts.query or parts.fragment:
+                raise ValueError("a fhir_server label carries no credentials, query or fragment")
+        elif self.kind in _NAMED_BY_FILE and ("/" in self.label or "\\" in self.label):
+            raise ValueError(f"a {self.kind} label is a file or folder name, not a path")
+        return self
 
 
 class ScreenRequest(_Strict):
@@ -24,6 +63,8 @@ class ScreenRequest(_Strict):
     patients: list[PatientInput] | None = Field(
         None, min_length=1, max_length=MAX_BATCH_PATIENTS, description="the population (with `trial_id`)")
     policy: str | None = Field(None, pattern=POLICY_NAME, description="policy name; default from the config")
+    source: ScreenSource | None = Field(
+        None, description="where the patients came from, recorded with the run (default: kind `api`)")
 
     @model_validator(mode="after")
     def _one_direction(self):
@@ -70,3 +111,33 @@ class ScreenResponse(BaseModel):
     failures: list[ScreenFailure] = Field(default_factory=list)
     tiers: dict[str, int] = Field(description="ranked pairs per tier")
     pairs: int = Field(description="pairs screened (ranked + failed)")
+    screening_id: str = Field(description="this run's record in the audit store: GET /v1/screenings/{id}")
+
+
+class ScreeningCounts(BaseModel):
+    pairs: int = Field(description="pairs screened (ranked + failed)")
+    ranked: dict[str, int] = Field(description="ranked pairs per tier")
+    failures: int = Field(description="pairs that could not be decided")
+
+
+class ScreeningRecord(BaseModel):
+    """One screening run, from the append-only audit store (audit role)."""
+
+    screening_id: str
+    created_at: float
+    created_by: str = Field(description="the API key id that ran it")
+    direction: Literal["patient", "trial"]
+    source: ScreenSource
+    counts: ScreeningCounts
+    decision_ids: list[str] = Field(description="the ranked rows' decisions, best first")
+    policy: dict[str, str] = Field(description="name and version")
+
+
+class ScreeningSubjects(BaseModel):
+    """A recorded screening run's results as FHIR R4 ResearchSubjects (admin role: for a write-back)."""
+
+    screening_id: str
+    research_subjects: list[dict] = Field(
+        description="one ResearchSubject per ranked pair, best first, without `id` (the FHIR server "
+        "assigns it); identifier `urn:verdict:screening-pair` is the key a write-back updates on"
+    )

@@ -1,14 +1,18 @@
-"""`POST /v1/screen` (role match): the ranked, explained list of one screen."""
+"""`POST /v1/screen` (role match): the ranked, explained list of one screen, recorded as a screening
+run; `GET /v1/screenings/{id}` (role audit): that record; `GET /v1/screenings/{id}/research-subjects`
+(role admin: what `verdict screen --write-back` writes to a FHIR server): its results as FHIR."""
 
 from __future__ import annotations
+
+import asyncio
 
 from fastapi import APIRouter, Depends, Request
 
 from ..api_keys import KeyEntry
 from ..protocol import ErrorBody
 from ..roles import require
-from .protocol import ScreenRequest, ScreenResponse
-from .serving import screen
+from .protocol import ScreeningRecord, ScreeningSubjects, ScreenRequest, ScreenResponse
+from .serving import screen, screening_record, screening_subjects
 
 router = APIRouter(tags=["matching"])
 
@@ -19,5 +23,25 @@ async def post_screen(req: ScreenRequest, request: Request, key: KeyEntry = Depe
     """One patient against every registered trial (or `trial_ids`), or one trial against `patients`:
     each pair decided and recorded as in /v1/match/batch, then ranked by formal distance (eligible
     with nothing to confirm; eligible with k assumptions to confirm; ineligible with |δ_E| = 1, 2, ...;
-    ties by id). A pair that fails is listed in `failures` with its own error; the others are ranked."""
+    ties by id). A pair that fails is listed in `failures` with its own error; the others are ranked.
+    The run is recorded after its pairs (source, counts, decision ids): `screening_id`."""
     return await screen(request.app.state.service, req, key.id)
+
+
+@router.get("/v1/screenings/{screening_id}", response_model=ScreeningRecord, tags=["audit"],
+            responses={code: {"model": ErrorBody} for code in (401, 403, 404)})
+async def get_screening(screening_id: str, request: Request,
+                        _key: KeyEntry = Depends(require("audit"))) -> ScreeningRecord:
+    """A screening run from the append-only audit store: its source as the caller stated it, its
+    counts, the decisions it made and the policy (audit role)."""
+    return screening_record(request.app.state.service, screening_id)
+
+
+@router.get("/v1/screenings/{screening_id}/research-subjects", response_model=ScreeningSubjects, tags=["audit"],
+            responses={code: {"model": ErrorBody} for code in (401, 403, 404)})
+async def get_screening_subjects(screening_id: str, request: Request,
+                                 _key: KeyEntry = Depends(require("admin"))) -> ScreeningSubjects:
+    """A screening run's ranked pairs as FHIR R4 ResearchSubjects, built from its recorded decisions
+    (admin role only: these are what a write-back puts on the site's FHIR server)."""
+    return await asyncio.to_thread(screening_subjects, request.app.state.service, screening_id,
+                                   str(request.base_url))

@@ -2,15 +2,15 @@
 
 import json
 import subprocess
-import sys
 
 import pytest
 
 from data_gen.scripted_server import ScriptedServer
+from tests.support import VERDICT
 
 from . import scenario
 
-CLI = [sys.executable, "-c", "from verdict_core.cli import main; main()"]
+CLI = VERDICT
 
 
 def verdict(*args, timeout=180):

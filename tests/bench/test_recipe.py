@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,11 +17,12 @@ from bench.recipe_config import load_recipe
 from data_gen.scripted_server import Match, Rule, Script, ScriptedResponse, ScriptedServer
 from slurm.job_config import load_slurm_config
 from tests.data_gen.teacher_data import parser_rules
+from tests.support import VERDICT
 from verdict_core.configs import REPO_ROOT
 
 from . import scenario
 
-CLI = [sys.executable, "-c", "from verdict_core.cli import main; main()"]
+CLI = VERDICT
 N_TRIALS, N_PATIENTS = 8, 4
 
 

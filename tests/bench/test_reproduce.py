@@ -4,16 +4,15 @@ recorded formalizations through the core, scored against the SIGIR eligibility l
 import json
 import re
 import subprocess
-import sys
 from collections import defaultdict
 
 import pytest
 
-from tests.support import REFERENCE_V6, SHARED_DATA, need
+from tests.support import REFERENCE_V6, SHARED_DATA, VERDICT, need
 
 pytestmark = pytest.mark.slow  # ~30 s: 49 pairs x 2 policies through the core
 
-CLI = [sys.executable, "-c", "from verdict_core.cli import main; main()"]
+CLI = VERDICT
 # Files whose recorded side satisfiability the core does not reproduce, each explained in
 # docs/core.md ("Interop with the paper authors' recorded outputs").
 DOCUMENTED = {"sigir-20152/NCT01376778a", "sigir-20153/NCT00378027", "sigir-20156/NCT00150124b",

@@ -8,7 +8,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,10 +20,11 @@ from bench.protocol import BenchError, PairResult
 from bench.runner import BenchRun
 from data_gen.errors import EgressRefused
 from data_gen.scripted_server import ScriptedServer
+from tests.support import VERDICT
 
 from . import scenario
 
-CLI = [sys.executable, "-c", "from verdict_core.cli import main; main()"]
+CLI = VERDICT
 
 
 def run(cfg_path, *sets, **kw):

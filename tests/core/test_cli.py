@@ -4,9 +4,9 @@ import json
 import subprocess
 import sys
 
-from tests.support import REFERENCE_V6, REPO, need
+from tests.support import REFERENCE_V6, REPO, VERDICT, need
 
-VERDICT = [sys.executable, "-c", "from verdict_core.cli import main; main()"]
+VERDICT = VERDICT
 
 
 def run(*args, cwd=REPO):

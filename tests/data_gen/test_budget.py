@@ -79,8 +79,8 @@ def test_train_serve_and_teacher_configs_derive_from_limits():
 def test_a_contradicting_value_is_an_error_naming_both(tmp_path):
     from data_gen.teacher_config import load_teacher
     from serve.config import load_serve_config
-    from train.config_io import ConfigError
     from train.sft_config import load_train_config
+    from verdict_core.configs import ConfigError
 
     with pytest.raises(ConfigError, match=r"max_length: 8192 contradicts limits 'paper' \(4096\)"):
         load_train_config(REPO_ROOT / "configs" / "train" / "parser.yaml", ["max_length=8192"])

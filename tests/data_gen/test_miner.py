@@ -351,10 +351,25 @@ def test_evidence_is_checked_against_its_own_passage_and_a_rejected_call_keeps_t
         },
     )
     res = mine(scripted_server.url, prog, patient3(), context_tokens=SEPARATE)
-    assert res.status == "rejected" and res.reason == "evidence"
-    assert res.problems and all(p.startswith("document 'fu', atoms chunk 1/1: ") for p in res.problems)
+    assert res.status == "accepted"  # one call that failed does not throw the side away
     assert [c.status for c in res.calls] == ["accepted", "rejected", "accepted"]  # the others are kept
+    assert res.calls[1].reason == "evidence"
     assert len(scripted_server.requests) == 4  # the bad call had its one repair; the others one call each
+    # its atoms stay unresolved, each with why (ids only): the passage it could not read may hold them
+    unread = res.output.unread
+    assert set(unread) == {"age_years", "has_condition_1"} and [mv.value for mv in res.output] == [None, None]
+    assert all("document 'fu', atoms chunk 1/1 failed validation after one repair (evidence)" in w
+               for w in unread.values())
+    assert res.output.conflict_notes() == unread  # resolve() keeps them unresolved, never imputed
+    assert res.assembly["unread"] == ["age_years", "has_condition_1"]
+
+
+def test_a_side_whose_every_call_fails_is_rejected(scripted_server, prog):
+    bad = {"values": [{"atom": "age_years", "value": 37, "evidence": "not in any passage"}, COND_NULL]}
+    answers(scripted_server, {"Admission note": bad, "Follow-up letter": bad, "Lab report": bad})
+    res = mine(scripted_server.url, prog, patient3(), context_tokens=SEPARATE)
+    assert res.status == "rejected" and res.reason == "evidence"
+    assert [c.status for c in res.calls] == ["rejected"] * 3
 
 
 def test_sides_merge_with_the_same_rule():

@@ -1,9 +1,9 @@
 """Reviews become site training data (issue 12): `verdict teacher export --from-reviews AUDIT_DB`.
 
 Decisions and reviews come from a real `verdict serve api` process in front of the scripted
-formalizer server; the export reads its audit store. The slow test closes the loop with the tiny
-student: trained on the miner's wrong value, fine-tuned from its adapter with the review records
-weighted in, it then gives the reviewer's value.
+formalizer server; the export reads its audit store. `tests/train/test_site_finetune.py` closes the
+loop with the tiny student: fine-tuned from its adapter with the review records weighted in, it then
+gives the reviewer's value.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 
 from data_gen.scripted_server import Match, Rule, Script, ScriptedServer
 from data_gen.scripted_server import ScriptedResponse as R
+from tests.support import VERDICT
 
 from .teacher_data import (
     leaks,
@@ -28,7 +28,7 @@ from .teacher_data import (
     write_teacher,
 )
 
-CLI = [sys.executable, "-c", "from verdict_core.cli import main; main()"]
+CLI = VERDICT
 
 
 def verdict(*args, timeout=120, **kw) -> subprocess.CompletedProcess:
@@ -278,7 +278,8 @@ def test_bad_config_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nteachers: {parser: scripted}\ntrials: {path: t.jsonl}\nbudget: 3\n")
     r = verdict("teacher", "run", "-c", bad)
-    assert r.returncode == 2 and "budget" in r.stderr and "Extra inputs" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "unknown config key 'budget' (did you mean 'budget_usd'?)" in r.stderr
+    assert "Traceback" not in r.stderr
     r = verdict("teacher", "run", "-c", "no-such-run")
     assert r.returncode == 2 and "no teacher_runs config named 'no-such-run'" in r.stderr
     missing = tmp_path / "m.yaml"

@@ -6,12 +6,12 @@ api` process in front of the project's scripted formalizer server.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import sqlite3
 import stat
 import subprocess
-import threading
 
 import pytest
 
@@ -19,7 +19,7 @@ from serve.audit import AuditStore
 from serve.errors import ServeConfigError
 from tests.fixtures.postgres import ADMIN_PASSWORD_ENV, PASSWORD_ENV, WRITER
 from tests.serve.conftest import start_service, verdict_command
-from tests.support import REPO
+from tests.support import REPO, run_together
 
 BACKENDS = ["sqlite", "postgresql"]
 
@@ -122,7 +122,7 @@ def test_the_chain_links_every_row_and_verify_checks_a_recorded_head(location):
     trial(store, "sha256:aa")
     add(store)
     report = store.verify()
-    assert report.ok and report.rows == {"trials": 1, "decisions": 1} and report.head[0] == 2
+    assert report.ok and report.rows == {"trials": 1, "decisions": 1, "screenings": 0} and report.head[0] == 2
     recorded = report.head_text
     add(store)
     assert store.verify(head=recorded).ok  # the chain grew; the recorded head is still in it
@@ -144,15 +144,62 @@ def test_concurrent_writers_keep_one_chain(location):
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=write, args=(s,)) for s in stores for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(*(functools.partial(write, s) for s in stores for _ in range(2)))
     assert not errors
     report = stores[0].verify()
     assert report.ok, report.problems
     assert sum(report.rows.values()) == 90 and report.head[0] == 90
+
+
+def screening(store: AuditStore, decision_ids: list[str]):
+    return store.add_screening(
+        created_by="k1", direction="trial", source_kind="fhir_ndjson", source_label="export-2024-05",
+        policy_name="prescreen", policy_version="1",
+        counts={"pairs": 2, "ranked": {"eligible": 1}, "failures": 1}, decision_ids=decision_ids,
+    )  # fmt: skip
+
+
+def test_a_screening_run_is_chained_after_its_decisions(location, request):
+    store = open_store(location)
+    trial(store, "sha256:aa")
+    did = add(store)
+    run = screening(store, [did])
+    assert store.screening(run.screening_id) == run and store.screening("scr_nope") is None
+    report = store.verify()
+    assert report.ok and report.rows == {"trials": 1, "decisions": 1, "screenings": 1} and report.head[0] == 3
+    add(store)  # the chain goes on after it
+    assert store.verify(head=report.head_text).ok
+    with pytest.raises(ValueError, match="unknown screening direction"):
+        store.add_screening(
+            created_by="k1", direction="both", source_kind="api", source_label=None, policy_name="prescreen",
+            policy_version="1", counts={}, decision_ids=[],
+        )  # fmt: skip
+    store.close()
+    forged = "UPDATE screenings SET counts_json = '{\"pairs\": 0}' WHERE seq = 3"
+    if location.startswith("postgresql://"):
+        db = request.getfixturevalue("postgres_db")
+        with db.cluster.admin(db.name) as a:
+            a.execute("SET search_path = verdict_audit")
+            with pytest.raises(Exception, match="append-only: UPDATE on screenings refused"):
+                a.execute(forged)
+            a.execute("ALTER TABLE screenings DISABLE TRIGGER screenings_append_only")
+            a.execute(forged)
+        expected = ["trigger screenings_append_only is disabled"]
+    else:
+        db = sqlite3.connect(location)
+        with pytest.raises(sqlite3.DatabaseError, match="append-only: UPDATE on screenings refused"):
+            db.execute(forged)
+        db.execute("DROP TRIGGER screenings_no_update")
+        db.execute(forged)
+        db.commit()
+        db.close()
+        expected = ["trigger screenings_no_update is missing (dropped)"]
+    ro = open_store(location, read_only=True)
+    assert ro.verify().problems == [
+        *expected,
+        f"screenings row seq 3 ({run.screening_id}): content does not match its row_hash (rewritten)",
+    ]
+    ro.close()
 
 
 def test_store_notes_off_keeps_only_the_hash(location):
@@ -271,7 +318,7 @@ def test_verify_names_the_first_rewritten_deleted_or_reordered_row(sqlite_store,
         assert "NOT intact" in r.stderr and "trigger trials_no_update is missing" in r.stderr
         assert (expected or "recorded head seq 3 is no longer in the store") in r.stderr, (name, r.stderr)
     db = sqlite3.connect(path)  # reading (verify) left the original untouched
-    assert db.execute("SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger'").fetchone()[0] == 9
+    assert db.execute("SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger'").fetchone()[0] == 12
 
 
 def test_verify_reads_the_store_a_serve_config_names(sqlite_store, tmp_path):
@@ -500,3 +547,99 @@ def test_a_store_whose_protection_was_removed_is_refused_for_writing(sqlite_stor
         a.execute("ALTER TABLE verdict_audit.trials DISABLE TRIGGER trials_append_only")
     with pytest.raises(ServeConfigError, match="trigger trials_append_only is disabled.*refusing to write"):
         open_store(postgres_db.writer_url)
+
+
+# ---- schema 3 -> 4: the screenings table added in place ---------------------------------------------
+def make_schema_3_store(path) -> str:
+    """A schema-3 SQLite store as the previous release wrote it (no screenings table), with a trial and
+    a decision; returns the head's hash."""
+    from serve.audit.chain import link
+    from serve.audit.sqlite import _SCHEMA, TRIGGERS
+    from serve.audit.store import COLUMNS
+
+    db = sqlite3.connect(path, isolation_level=None)
+    schema = _SCHEMA.split("CREATE TABLE IF NOT EXISTS screenings")[0]
+    for stmt in [s for s in schema.split(";") if s.strip()] + list(TRIGGERS.values()):
+        db.execute(stmt)
+    db.execute("INSERT INTO meta VALUES ('schema_version', '3')")
+    rows = {
+        "trials": {"trial_id": "T1", "program_hash": "sha256:aa", "source_key": None, "origin": "upload",
+                   "parser_model": None, "prompt_version": None, "created_at": 1.0, "created_by": "k",
+                   "program_json": "{}", "details_json": None},
+        "decisions": {"decision_id": "dec_old", "created_at": 2.0, "created_by": "k", "trial_id": "T1",
+                      "program_hash": "sha256:aa", "patient_id": "P1", "note_hash": "sha256:n",
+                      "patient_hash": "sha256:p", "policy_name": "prescreen", "policy_version": "1",
+                      "engine_version": "e", "decision": "eligible", "models_json": "{}", "timings_json": "{}",
+                      "artifacts_json": "{}", "note_text": "note", "parent_id": None, "lineage_json": None},
+    }  # fmt: skip
+    head = None
+    for table, columns in rows.items():
+        row = link(table, columns, head)
+        names = COLUMNS[table]
+        db.execute(f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                   [row[c] for c in names])  # fmt: skip
+        head = (row["seq"], row["row_hash"])
+    db.close()
+    return head[1]
+
+
+def test_a_schema_3_store_is_verified_as_is_then_upgraded_in_place(tmp_path):
+    from serve.audit.sqlite import TRIGGERS, TRIGGERS_4
+
+    path = tmp_path / "v3.sqlite"
+    head = make_schema_3_store(path)
+    ro = AuditStore(path, read_only=True)  # verify reads it as it is, changing nothing
+    report = ro.verify()
+    ro.close()
+    assert report.ok and report.head == (2, head) and report.rows["screenings"] == 0, report.problems
+    store = AuditStore(path)  # a writer adds the table and its triggers; no row is rewritten
+    assert store.decision("dec_old").decision == "eligible"
+    run = screening(store, ["dec_old"])
+    assert store.screening(run.screening_id).decision_ids == ["dec_old"]
+    report = store.verify(f"2:{head}")  # the old head is still in the chain
+    assert report.ok and report.head[0] == 3
+    store.close()
+    db = sqlite3.connect(path)
+    meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+    triggers = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
+    with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+        db.execute("UPDATE screenings SET source_label = 'x'")
+    db.close()
+    assert meta == {"schema_version": "3", "schema_upgrade:4": "4"}
+    assert triggers == set(TRIGGERS) | set(TRIGGERS_4)
+    again = AuditStore(path)  # reopening an upgraded store changes nothing
+    assert again.count("screenings") == 1 and again.verify().ok
+    again.close()
+
+
+def test_a_postgres_schema_3_store_is_upgraded_by_its_owner_only(postgres_db):
+    import psycopg
+
+    from serve.audit.postgres import setup_schema
+
+    setup_schema(postgres_db.admin_url, WRITER, password_env=ADMIN_PASSWORD_ENV)
+    store = open_store(postgres_db.writer_url)
+    trial(store, "sha256:aa")
+    did = add(store)
+    store.close()
+    with postgres_db.cluster.admin(postgres_db.name) as a:  # back to what the previous release created
+        a.execute("SET search_path = verdict_audit")
+        a.execute("DROP TABLE screenings")  # its triggers go with it
+        a.execute("ALTER TABLE audit_meta DISABLE TRIGGER audit_meta_append_only")
+        a.execute("UPDATE audit_meta SET value = '3' WHERE key = 'schema_version'")
+        a.execute("ALTER TABLE audit_meta ENABLE TRIGGER audit_meta_append_only")
+    ro = open_store(postgres_db.writer_url, read_only=True)
+    assert ro.verify().ok  # verify reads schema 3 as it is
+    ro.close()
+    with pytest.raises(ServeConfigError, match="schema version 3.*setup-postgres"):  # the writer cannot
+        open_store(postgres_db.writer_url)
+    setup_schema(postgres_db.admin_url, WRITER, password_env=ADMIN_PASSWORD_ENV)  # the owner upgrades, grants
+    store = open_store(postgres_db.writer_url)
+    run = screening(store, [did])
+    assert store.screening(run.screening_id).decision_ids == [did] and store.verify().ok
+    store.close()
+    with postgres_db.cluster.admin(postgres_db.name) as a:
+        meta = dict(a.execute("SELECT key, value FROM verdict_audit.audit_meta").fetchall())
+        with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
+            a.execute("DELETE FROM verdict_audit.screenings")
+    assert meta == {"schema_version": "3", "schema_upgrade:4": "4"}

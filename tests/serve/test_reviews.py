@@ -6,14 +6,14 @@ in front of the project's scripted formalizer server.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import subprocess
-import threading
 
 import pytest
 
 from tests.serve.conftest import start_service, verdict_command
-from tests.support import REPO
+from tests.support import REPO, run_together
 
 TRIAL = "T-REVIEW"
 NOTE = "Patient is 45 years old. Creatinine 3.1 mg/dL on admission."
@@ -170,6 +170,9 @@ def test_a_review_rederives_with_the_core_and_supersedes_with_its_lineage(svc, s
     assert hist["entries"][1]["policy"] == {"name": "prescreen", "version": "1"}
     assert old["decision"] == "ineligible"  # the old row is never edited
     assert stored["decision"] == "eligible" and stored["note_stored"] is True
+    assert (stored["parent_id"], old["parent_id"]) == (first["decision_id"], None)  # the record shows its lineage
+    assert stored["lineage"]["kind"] == "review" and [ch["type"] for ch in stored["lineage"]["changes"]] == [
+        "correct", "confirm", "flag"]
     assert (old_hist["superseded"], old_hist["current_id"]) == (True, new_id)
     with svc.client("trial_owner") as o:
         flags = o.get(f"/v1/trials/{TRIAL}/flags").json()["flags"]
@@ -245,11 +248,7 @@ def test_concurrent_reviews_of_one_decision_give_one_successor(svc):
         statuses.append(r.status_code)
         bodies.append(r.json())
 
-    threads = [threading.Thread(target=review, args=(v,)) for v in (True, False, True, False)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(*(functools.partial(review, v) for v in (True, False, True, False)))
     assert sorted(statuses) == [200, 409, 409, 409], bodies
     winner = next(b for b in bodies if "decision_id" in b)["decision_id"]
     with svc.client("audit") as a:
@@ -317,8 +316,8 @@ def _decision(store, parent=None, decision="eligible"):
 def location(request, tmp_path):
     if request.param == "sqlite":
         return str(tmp_path / "audit.sqlite")
-    from tests.serve.test_audit import ADMIN_PASSWORD_ENV, WRITER
     from serve.audit.postgres import setup_schema
+    from tests.serve.test_audit import ADMIN_PASSWORD_ENV, WRITER
 
     db = request.getfixturevalue("postgres_db")
     setup_schema(db.admin_url, WRITER, password_env=ADMIN_PASSWORD_ENV)
@@ -344,11 +343,7 @@ def test_one_successor_per_decision_in_both_backends(location, monkeypatch, requ
         except Superseded as e:
             results.append(e)
 
-    threads = [threading.Thread(target=child) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(*(child for _ in range(4)))
     winners = [r for r in results if isinstance(r, str)]
     assert len(winners) == 1 and sum(isinstance(r, Superseded) for r in results) == 3
     assert store.successor(first.decision_id) == winners[0]
@@ -442,7 +437,7 @@ def test_a_schema_2_store_is_verified_as_is_then_upgraded_in_place(tmp_path):
     assert store.verify(f"2:{head}").ok  # the old head is still in the chain
     store.close()
     meta = dict(sqlite3.connect(path).execute("SELECT key, value FROM meta").fetchall())
-    assert meta == {"schema_version": "2", "schema_upgrade:3": "3"}
+    assert meta == {"schema_version": "2", "schema_upgrade:3": "3", "schema_upgrade:4": "4"}
     again = AuditStore(path)  # reopening an upgraded store changes nothing
     assert again.count("decisions") == 2 and again.verify().ok
     again.close()

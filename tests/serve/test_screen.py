@@ -111,6 +111,7 @@ def test_one_trial_against_patients_and_a_filter(service):
             {"patient_id": "P40", "note": NOTE_40}, {"patient_id": "P60", "note": NOTE_60}]})
         assert r.status_code == 200, r.text
         assert [(x["patient_id"], x["tier"]) for x in r.json()["rows"]] == [("P60", "eligible"), ("P40", "near_miss")]
+        assert recorded_source(svc, r.json()) == {"kind": "api", "label": None}  # no source stated
         r = c.post("/v1/screen", json={"patient": {"patient_id": "P60", "note": NOTE_60},
                                        "trial_ids": ["T-MISS2", "T-ELIGIBLE"]})
         assert [x["trial_id"] for x in r.json()["rows"]] == ["T-ELIGIBLE", "T-MISS2"]  # both eligible: by id
@@ -139,6 +140,15 @@ def test_a_lower_role_cannot_screen(service):
     assert len(srv.requests) == n  # nothing reached the formalizer
 
 
+def recorded_source(svc, body: dict) -> dict:
+    """The source the screening run of a response was recorded with."""
+    with svc.client("audit") as a:
+        run = a.get(f"/v1/screenings/{body['screening_id']}")
+    assert run.status_code == 200, run.text
+    assert run.json()["decision_ids"] == [x["decision_id"] for x in body["rows"]]
+    return run.json()["source"]
+
+
 def _cli(args, env_extra=None, tmp=None):
     import os
     import subprocess
@@ -162,8 +172,10 @@ def test_the_cli_prints_the_ranked_screen_and_writes_it(service, tmp_path):
     ranked = [line.split()[1] for line in r.stdout.splitlines()[1:-1] if line.split()[0].isdigit()]
     assert ranked == ["T-ELIGIBLE", "T-CONFIRM", "T-MISS1", "T-MISS2"]
     assert "would be eligible if: age_years: 40 -> " in r.stdout and "failed 502" in r.stdout
-    assert [x["trial_id"] for x in __import__("json").loads(out.read_text())["rows"]][0] == "T-ELIGIBLE"
+    body = json.loads(out.read_text())
+    assert body["rows"][0]["trial_id"] == "T-ELIGIBLE"
     assert NOTE_40 not in r.stdout + r.stderr
+    assert recorded_source(svc, body) == {"kind": "text", "label": None}  # note file names are not recorded
 
 
 def test_the_cli_refuses_a_host_off_the_allowlist_before_sending_anything(service, tmp_path):
@@ -184,7 +196,93 @@ def test_the_cli_screens_a_trial_against_a_patients_file_and_names_a_bad_line(se
     pats = tmp_path / "patients.jsonl"
     pats.write_text(json.dumps({"_id": "P40", "text": NOTE_40}) + "\nnot json\n"
                     + json.dumps({"_id": "P60", "text": NOTE_60}) + "\n")
-    r = _cli(["--url", svc.url, "--trial", "T-MISS1", "--patients", str(pats)], {"VERDICT_API_KEY": svc.keys["match"]})
+    out = tmp_path / "screen.json"
+    r = _cli(["--url", svc.url, "--trial", "T-MISS1", "--patients", str(pats), "--out", str(out)],
+             {"VERDICT_API_KEY": svc.keys["match"]})
     assert r.returncode == 0, r.stderr
     ranked = [line.split()[2] for line in r.stdout.splitlines()[1:-1] if line.split()[0].isdigit()]
     assert ranked == ["P60", "P40"] and "patients.jsonl:2" in r.stderr and "not json" not in r.stderr
+    recorded = recorded_source(svc, json.loads(out.read_text()))
+    assert recorded == {"kind": "patients_file", "label": "patients.jsonl"}
+
+
+# ---- the screening run in the audit store ----------------------------------------------------------
+def _copy_of_store(svc, tmp_path):
+    """A consistent copy of the running service's SQLite store (the backup API reads the WAL too)."""
+    import sqlite3
+
+    src, copy = sqlite3.connect(svc.folder / "audit.sqlite"), tmp_path / "copy.sqlite"
+    dst = sqlite3.connect(copy)
+    src.backup(dst)
+    src.close()
+    dst.close()
+    return copy
+
+
+def test_a_screen_is_recorded_as_one_run_in_the_chain(service, tmp_path):
+    import sqlite3
+
+    from serve.audit import AuditStore
+    from serve.audit.sqlite import TRIGGERS_4
+    from tests.serve.test_audit import verify_cli
+
+    svc, _ = service
+    source = {"kind": "fhir_server", "label": "https://fhir.site.example/r4"}
+    with svc.client("match") as c, svc.client("audit") as a:
+        r = c.post("/v1/screen", json={"patient": {"patient_id": "P60", "note": NOTE_60}, "source": source,
+                                       "trial_ids": ["T-MISS2", "T-FAIL", "T-ELIGIBLE"]})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert c.get(f"/v1/screenings/{body['screening_id']}").status_code == 403  # a lower role
+        rec = a.get(f"/v1/screenings/{body['screening_id']}")
+        assert rec.status_code == 200, rec.text
+        run = rec.json()
+        first = a.get(body["rows"][0]["links"]["decision"]).json()
+        unknown = a.get("/v1/screenings/scr_nosuch")
+        assert unknown.status_code == 404 and "scr_nosuch" in unknown.json()["message"]
+    assert (run["direction"], run["source"]) == ("patient", source)
+    assert run["counts"] == {"pairs": 3, "ranked": {"eligible": 2}, "failures": 1}
+    assert run["decision_ids"] == [x["decision_id"] for x in body["rows"]] and len(run["decision_ids"]) == 2
+    assert run["created_by"] == first["created_by"] and run["policy"] == first["policy"]
+    assert NOTE_60 not in rec.text
+    # in the chain, after its pairs: verify passes, and a rewritten run is named
+    ok = verify_cli("--db", str(svc.folder / "audit.sqlite"))
+    assert ok.returncode == 0 and " screenings" in ok.stderr, ok.stderr
+    copy = _copy_of_store(svc, tmp_path)
+    db = sqlite3.connect(copy)
+    (seq,) = db.execute("SELECT seq FROM screenings WHERE screening_id = ?", (body["screening_id"],)).fetchone()
+    assert seq > max(db.execute("SELECT seq FROM decisions WHERE decision_id = ?", (d,)).fetchone()[0]
+                     for d in run["decision_ids"])
+    for name in TRIGGERS_4:
+        db.execute(f"DROP TRIGGER {name}")
+    db.execute("UPDATE screenings SET counts_json = '{}', source_kind = 'api' WHERE seq = ?", (seq,))
+    db.commit()
+    db.close()
+    report = AuditStore(copy, read_only=True).verify()
+    assert f"screenings row seq {seq} ({body['screening_id']}): content does not match its row_hash" in \
+        report.problems[-1] and "trigger screenings_no_update is missing (dropped)" in report.problems
+
+
+@pytest.mark.parametrize("source, field", [
+    ({"kind": "fhir_server", "label": "https://user:secret@fhir.example/r4"}, "source"),
+    ({"kind": "fhir_server", "label": "https://fhir.example/r4?_token=x"}, "source"),
+    ({"kind": "patients_file", "label": "/home/site/patients.jsonl"}, "source"),
+    ({"kind": "fhir_ndjson", "label": "export\n2024"}, "source.label"),
+    ({"kind": "api", "label": "x" * 201}, "source.label"),
+    ({"kind": "email"}, "source.kind"),
+])
+def test_a_bad_source_is_refused_naming_it(service, source, field):
+    svc, srv = service
+    n = len(srv.requests)
+    with svc.client("match") as c:
+        r = c.post("/v1/screen", json={"patient": {"patient_id": "P60", "note": NOTE_60}, "source": source})
+        assert r.status_code == 422 and field in {p["field"] for p in r.json()["problems"]}, r.text
+        assert "secret" not in r.text
+    assert len(srv.requests) == n
+
+
+def test_the_cli_records_a_fhir_server_by_its_base_url_only():
+    from serve.screen.cli import _server_label
+
+    got = _server_label("https://user:pw@fhir.site.example:8443/r4/?_count=5#x")
+    assert got == "https://fhir.site.example:8443/r4"

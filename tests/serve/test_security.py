@@ -6,6 +6,7 @@ formalizer is the project's scripted OpenAI-compatible server (data_gen/scripted
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import stat
@@ -18,95 +19,14 @@ import pytest
 
 from data_gen.scripted_server import Script, ScriptedServer
 from tests.serve.conftest import start_service
+from tests.serve.programs import cubes, fermat, program
+from tests.support import run_together
 
 NAME = "Zyxwvut Quorlin"
 SECRET_NOTE = f"Patient {NAME}, MRN-99887766, 40 years old. Reports chest pain since May."
 SF_NOTE = "Single-flight note: 40 years old, no chest pain."
 BATCH_NOTE = "Batch note {i}: 40 years old."
 MARKUP_NOTE = "40 years old <img src=x onerror=alert(1)> and [a link](http://evil.example)."
-
-
-def atom(name: str, domain: str = "bool", definition: str | None = None) -> dict:
-    return {"name": name, "domain": domain, "kind": "other", "definition": definition or f"Quantity {name}."}
-
-
-def program(trial_id: str, inclusion_atom: str, inclusion_text: str = "Adults") -> dict:
-    """Inclusion on its own atom, exclusion on chest pain: trials share the exclusion pass."""
-    return {
-        "trial_id": trial_id,
-        "atoms": [atom(inclusion_atom, "int"), atom("has_chest_pain", definition="Has chest pain.")],
-        "cohorts": [
-            {
-                "id": "main",
-                "inclusion": [
-                    {
-                        "id": "inc1",
-                        "text": inclusion_text,
-                        "formula": {"op": "cmp", "lhs": inclusion_atom, "rel": "ge", "rhs": 18},
-                    }
-                ],
-                "exclusion": [{"id": "exc1", "text": "Chest pain", "formula": "has_chest_pain"}],
-            }
-        ],
-    }
-
-
-def cubes(trial_id: str, n: int) -> dict:
-    """n criteria x^3 + y^3 + z^3 = k (k without a known small solution): each is hard for Z3."""
-    ks = (33, 114, 165, 390, 579, 627, 633, 732, 906, 921, 975)
-    atoms, criteria = [], []
-    for i in range(n):
-        names = [f"x{i}", f"y{i}", f"z{i}"]
-        atoms += [atom(v, "int") for v in names]
-        cube = [{"op": "mul", "args": [v, v, v]} for v in names]
-        criteria.append(
-            {
-                "id": f"inc{i}",
-                "text": f"sum of cubes {i}",
-                "formula": {
-                    "op": "cmp",
-                    "lhs": {"op": "add", "args": cube},
-                    "rel": "eq",
-                    "rhs": ks[i % len(ks)],
-                },
-            }
-        )
-    return {"trial_id": trial_id, "atoms": atoms, "cohorts": [{"id": "main", "inclusion": criteria}]}
-
-
-def fermat(trial_id: str) -> dict:
-    """x^3 + y^3 = z^3 + w, x, y, z >= 1: satisfiable, but with w = 0 from the note (Fermat) the
-    decision runs into the solver limit."""
-    cube = lambda v: {"op": "mul", "args": [v, v, v]}  # noqa: E731
-    return {
-        "trial_id": trial_id,
-        "atoms": [atom(n, "int") for n in "wxyz"],
-        "cohorts": [
-            {
-                "id": "main",
-                "inclusion": [
-                    {
-                        "id": "inc1",
-                        "text": "x^3 + y^3 = z^3 + w",
-                        "formula": {
-                            "op": "cmp",
-                            "lhs": {"op": "add", "args": [cube("x"), cube("y")]},
-                            "rel": "eq",
-                            "rhs": {"op": "add", "args": [cube("z"), "w"]},
-                        },
-                    },
-                    *[
-                        {
-                            "id": f"pos_{v}",
-                            "text": f"{v} >= 1",
-                            "formula": {"op": "cmp", "lhs": v, "rel": "ge", "rhs": 1},
-                        }
-                        for v in "xyz"
-                    ],
-                ],
-            }
-        ],
-    }
 
 
 def values(*items, latency: float = 0.0) -> dict:
@@ -230,11 +150,7 @@ def test_a_cancelled_request_leaves_the_shared_call_to_the_others(svc, scripted)
         with svc.client() as c:
             out[name] = match(c, trial_id, SF_NOTE, f"P-{name}")
 
-    threads = [threading.Thread(target=run, args=a) for a in (("A", "T-BMI", 0.0), ("B", "T-AGE", 0.2))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(functools.partial(run, "A", "T-BMI", 0.0), functools.partial(run, "B", "T-AGE", 0.2))
     assert out["A"].status_code == 502, out["A"].text  # its own failure, as JSON
     assert out["B"].status_code == 200, out["B"].text
     assert out["B"].json()["decision"]["decision"] == "eligible"

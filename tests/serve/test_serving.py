@@ -7,14 +7,14 @@ test_app.py.
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import pytest
 
 from data_gen.scripted_server import ScriptedServer
 from tests.serve.conftest import CHROMIUM, launch_chromium, start_service
-from tests.support import need
+from tests.serve.programs import fermat
+from tests.support import need, run_together
 
 AGE = {"name": "age_years", "domain": "int", "kind": "demographic", "unit": "years", "definition": "Age in years."}
 PAIN = {"name": "has_chest_pain", "domain": "bool", "kind": "diagnosis", "definition": "Has chest pain."}
@@ -108,49 +108,14 @@ def test_concurrent_requests_for_a_new_trial_parse_it_once(svc, scripted):
             except AssertionError as e:
                 errors.append(e)
 
-    threads = [threading.Thread(target=post) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(*(post for _ in range(8)))
     assert not errors and len(results) == 8
     assert parser_calls(scripted) - before == 2  # one model call per criterion for eight requests
     assert sum(not r["cached"] for r in results) == 1 and len({r["program_hash"] for r in results}) == 1
 
 
 def test_solver_timeout_gives_undetermined_with_the_reason(svc):
-    cube = lambda v: {"op": "mul", "args": [v, v, v]}  # noqa: E731
-    program = {
-        "trial_id": "T-HARD",
-        "atoms": [
-            {"name": n, "domain": "int", "kind": "other", "definition": f"Quantity {n}."} for n in "wxyz"
-        ],
-        "cohorts": [
-            {
-                "id": "main",
-                "inclusion": [
-                    {
-                        "id": "inc1",
-                        "text": "x^3 + y^3 = z^3 + w",
-                        "formula": {
-                            "op": "cmp",
-                            "lhs": {"op": "add", "args": [cube("x"), cube("y")]},
-                            "rel": "eq",
-                            "rhs": {"op": "add", "args": [cube("z"), "w"]},
-                        },
-                    },
-                    *[
-                        {
-                            "id": f"pos_{v}",
-                            "text": f"{v} >= 1",
-                            "formula": {"op": "cmp", "lhs": v, "rel": "ge", "rhs": 1},
-                        }
-                        for v in "xyz"
-                    ],
-                ],
-            }
-        ],
-    }
+    program = fermat("T-HARD")
     with svc.client("admin") as admin:
         assert admin.post("/v1/trials", json={"program": program}).status_code == 200
         r = admin.post(

@@ -219,12 +219,25 @@ def test_batch_patients_with_documents_become_notes(tmp_path):
     assert many.note is None and one.note == ADMISSION and one.notes is None
 
 
-def test_a_rejected_call_is_a_502_naming_the_call(svc):
+def test_a_rejected_call_leaves_its_atoms_unresolved_naming_the_call_and_keeps_the_others(svc):
     notes = [NOTES[0], {"id": "bad-3", "text": BAD}]
     with svc.client() as c:
         r = c.post(
             "/v1/match", json={"trial_id": "T-NOTES", "patient": {"patient_id": "P-BAD", "notes": notes}}
         )
+    assert r.status_code == 200, r.text
+    res = {x["atom"]: x for x in r.json()["patient"]["resolutions"]}
+    pain = res["has_chest_pain"]  # asked in the bad letter's call too: that letter may say otherwise
+    assert pain["status"] == "unresolved" and "document 'bad-3'" in pain["note"], pain
+    assert "failed validation after one repair (evidence)" in pain["note"]
+    assert res["age_years"]["status"] == "observed" and res["age_years"]["value"] == 40  # the others stand
+    assert "not quoted" not in r.text and "Bad letter" not in r.text  # no model output, no note text
+
+
+def test_a_side_whose_every_call_is_rejected_is_a_502_naming_the_call(svc):
+    with svc.client() as c:
+        r = c.post("/v1/match", json={"trial_id": "T-NOTES", "patient": {
+            "patient_id": "P-BAD", "notes": [{"id": "bad-3", "text": BAD}]}})
     assert r.status_code == 502 and r.json()["error"] == "formalizer_output_invalid", r.text
     msgs = [p["message"] for p in r.json()["problems"]]
     assert "call bad-3#1/c1 rejected (reason: evidence)" in msgs

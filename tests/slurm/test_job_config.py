@@ -3,8 +3,7 @@
 import pytest
 
 from slurm.job_config import load_slurm_config
-from train.config_io import ConfigError
-from verdict_core.configs import REPO_ROOT
+from verdict_core.configs import REPO_ROOT, ConfigError
 
 SLURM = REPO_ROOT / "configs" / "slurm"
 

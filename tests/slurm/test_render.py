@@ -8,8 +8,7 @@ import pytest
 
 from slurm.job_config import load_slurm_config
 from slurm.render import RenderError, render_job, render_train_chain
-from train.config_io import ConfigError
-from verdict_core.configs import REPO_ROOT
+from verdict_core.configs import REPO_ROOT, ConfigError
 
 SLURM = REPO_ROOT / "configs" / "slurm"
 TRAIN = REPO_ROOT / "configs" / "train" / "value_miner.yaml"

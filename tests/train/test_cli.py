@@ -1,22 +1,12 @@
 """`verdict train ...`: bad input gives 'error: ...' and exit 2, never a traceback."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from verdict_core.configs import REPO_ROOT
+from tests.support import run_verdict
 
-
-def verdict(*args, cwd=REPO_ROOT):
-    return subprocess.run(
-        [sys.executable, "-c", "from verdict_core.cli import main; main()", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=300,
-    )
+verdict = run_verdict
 
 
 @pytest.mark.parametrize(

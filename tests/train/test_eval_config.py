@@ -2,9 +2,8 @@
 
 import pytest
 
-from train.config_io import ConfigError
 from train.eval_config import load_eval_config
-from verdict_core.configs import REPO_ROOT
+from verdict_core.configs import REPO_ROOT, ConfigError
 
 EVAL = REPO_ROOT / "configs" / "train" / "eval.yaml"
 

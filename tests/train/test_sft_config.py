@@ -4,9 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from train.config_io import ConfigError
 from train.sft_config import TrainConfig, load_train_config
-from verdict_core.configs import REPO_ROOT
+from verdict_core.configs import REPO_ROOT, ConfigError
 
 
 def test_defaults_are_the_papers_recipe():

@@ -1,0 +1,121 @@
+"""The service's opt-in formalizer stages (paper appendix A.5, A.6), off by default:
+
+- the extraction-resolution **arbiter** (`api.formalizer.arbiter`): asked only when the core set
+  facts aside because they contradict the program's definitional constraints; its overrides are
+  applied by the engine's own `arbiter=` hook and the pair is decided again;
+- the **verbalizer** (`api.formalizer.verbalizer`): restates the core's decision as prose
+  (`MatchResponse.rationale_text`); it decides nothing, and the structured rationale stays the
+  source of truth.
+
+Both are asked of the value-miner adapter. Neither can fail a match: a rejected output or an
+endpoint error keeps the solver's result and says so in the stage's record (no note text in it,
+nor in the log: the service's stage runner withholds the checker's messages).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from data_gen.protocol import PatientDoc
+from verdict_core.decision import Decision
+from verdict_core.patient import ResolvedPatient
+from verdict_core.program import TrialProgram
+from verdict_core.rationale import md
+
+from .errors import FormalizerFailed, FormalizerUnavailable
+
+if TYPE_CHECKING:
+    from .serving import MatchingService
+
+log = logging.getLogger("serve")
+
+
+async def arbitrate(
+    svc: MatchingService,
+    program: TrialProgram,
+    record: PatientDoc,
+    patient: ResolvedPatient,
+    decision: Decision,
+    timings: dict[str, float],
+) -> tuple[Decision, dict | None]:
+    """The decision after the arbiter (or the same one), and what the arbiter did: None when it was
+    not asked (off, or no fact contradicts a definition)."""
+    conflicts = [c for c in decision.conflicts if c.source == "definitions"]
+    if not svc.config.formalizer.arbiter or not conflicts:
+        return decision, None
+    t0 = time.perf_counter()
+    try:
+        res = await svc._stage(
+            svc.miner.arbitrate(program, record, patient, conflicts), "arbiter", record.text
+        )
+    except (FormalizerFailed, FormalizerUnavailable) as e:
+        timings["arbiter"] = _ms(t0)
+        log.warning("arbiter failed (%s); the solver result is kept", e.code)
+        return decision, {"status": "failed", "overrides": [], "problem": e.summary}
+    timings["arbiter"] = _ms(t0)
+    said = json.loads(res.output_json or "{}").get("overrides", [])
+    stage = {"prompt": res.prompt_version, "attempts": len(res.attempts)}
+    if not res.output:  # no faithful correction: the solver result stands (appendix A.5)
+        return decision, {"status": "no_override", "overrides": [], **stage}
+    overrides = list(res.output)
+    t0 = time.perf_counter()
+    # The engine applies the overrides itself (its arbiter hook), as any caller of decide would.
+    again = await asyncio.to_thread(svc.engine.decide, program, patient, None, lambda *_: overrides)
+    timings["solve"] = round(timings.get("solve", 0.0) + _ms(t0), 3)
+    evidence = {o.get("atom"): o.get("evidence", "") for o in said}
+    applied = [
+        {"atom": o.atom, "value": o.value, "evidence": evidence.get(o.atom, ""), "reason": o.reason}
+        for o in again.overrides
+    ]
+    return again, {"status": "applied", "overrides": applied, **stage}
+
+
+def arbiter_markdown(arbiter: dict | None) -> str:
+    """The rationale's section on the arbiter's overrides (what the decision used instead of the
+    miner's values), or why it was not applied."""
+    if arbiter is None:
+        return ""
+    out = ["", "", "### Arbiter (extraction conflicts re-read in the chart)"]
+    if arbiter["status"] == "failed":
+        out.append("- no usable answer: the facts in conflict stay set aside")
+    elif arbiter["status"] == "no_override":
+        out.append("- no faithful correction found: the facts in conflict stay set aside")
+    for o in arbiter["overrides"]:
+        value = "left open" if o["value"] is None else f"= {json.dumps(o['value'])}"
+        quote = f' ("{md(o["evidence"])}")' if o["evidence"] else ""
+        out.append(f"- {o['atom']} {value}{quote}: {md(o['reason'])}")
+    return "\n".join(out)
+
+
+async def verbalize(
+    svc: MatchingService,
+    program: TrialProgram,
+    record: PatientDoc,
+    patient: ResolvedPatient,
+    decision: Decision,
+    timings: dict[str, float],
+) -> tuple[str | None, dict | None]:
+    """The verbalizer's rationale text (None when off or rejected) and its record (None when off)."""
+    if not svc.config.formalizer.verbalizer:
+        return None, None
+    t0 = time.perf_counter()
+    try:
+        res = await svc._stage(
+            svc.miner.verbalize(program, patient, decision, data_class=record.data_class),
+            "verbalizer",
+            record.text,
+        )
+    except (FormalizerFailed, FormalizerUnavailable) as e:
+        timings["verbalizer"] = _ms(t0)
+        log.warning("verbalizer failed (%s); no rationale text", e.code)
+        return None, {"status": "failed", "problem": e.summary}
+    timings["verbalizer"] = _ms(t0)
+    return res.output, {"status": "accepted", "prompt": res.prompt_version, "attempts": len(res.attempts)}
+
+
+def _ms(t0: float) -> float:
+    return round((time.perf_counter() - t0) * 1000, 3)
