@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
+# The test teacher (a double of the API teacher): what it leaves out of scope, how it reads an age bound.
+OUT_OF_SCOPE = re.compile(r"consent|agree to|willing|criteria are met:$", re.I)
+AGE = re.compile(r"\baged? (\d{2})\b", re.I)
+
 
 def atom(name: str, domain: str = "bool", definition: str | None = None) -> dict:
     return {"name": name, "domain": domain, "kind": "other", "definition": definition or f"Quantity {name}."}
@@ -84,3 +90,26 @@ def fermat(trial_id: str) -> dict:
             }
         ],
     }
+
+
+def teacher_output(c, names: set[str]):
+    """The test teacher's formalization of one criterion (its last line: the lead-in is shared): out
+    of scope for consent, willingness and headings; `age_years >= N` for an inclusion age bound; else one
+    chart-checkable bool atom named from its first words (`names`: those taken, kept unique)."""
+    from verdict_core.program import Atom, ParsedCriterion
+
+    line = c.text.strip().splitlines()[-1].lstrip("- ").strip()
+    if OUT_OF_SCOPE.search(line):
+        return ParsedCriterion(in_scope=False, reason="consent, willingness or a heading: not chart-checkable")
+    age = AGE.search(line)
+    if age and c.side == "inclusion":
+        atom = Atom(name="age_years", domain="int", kind="demographic", unit="years", definition="Age in years.")
+        return ParsedCriterion(in_scope=True, atoms=[atom],
+                               formula={"op": "cmp", "lhs": "age_years", "rel": "ge", "rhs": int(age.group(1))})
+    words = re.findall(r"[a-z0-9]+", line.lower())[:6]
+    name = "_".join(words)[:48].strip("_") or "criterion"
+    while name in names:
+        name += "_x"
+    names.add(name)
+    atom = Atom(name=name, domain="bool", kind="other", definition=f"The chart shows: {line[:160]}")
+    return ParsedCriterion(in_scope=True, atoms=[atom], formula=name)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.serve.programs import teacher_output
 from tests.support import BENCHMARKS, need
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -40,8 +41,6 @@ STEPS = {"parser": 150, "value_miner": 80}
 # The tokenizer also learns the records' words (sequences ~1.3x shorter); a larger vocabulary would
 # shorten them more, but its output layer would then dominate a model this small.
 VOCAB = 2048
-OUT_OF_SCOPE = re.compile(r"consent|agree to|willing|criteria are met:$", re.I)
-AGE = re.compile(r"\baged? (\d{2})\b", re.I)
 FINDINGS = ("common variable immunodeficiency",)  # facts of the note the teacher marks true
 
 
@@ -50,27 +49,6 @@ def _limits(tokenizer: str | None = None):
 
     # CPU decoding of 32 criteria at once: slower than a GPU, so a generous call time limit
     return FormalizerConfig(max_tokens=MAX_TOKENS, context_tokens=CONTEXT, tokenizer=tokenizer, timeout_s=900)
-
-
-def teacher_output(c, names: set[str]):
-    """The test teacher's formalization of one criterion (its last line: the lead-in is shared)."""
-    from verdict_core.program import Atom, ParsedCriterion
-
-    line = c.text.strip().splitlines()[-1].lstrip("- ").strip()
-    if OUT_OF_SCOPE.search(line):
-        return ParsedCriterion(in_scope=False, reason="consent, willingness or a heading: not chart-checkable")
-    age = AGE.search(line)
-    if age and c.side == "inclusion":
-        atom = Atom(name="age_years", domain="int", kind="demographic", unit="years", definition="Age in years.")
-        return ParsedCriterion(in_scope=True, atoms=[atom],
-                               formula={"op": "cmp", "lhs": "age_years", "rel": "ge", "rhs": int(age.group(1))})
-    words = re.findall(r"[a-z0-9]+", line.lower())[:6]
-    name = "_".join(words)[:48].strip("_") or "criterion"
-    while name in names:
-        name += "_x"
-    names.add(name)
-    atom = Atom(name=name, domain="bool", kind="other", definition=f"The chart shows: {line[:160]}")
-    return ParsedCriterion(in_scope=True, atoms=[atom], formula=name)
 
 
 def teacher_records(limits) -> dict:
