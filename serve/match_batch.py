@@ -351,8 +351,33 @@ def merge_results(out: str | Path) -> dict:
         "missing": (plan.counts.get("pairs") or 0) - len(merged),
         "by_decision": dict(sorted(by_decision.items())),
     }
+    summary["ranked"] = write_rankings(out, merged)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def write_rankings(out: Path, merged: list[ResultLine]) -> dict[str, int]:
+    """Site-wide screening from a batch: `out/ranked_by_patient.jsonl` (each patient's trials) and
+    `out/ranked_by_trial.jsonl` (each trial's patients), one line per group, its pairs in the order
+    of `verdict_core.ranking` with the decision ids. A pair without a decision has no rank: it stays
+    in results.jsonl with its error, and is counted under `unranked`."""
+    from verdict_core.decision import Decision
+    from verdict_core.ranking import rank
+
+    decided = [(r, Decision.model_validate(r.result)) for r in merged if r.status == 200 and r.result]
+    ids = {(r.patient_id, r.trial_id): r.decision_id for r, _ in decided}
+    for by in ("patient", "trial"):
+        groups: dict[str, list[Decision]] = {}
+        for r, d in decided:
+            groups.setdefault(r.patient_id if by == "patient" else r.trial_id, []).append(d)
+        tmp = out / f"ranked_by_{by}.jsonl.tmp"
+        with open(tmp, "w") as f:
+            for key in sorted(groups):
+                rows = [{**row.model_dump(), "decision_id": ids[(row.patient_id, row.trial_id)]}
+                        for row in rank(groups[key])]
+                f.write(json.dumps({f"{by}_id": key, "rows": rows}) + "\n")
+        os.replace(tmp, out / f"ranked_by_{by}.jsonl")
+    return {"pairs": len(decided), "unranked": len(merged) - len(decided)}
 
 
 def render_batch_jobs(

@@ -127,7 +127,15 @@ def test_a_result_line_torn_by_a_kill_is_redone_and_nothing_is_lost(tmp_path):
     assert again["done_before"] == 1 and again["matched"] == 2
     lines = path.read_text().splitlines()
     assert len(lines) == 3 and sorted(r.patient_id for r in read_results(path)) == ["P0", "P1", "P2"]
-    assert merge_results(out)["results"] == 3
+    summary = merge_results(out)
+    assert summary["results"] == 3 and summary["ranked"] == {"pairs": 3, "unranked": 0}
+    # site-wide screening: the trial's patients ranked by formal distance, each with its decision id
+    (by_trial,) = map(json.loads, (out / "ranked_by_trial.jsonl").read_text().splitlines())
+    ranked = by_trial["rows"]
+    assert by_trial["trial_id"] == "NCT01" and sorted(r["patient_id"] for r in ranked) == ["P0", "P1", "P2"]
+    assert [r["rank"] for r in ranked] == [1, 2, 3] and all(r["decision_id"] and r["reason"] for r in ranked)
+    by_patient = [json.loads(x) for x in (out / "ranked_by_patient.jsonl").read_text().splitlines()]
+    assert [g["patient_id"] for g in by_patient] == ["P0", "P1", "P2"] and all(len(g["rows"]) == 1 for g in by_patient)
 
 
 @pytest.mark.slow
