@@ -59,6 +59,9 @@ class PatientDoc(StrictModel):
     text: str = ""
     documents: list[NoteDocument] | None = Field(None, description="several documents (default: `text` as one)")
     data_class: Literal["private", "public", "synthetic"] = "private"
+    fhir: dict | None = Field(None, description="the FHIR patient record (verdict.fhir_patient/v1, as `verdict fhir "
+                              "load --out` writes it) the documents come from: its coded facts decide atoms "
+                              "without the miner")
 
     @model_validator(mode="after")
     def _text_or_documents(self):

@@ -190,7 +190,13 @@ def load_patients(path: str | Path, ids: list[str] | None = None, limit: int | N
         pid = row.get("_id", row.get("patient_id")) if isinstance(row, dict) else None
         text = row.get("text") if isinstance(row, dict) else None
         docs = row.get("documents") if isinstance(row, dict) else None
-        if not isinstance(pid, str) or not pid:
+        if isinstance(row, dict) and row.get("format") == FHIR_RECORD:  # a `verdict fhir load --out` line
+            doc, problem = _fhir_patient(row, data_class, f"{p.name}:{n}")
+            if doc is not None:
+                items.append(doc)
+            else:
+                out.problems.append(problem)
+        elif not isinstance(pid, str) or not pid:
             out.problems.append(f"{p.name}:{n}: no '_id'")
         elif docs is not None and text is None:  # several documents: [{"id", "text", "date"?, "kind"?}]
             try:
@@ -205,6 +211,25 @@ def load_patients(path: str | Path, ids: list[str] | None = None, limit: int | N
     items = _dedupe(items, "patient_id", "patient", out.problems)
     out.items = _select(items, "patient_id", ids, limit, "patient", out.problems)
     return out
+
+
+FHIR_RECORD = "verdict.fhir_patient/v1"
+
+
+def _fhir_patient(row: dict, data_class: str, where: str) -> tuple[PatientDoc | None, str]:
+    """A FHIR patient record line as a patient: its documents, the record kept for its coded facts.
+    A bad line is named by its place and patient id, never by its content."""
+    from .fhir.models import FhirPatientRecord
+
+    pid = row.get("patient_id") if isinstance(row.get("patient_id"), str) else "?"
+    try:
+        rec = FhirPatientRecord.model_validate(row)
+    except ValidationError as e:
+        return None, f"{where}: FHIR record of patient '{pid}' is invalid ({'; '.join(describe_validation_error(e, 'record')[:3])})"
+    doc = rec.patient_doc()
+    if doc is None:
+        return None, f"{where}: FHIR record of patient '{pid}' has no document for the value miner"
+    return doc.model_copy(update={"data_class": data_class, "fhir": rec.model_dump(mode="json")}), ""
 
 
 def load_pairs(path: str | Path, scores: list[int] | None = None, limit: int | None = None) -> Loaded[Pair]:

@@ -69,6 +69,10 @@ def patient_input(doc):
     as `notes` when it has several, else its text as `note`."""
     from .protocol import NoteInput, PatientInput
 
+    if doc.fhir is not None:  # read from FHIR: the record goes as it is, its coded facts decide atoms
+        from data_gen.fhir.models import FhirPatientRecord
+
+        return PatientInput(patient_id=doc.patient_id, fhir=FhirPatientRecord.model_validate(doc.fhir))
     if not doc.documents:
         return PatientInput(patient_id=doc.patient_id, note=doc.text)
     notes = [NoteInput(id=d.id, text=d.text, date=d.date, kind=d.kind) for d in doc.documents]

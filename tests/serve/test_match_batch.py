@@ -138,6 +138,46 @@ def test_a_result_line_torn_by_a_kill_is_redone_and_nothing_is_lost(tmp_path):
     assert [g["patient_id"] for g in by_patient] == ["P0", "P1", "P2"] and all(len(g["rows"]) == 1 for g in by_patient)
 
 
+def test_fhir_records_go_through_the_batch_with_their_coded_facts(tmp_path):
+    """Patients as `verdict fhir load --out` writes them: the batch decides the age from the Patient's
+    birth date (no miner call asks it), the rest from the documents; a broken record is named by id."""
+    import asyncio
+
+    from data_gen.fhir.models import FhirPatientRecord
+    from data_gen.protocol import NoteDocument
+    from data_gen.scripted_server import Script, ScriptedServer
+    from data_gen.sources import load_patients
+    from tests.serve.test_screen import asked as screen_asked
+    from tests.serve.test_serving import SCRIPT
+
+    cfg = {"vllm": {"model": str(tmp_path / "unused")},
+           "api": {"formalizer": {"parser_model": "scripted", "value_miner_model": "scripted"},
+                   "api_keys": str(tmp_path / "keys.json")}}
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(cfg))
+    rec = FhirPatientRecord(patient_id="F1", reference_date="2024-06-01", birth_date="1980-02-03", age_years=44,
+                            documents=[NoteDocument(id="DocumentReference/d1", text="Seen today. No chest pain.")])
+    broken = {"format": "verdict.fhir_patient/v1", "patient_id": "F2", "reference_date": "2024-06-01",
+              "facts": [{"secret": "Zyx"}]}
+    (tmp_path / "broken.jsonl").write_text(json.dumps(broken) + "\n")
+    (problem,) = load_patients(tmp_path / "broken.jsonl").problems
+    assert "broken.jsonl:1: FHIR record of patient 'F2' is invalid" in problem and "Zyx" not in problem
+    (tmp_path / "patients.jsonl").write_text(rec.model_dump_json() + "\n")
+    (tmp_path / "trials.jsonl").write_text(json.dumps(
+        {"nct_id": "NCT01", "title": "t", "inclusion": "Adults", "exclusion": "Chest pain"}) + "\n")
+    out = tmp_path / "out"
+    plan_batch(out, name="fhir", serve_config=tmp_path / "serve.yaml", patients=tmp_path / "patients.jsonl",
+               trials=tmp_path / "trials.jsonl")
+    with ScriptedServer(Script.model_validate(SCRIPT)) as srv:
+        assert asyncio.run(run_shard(out, 0, formalizer_url=srv.url))["matched"] == 1
+        asked = screen_asked(srv, "No chest pain")
+    assert "has_chest_pain" in asked and "age_years" not in asked  # the age comes from the birth date, not mined
+    (line,) = read_results(result_path(out, 0))
+    assert line.status == 200, line.error
+    merge_results(out)
+    (row,) = map(json.loads, (out / "results.jsonl").read_text().splitlines())
+    assert row["patient_id"] == "F1" and row["decision"] in ("eligible", "ineligible", "undetermined")
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_shards_resume_after_a_crash_and_merge_without_duplicates(
