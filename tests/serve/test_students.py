@@ -47,7 +47,7 @@ def test_miner_rows_are_chunked_and_split_as_the_service_asks():
     limits = FormalizerConfig(
         max_tokens=STUDENT_MAX_TOKENS, context_tokens=STUDENT_MAX_TOKENS["miner_inclusion"] + 700
     )
-    rows = miner_rows(recs, programs, {}, limits)
+    rows = miner_rows(recs, programs, {"teacher": "recorded-teacher", "prompt_version": "v1"}, limits)
     fz = Formalizer(limits.endpoint("value_miner", "http://127.0.0.1:9/v1"))
     plan = plan_for(
         fz, programs["NCT-BIG"], PatientDoc(patient_id="P9", text=recs["patients"][0]["note"]), "inclusion"
