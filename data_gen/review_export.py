@@ -101,6 +101,7 @@ def miner_results(audit, row, limits, summary: ReviewExportSummary, prompt_versi
 
     from .formalizer import check_miner_output, quote_in_note, side_atoms
     from .protocol import StageResult
+    from .sft_record import target
 
     chain = _chain(audit, row)
     reviews = [r for r in chain if (r.lineage or {}).get("kind") == "review"]
@@ -138,7 +139,7 @@ def miner_results(audit, row, limits, summary: ReviewExportSummary, prompt_versi
     prov = _provenance(reviews, changes)
     out = []
     for r in miner_rows(records, programs, {"teacher": TEACHER, "prompt_version": prompt_version}, limits):
-        answer = r["messages"][-1]["content"]
+        answer = target(r)
         atoms = [v["atom"] for v in json.loads(answer)["values"]]
         if not changed & set(atoms):
             continue  # a call the review did not touch: nothing new to learn
@@ -202,12 +203,11 @@ def export_reviews(audit_db: str, out: str | Path, *, limits=None, seed: int = 0
                    egress=None) -> tuple[dict[str, dict], ReviewExportSummary]:
     """Write `<out>/value_miner` and `<out>/parser` from an audit store's reviews (export.py's writer:
     split by trial, dataset card); return (cards, summary)."""
+    from serve.api_config import FormalizerConfig
     from serve.audit.store import AuditStore
 
     from .export import export_datasets
     from .records import RecordStore
-
-    from serve.api_config import FormalizerConfig
 
     out = check_destination(out, egress)
     limits = limits or FormalizerConfig()  # the service's defaults: plan calls as it does

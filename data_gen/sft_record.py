@@ -45,7 +45,7 @@ class SftRecord(StrictModel):
 
     def row(self) -> dict:
         """The dataset row (no provenance column unless the record has one)."""
-        return self.model_dump(exclude_none=False, exclude={"provenance"} if self.provenance is None else set())
+        return self.model_dump(exclude={"provenance"} if self.provenance is None else set())
 
 
 def target(row: dict) -> str:

@@ -30,7 +30,7 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from data_gen.sft_record import target
+from data_gen.sft_record import target as teacher_output
 from verdict_core.errors import VerdictError
 from verdict_core.jsonl_store import JsonlStore
 from verdict_core.metrics import NO_JSON, format_rate, output_validity, percentile, rate
@@ -267,17 +267,13 @@ def _load_companion(path: Path | None, task: str) -> list[dict] | None:
     return rows
 
 
-def _content(row: dict) -> str:
-    return target(row)
-
-
 def decision_agreement(
     task: str, rows: list[dict], checked: dict[str, Checked], dataset_path: Path, cfg: EvalConfig
 ) -> dict:
     from verdict_core.patient import ValueMinerOutput
     from verdict_core.program import ParsedTrial
 
-    if task == "parser" and any(sft_data.is_criterion_output(_content(r)) for r in rows):
+    if task == "parser" and any(sft_data.is_criterion_output(teacher_output(r)) for r in rows):
         return {"available": False,
                 "reason": "per-criterion parser records: the decision agreement needs each trial's "
                           "assembled program (data_gen.formalizer.assembly), not computed here yet"}
@@ -298,11 +294,11 @@ def decision_agreement(
         # one that declares all of its atoms.
         programs: dict[str, list] = defaultdict(list)
         for r in companion:
-            if sft_data.is_criterion_output(_content(r)):
+            if sft_data.is_criterion_output(teacher_output(r)):
                 continue  # per-criterion parser records: no whole program per row
             try:
                 programs[r["trial_id"]].append(
-                    _program(r["trial_id"], ParsedTrial.model_validate_json(_content(r)))
+                    _program(r["trial_id"], ParsedTrial.model_validate_json(teacher_output(r)))
                 )
             except VerdictError:
                 pass
@@ -310,7 +306,7 @@ def decision_agreement(
         for r in rows:
             by_pair[(r["trial_id"], r["patient_id"])].append(r)
         for (tid, pid), recs in sorted(by_pair.items()):
-            t_vals = [v for r in recs for v in ValueMinerOutput.model_validate_json(_content(r)).values]
+            t_vals = [v for r in recs for v in ValueMinerOutput.model_validate_json(teacher_output(r)).values]
             program = next(
                 (p for p in programs.get(tid, []) if len(_fitting(p, t_vals)) == len(t_vals)), None
             )
@@ -330,7 +326,7 @@ def decision_agreement(
     values: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for r in companion:
         values[r["trial_id"]][r["patient_id"]].extend(
-            ValueMinerOutput.model_validate_json(_content(r)).values
+            ValueMinerOutput.model_validate_json(teacher_output(r)).values
         )
     for r in rows:
         tid = r["trial_id"]
@@ -338,7 +334,7 @@ def decision_agreement(
             scorer.skipped["no patient pairs for the trial"] += 1
             continue
         try:
-            t_prog = _program(tid, ParsedTrial.model_validate_json(_content(r)))
+            t_prog = _program(tid, ParsedTrial.model_validate_json(teacher_output(r)))
         except VerdictError:
             scorer.skipped["teacher program invalid"] += 1
             continue
@@ -506,7 +502,7 @@ def score(target: Target, path: str, label: str, split: str, cfg: EvalConfig) ->
     counts, atoms = Counter(), Counter()
     errors = Counter()
     for r in rows:
-        c, teacher_text = checked[r["record_id"]], _content(r)
+        c, teacher_text = checked[r["record_id"]], teacher_output(r)
         output = preds[r["record_id"]].output
         teacher = sft_data.output_model(task, teacher_text).model_validate_json(teacher_text)
         counts["exact_match"] += output == teacher_text
