@@ -99,6 +99,15 @@ def test_plan_shards_by_trial_and_refuses_a_changed_plan(tmp_path, student_recor
     assert "patient 'P9'" in str(e.value) and "trial 'NCT-X'" in str(e.value)
 
 
+def scripted_serve_config(folder: Path) -> Path:
+    """folder/serve.yaml: a serve config whose formalizer is the scripted server (no vLLM is started)."""
+    cfg = {"vllm": {"model": str(folder / "unused")},
+           "api": {"formalizer": {"parser_model": "scripted", "value_miner_model": "scripted"},
+                   "api_keys": str(folder / "keys.json")}}
+    (folder / "serve.yaml").write_text(yaml.safe_dump(cfg))
+    return folder / "serve.yaml"
+
+
 def test_a_result_line_torn_by_a_kill_is_redone_and_nothing_is_lost(tmp_path):
     """Killed between two writes (r1 kept, r2 half-written, r3 never written), against the scripted
     formalizer (real HTTP): the resumed shard redoes r2 and r3, every line of its own."""
@@ -107,10 +116,7 @@ def test_a_result_line_torn_by_a_kill_is_redone_and_nothing_is_lost(tmp_path):
     from data_gen.scripted_server import Script, ScriptedServer
     from tests.serve.test_serving import SCRIPT
 
-    cfg = {"vllm": {"model": str(tmp_path / "unused")},
-           "api": {"formalizer": {"parser_model": "scripted", "value_miner_model": "scripted"},
-                   "api_keys": str(tmp_path / "keys.json")}}
-    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(cfg))
+    scripted_serve_config(tmp_path)
     (tmp_path / "patients.jsonl").write_text("".join(
         json.dumps({"_id": f"P{i}", "text": f"Patient {i}, {30 + i} years old."}) + "\n" for i in range(3)))
     (tmp_path / "trials.jsonl").write_text(json.dumps(
@@ -150,10 +156,7 @@ def test_fhir_records_go_through_the_batch_with_their_coded_facts(tmp_path):
     from tests.serve.test_screen import asked as screen_asked
     from tests.serve.test_serving import SCRIPT
 
-    cfg = {"vllm": {"model": str(tmp_path / "unused")},
-           "api": {"formalizer": {"parser_model": "scripted", "value_miner_model": "scripted"},
-                   "api_keys": str(tmp_path / "keys.json")}}
-    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(cfg))
+    scripted_serve_config(tmp_path)
     rec = FhirPatientRecord(patient_id="F1", reference_date="2024-06-01", birth_date="1980-02-03", age_years=44,
                             documents=[NoteDocument(id="DocumentReference/d1", text="Seen today. No chest pain.")])
     broken = {"format": "verdict.fhir_patient/v1", "patient_id": "F2", "reference_date": "2024-06-01",
