@@ -56,8 +56,9 @@ def asked_atoms(srv) -> list[str]:
     return out
 
 
-def mine(srv, programs, reuse=True, concurrent=False, patient=NOTE, cancel=None):
-    t = TeacherConfig(name="t", base_url=srv.url, model="m", timeout_s=10, max_retries=0, backoff_base_s=0.01)
+def mine(srv, programs, reuse=True, concurrent=False, patient=NOTE, cancel=None, max_tokens=None):
+    t = TeacherConfig(name="t", base_url=srv.url, model="m", timeout_s=10, max_retries=0, backoff_base_s=0.01,
+                      **({"max_tokens": max_tokens} if max_tokens else {}))
 
     async def go():
         fz = Formalizer(t, value_reuse=ValueReuse() if reuse else None)
@@ -151,3 +152,21 @@ def test_a_failed_mining_is_not_kept_and_a_waiting_trial_asks_itself():
     assert r2.status == "rejected" and r1.status == "accepted"
     assert values(r1)["age_years"] == (58, "58-year-old")
     assert reuse._pending == {}  # nothing left in progress
+
+
+def test_an_atom_a_shared_mining_could_not_read_is_asked_again_not_taken_as_null():
+    """One atom per call (max_tokens 150): T2's hba1c call fails, its age call stands, so T2 is
+    accepted with hba1c left open. T5, waiting on that same hba1c, must not take it as silence:
+    it asks itself (and, the answer failing again, is rejected rather than decided on a null)."""
+    t5 = program("T5", HBA1C)
+    srv = server(latency=0.3, fail_on="hba1c_percent")
+    try:
+        (r2, r5), _ = mine(srv, [T2, t5], concurrent=True,
+                           max_tokens={"parser": 64, "miner_inclusion": 150, "miner_exclusion": 64})
+        asked = asked_atoms(srv)
+    finally:
+        srv.stop()
+    assert r2.status == "accepted" and list(r2.output.unread) == ["hba1c_percent"]
+    assert values(r2)["age_years"] == (58, "58-year-old") and values(r2)["hba1c_percent"] == (None, "")
+    assert r5.status == "rejected" and len(r5.calls) == 1  # its own call: the shared failure was not reused
+    assert sorted(asked) == ["age_years"] + ["hba1c_percent"] * 4  # T2 call + repair, T5 call + repair
