@@ -9,6 +9,9 @@ so `verdict bench run --config RUN_DIR/config.yaml` reproduces the run from its 
       - {name: verdict-gpt-5-mini, kind: formalizer, parser: gpt-5-mini, miner: gpt-5-mini}
       - {name: llmmatch-gpt-5-mini, kind: llm_match, endpoint: gpt-5-mini}
     policy: prescreen
+
+A `formalizer` backend may turn on the service's opt-in stages (`arbiter: true`, `verbalizer: true`;
+both off by default; bench/backends/formalizer.py documents them).
 """
 
 from __future__ import annotations
@@ -18,10 +21,10 @@ from typing import Literal
 
 from pydantic import Field, SerializeAsAny, field_validator, model_validator
 
-from data_gen.teacher_config import EgressConfig
-from serve.vllm_config import VLLMConfig
-from verdict_core.configs import StrictModel
-from verdict_core.program import Id
+from verdict.data_gen.teacher_config import EgressConfig
+from verdict.serve.vllm_config import VLLMConfig
+from verdict.core.configs import StrictModel
+from verdict.core.program import Id
 
 from .backends import BackendConfig, backend_config
 from .datasets import DatasetConfig
@@ -98,6 +101,6 @@ class BenchConfig(StrictModel):
 
 def load_bench_config(name_or_path: str | Path, overrides: list[str] | None = None) -> BenchConfig:
     """A config by name (configs/bench/NAME.yaml) or path; ``overrides`` as ``--set key=value``."""
-    from verdict_core.configs import load_config
+    from verdict.core.configs import load_config
 
     return load_config("bench", BenchConfig, name_or_path, overrides, BenchError, "bench")[1]

@@ -1,30 +1,36 @@
 """`verdict bench ...` commands. Keep module-level imports light: heavy stacks load inside commands."""
 
+import os
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from verdict_core.cli_errors import fail, guarded
+from verdict.core.cli_errors import fail, guarded
 
 app = typer.Typer(help="bench commands", no_args_is_help=True)
 
 
 @app.command()
 def core(
-    directory: Optional[Path] = typer.Argument(None, help="reference corpus (default ../shared/data/reference/v6)"),
+    directory: Optional[Path] = typer.Argument(None, help="reference corpus (default: $VERDICT_REFERENCE_DIR, else ../shared/data/reference/v6 beside the checkout)"),
     policy: str = typer.Option("prescreen", help="policy name or YAML path"),
     repeats: int = typer.Option(3, help="timed runs per pair for cold and warm"),
     naive: bool = typer.Option(True, help="also time the naive baseline"),
 ) -> None:
     """Latency of the decision engine's full artifact set, cold and warm, against a naive baseline."""
-    from verdict_core.configs import REPO_ROOT
-    from verdict_core.errors import VerdictError
-    from verdict_core.policy import load_policy
+    from verdict.core.configs import source_checkout
+    from verdict.core.errors import VerdictError
+    from verdict.core.policy import load_policy
 
     from .core_latency import report, run
 
-    folder = directory or (REPO_ROOT.parent / "shared" / "data" / "reference" / "v6")
+    checkout = source_checkout()
+    folder = directory or (Path(os.environ["VERDICT_REFERENCE_DIR"]) if os.environ.get("VERDICT_REFERENCE_DIR")
+                           else checkout.parent / "shared" / "data" / "reference" / "v6" if checkout else None)
+    if folder is None:
+        typer.echo("error: name the reference corpus folder (argument DIRECTORY or $VERDICT_REFERENCE_DIR)", err=True)
+        raise typer.Exit(2)
     try:
         result = run(folder, load_policy(policy), repeats=repeats, naive=naive, progress=typer.echo)
     except (VerdictError, FileNotFoundError) as e:
@@ -54,7 +60,7 @@ def run(
     from .runner import BenchRun
 
     cfg = load_bench_config(config, set_)
-    runner = BenchRun(cfg, progress=progress, restart=restart)
+    runner = BenchRun(cfg, progress_bar=progress, restart=restart)
     if report_only:
         if not (cfg.run_dir / "pairs.jsonl").exists():
             fail(f"{cfg.run_dir}: no recorded pairs yet (run without --report-only first)")
@@ -126,8 +132,8 @@ def recipe_steps(recipe: str = RECIPE_ARG, set_: list[str] = RECIPE_SET) -> None
 
 
 def _rendered(recipe, set_, slurm, set_slurm, out):
-    from slurm.job_config import load_slurm_config
-    from verdict_core.configs import find_config
+    from verdict.slurm.job_config import load_slurm_config
+    from verdict.core.configs import find_config
 
     from .recipe import prepare, render
     from .recipe_config import load_recipe
@@ -161,7 +167,7 @@ def recipe_submit(recipe: str = RECIPE_ARG, set_: list[str] = RECIPE_SET, slurm:
     import json
 
     def body():
-        from slurm.submit import wait_for
+        from verdict.slurm.submit import wait_for
 
         from .recipe import submit
 
@@ -188,6 +194,6 @@ def recipe_run(recipe: str = RECIPE_ARG, set_: list[str] = RECIPE_SET,
     def body():
         rc = load_recipe(recipe, set_)
         prepare(rc)
-        run_locally(rc, echo=lambda m: typer.echo(m, err=True), only=only or None)
+        run_locally(rc, progress=lambda m: typer.echo(m, err=True), only=only or None)
 
     _recipe(body)

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import z3
 
-from verdict_core.cases import load_case
-from verdict_core.counterfactual import pivotal_flip_rate
-from verdict_core.engine import Engine
-from verdict_core.policy import Policy
-from verdict_core.session import Session
+from verdict.core.cases import load_case
+from verdict.core.counterfactual import pivotal_flip_rate
+from verdict.core.engine import Engine
+from verdict.core.policy import Policy
+from verdict.core.session import Session
+from verdict.core.progress import Progress
 
 
 @dataclass
@@ -80,7 +81,7 @@ class NaiveSession(Session):
     def _plain(self, assumptions) -> bool:
         r = self.s.check(*assumptions)
         if r == z3.unknown:
-            from verdict_core.session import SolverLimit
+            from verdict.core.session import SolverLimit
 
             raise SolverLimit(self.s.reason_unknown())
         return r == z3.sat
@@ -92,10 +93,10 @@ class NaiveSession(Session):
 
 def naive_decide(path: Path, policy: Policy, timeout_ms: int):
     """Re-import and re-compile the program for every artifact, fresh solver for every check."""
-    from verdict_core import assumptions as A
-    from verdict_core import labels as L
-    from verdict_core import pivotal as P
-    from verdict_core import trace as T
+    from verdict.core import assumptions as A
+    from verdict.core import labels as L
+    from verdict.core import pivotal as P
+    from verdict.core import trace as T
 
     aside: set[str] = set()
 
@@ -134,7 +135,7 @@ def naive_decide(path: Path, policy: Policy, timeout_ms: int):
 
 
 def run(directory: Path, policy: Policy, repeats: int = 3, naive: bool = True, timeout_ms: int = 5000,
-        progress=print) -> dict:
+        progress: Progress = print) -> dict:
     files = sorted(Path(directory).glob("*/*.json"))
     if not files:
         raise FileNotFoundError(f"no reference files (*/*.json) under {directory}")

@@ -9,7 +9,7 @@ Kinds (a registry, like the backends):
 - ``jsonl``: a site's own pairs, one JSON object a line:
   {"patient_id", "trial_id" (or "nct_id"), "label": "eligible"|"ineligible" (or true|false)}.
 
-Notes and criteria are read with `data_gen.sources` (the benchmarks layout). A malformed row is
+Notes and criteria are read with `verdict.data_gen.sources` (the benchmarks layout). A malformed row is
 reported (file, line, what is wrong) and skipped, never scored; so is a pair whose note or
 criteria text is missing when the dataset requires text. Optional sampling is seeded and
 class-balanced (`per_class`) or uniform (`n`).
@@ -25,8 +25,8 @@ from typing import Callable, Literal
 
 from pydantic import Field, model_validator
 
-from data_gen.protocol import PatientDoc, TrialDoc
-from verdict_core.configs import StrictModel
+from verdict.data_gen.protocol import PatientDoc, TrialDoc
+from verdict.core.configs import StrictModel
 
 from .protocol import PAIR_SEP, BenchError, LabeledPair, pair_id
 
@@ -210,7 +210,7 @@ def sample_pairs(pairs: list[LabeledPair], sample: SampleConfig) -> list[Labeled
 
 
 def load_dataset(cfg: DatasetConfig) -> BenchDataset:
-    from data_gen.sources import load_patients, load_trials
+    from verdict.data_gen.sources import load_patients, load_trials
 
     problems: list[str] = []
     dropped: dict[str, int] = {}

@@ -4,7 +4,7 @@ Binary scores treat "eligible" as the positive class (paper §5.1: F1 and accura
 intervals are percentile bootstraps over pairs (B = 2000, seeded, as the paper's appendix D.5)
 or Wilson intervals for proportions such as PivotalFlipRate (appendix D.4). Percentiles, rates,
 Wilson intervals and the meaning of json_valid / schema_valid are the project's shared ones
-(`verdict_core.metrics`, also used by `verdict train eval`). McNemar's test is the
+(`verdict.core.metrics`, also used by `verdict train eval`). McNemar's test is the
 exact two-sided binomial test on the discordant pairs (§5.3). Undefined ratios (0/0) are 0.0 for
 precision/recall/F1, as scikit-learn's ``zero_division=0``, and None elsewhere.
 """
@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 # The shared definitions (one p95, one schema_valid, rates with Wilson intervals): re-exported here
 # so the bench's scoring reads as one vocabulary.
-from verdict_core.metrics import latency_summary, output_validity, percentile, rate, wilson_ci  # noqa: F401
+from verdict.core.metrics import latency_summary, output_validity, percentile, rate, wilson_ci  # noqa: F401
 
 BOOTSTRAP_B = 2000
 

@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from verdict_core.configs import StrictModel
-from verdict_core.errors import VerdictError
+from verdict.core.configs import StrictModel
+from verdict.core.errors import VerdictError
 
 Label = Literal["eligible", "ineligible"]
 DecisionValue = Literal["eligible", "ineligible", "undetermined"]

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import yaml
 
-from data_gen.sft_record import TASKS
+from verdict.data_gen.sft_record import TASKS
+from verdict.core.progress import Progress
 
 from .protocol import BenchError
 from .recipe_config import RecipeConfig
@@ -135,10 +136,10 @@ def parse_limited_reason(recipe: RecipeConfig):
     """Whether a trial can get a usable program from the students' parser, decided before any model
     runs: it needs criteria text, at least one criterion, and every criterion within the parser's
     prompt budget (`students.limits`; split as the parser splits). Returns trial id -> reason|None."""
-    from data_gen.formalizer.budget import load_limits
-    from data_gen.formalizer.criteria import split_trial
-    from data_gen.formalizer.parser import criterion_messages
-    from data_gen.sources import load_trials
+    from verdict.data_gen.formalizer.budget import load_limits
+    from verdict.data_gen.formalizer.criteria import split_trial
+    from verdict.data_gen.formalizer.parser import criterion_messages
+    from verdict.data_gen.sources import load_trials
 
     trials: dict = {}
     for path in recipe.corpus.trials:
@@ -264,7 +265,7 @@ def _bench_config(recipe: RecipeConfig, lay: Layout) -> dict:
 
 def _check_generated(lay: Layout) -> None:
     """Refuse now, not hours later in a job, if a generated config does not load."""
-    from data_gen.teacher_config import load_run_config
+    from verdict.data_gen.teacher_config import load_run_config
 
     from .bench_config import load_bench_config
 
@@ -274,7 +275,7 @@ def _check_generated(lay: Layout) -> None:
 
 # ---- the chain -------------------------------------------------------------------------------------
 def steps(recipe: RecipeConfig, verdict: str = "verdict") -> list[Step]:
-    from verdict_core.configs import find_config
+    from verdict.core.configs import find_config
 
     lay = Layout(recipe.root, recipe.name)
     st = recipe.students
@@ -303,7 +304,7 @@ def steps(recipe: RecipeConfig, verdict: str = "verdict") -> list[Step]:
 
 def render(recipe: RecipeConfig, slurm_cfg, out_dir: Path | None = None) -> dict[str, Path]:
     """One sbatch script per step (slurm/templates/base.sbatch.j2 + bench/templates/step.sbatch.j2)."""
-    from slurm.render import render_text, write_script
+    from verdict.slurm.render import render_text, write_script
 
     lay = Layout(recipe.root, recipe.name)
     out = Path(out_dir) if out_dir else lay.slurm
@@ -318,17 +319,17 @@ def render(recipe: RecipeConfig, slurm_cfg, out_dir: Path | None = None) -> dict
 
 def submit(recipe: RecipeConfig, scripts: dict[str, Path], env: dict | None = None) -> dict[str, str]:
     """sbatch every step, each after the steps it needs (afterok)."""
-    from slurm.submit import Job, submit_jobs
+    from verdict.slurm.submit import Job, submit_jobs
 
     return submit_jobs([Job(s.name, scripts[s.name], after=list(s.after)) for s in steps(recipe)], env)
 
 
-def run_locally(recipe: RecipeConfig, echo=print, only: list[str] | None = None) -> None:
+def run_locally(recipe: RecipeConfig, progress: Progress = print, only: list[str] | None = None) -> None:
     """The same steps one after another in this shell (a site without SLURM, or a dry run)."""
     for s in steps(recipe):
         if only and s.name not in only:
             continue
-        echo(f"[recipe {recipe.name}] {s.name}: {s.line}")
+        progress(f"[recipe {recipe.name}] {s.name}: {s.line}")
         r = subprocess.run(s.command)
         if r.returncode != 0:
             raise BenchError(f"recipe step '{s.name}' failed (exit {r.returncode}); fix it and run the same command "

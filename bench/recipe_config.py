@@ -14,9 +14,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from slurm.job_config import JobResources
-from verdict_core.configs import StrictModel
-from verdict_core.program import Id
+from verdict.slurm.job_config import JobResources
+from verdict.core.configs import StrictModel
+from verdict.core.program import Id
 
 from .protocol import BenchError
 
@@ -61,7 +61,7 @@ class StudentSettings(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _from_limits(cls, data):
-        from data_gen.formalizer.budget import STUDENT_STAGES, apply_limits
+        from verdict.data_gen.formalizer.budget import STUDENT_STAGES, apply_limits
 
         return apply_limits(data, "recipe students", lambda lim: {
             **{("max_tokens", s): lim.stage_tokens(s) for s in STUDENT_STAGES},
@@ -107,6 +107,6 @@ class RecipeConfig(StrictModel):
 
 
 def load_recipe(name_or_path: str | Path, overrides: list[str] | None = None) -> RecipeConfig:
-    from verdict_core.configs import load_config
+    from verdict.core.configs import load_config
 
     return load_config("bench/recipes", RecipeConfig, name_or_path, overrides, BenchError, "recipe")[1]

@@ -20,7 +20,7 @@ from collections import Counter, defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-from verdict_core.jsonl_store import JsonlStore
+from verdict.core.jsonl_store import JsonlStore
 
 from . import metrics as M
 from .protocol import BenchError, PairResult
@@ -166,6 +166,9 @@ def summarize(config, dataset, results: list[PairResult], problems: list[str], s
     scoring = config.scoring
     backends = {b.name: backend_summary(b.name, b.kind, by_backend.get(b.name, []), n, scoring, config.repeats)
                 for b in config.backends}
+    for b in config.backends:  # the formalizer's opt-in stages (off by default): the report says they ran
+        if on := [st for st in ("arbiter", "verbalizer") if getattr(b, st, False)]:
+            backends[b.name]["optional_stages"] = on
     names = [b.name for b in config.backends]
     comparisons = [{"a": x, "b": y, **compare_backends(by_backend.get(x, []), by_backend.get(y, []), scoring)}
                    for i, x in enumerate(names) for y in names[i + 1:]]
@@ -243,6 +246,8 @@ def render_markdown(s: dict) -> str:
         lines.append("- dropped by design: " + ", ".join(f"{v} {k}" for k, v in ds["dropped"].items()))
     skipped = ds["problems"] + s.get("input_problems", [])
     lines.append(f"- input rows skipped (reported, never scored): {len(skipped)}")
+    lines += [f"- backend `{name}`: opt-in stages on: {', '.join(b['optional_stages'])}"
+              for name, b in s["backends"].items() if b.get("optional_stages")]
     lines += ["", "## Decision accuracy", "",
               "| backend | kind | scored | F1 [95% CI] | precision | recall | accuracy [95% CI] | failed | unavailable |",
               "|---|---|---|---|---|---|---|---|---|"]

@@ -4,7 +4,7 @@
     outcome = asyncio.run(run.run())        # -> runs/bench/NAME/{results.json, report.md, plots/}
 
 Resumable: each pair's result is appended to ``pairs.jsonl`` (the project's JSONL record store,
-`verdict_core.jsonl_store`) as soon as it is known, and a run started again skips what is there
+`verdict.core.jsonl_store`) as soon as it is known, and a run started again skips what is there
 (a line torn by a kill is cut and its pair redone); formalizer calls go through the shared call
 cache, so an answer paid for (by this run, an interrupted one, or a teacher run) is never paid for again. A pair whose
 endpoint kept failing is not recorded: the next run tries it again. The run directory keeps the
@@ -20,25 +20,20 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import yaml
 
-from verdict_core import configs
-from verdict_core.jsonl_store import JsonlStore
+from verdict.core import configs
+from verdict.core.jsonl_store import JsonlStore
+from verdict.core.progress import Progress, to_stderr
 
 from .bench_config import BenchConfig
 from .datasets import BenchDataset, load_dataset
 from .protocol import BenchError
 from .report import pair_store
 
-log = logging.getLogger("bench")
+log = logging.getLogger("verdict.bench")
 FATAL_STATUS = {401, 403, 404}  # wrong key, no access, unknown model: every further call fails too
-Echo = Callable[[str], None]
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -56,11 +51,12 @@ class RunOutcome:
 
 
 class BenchRun:
-    def __init__(self, config: BenchConfig, *, progress: bool = True, restart: bool = False, echo: Echo = _stderr):
+    def __init__(self, config: BenchConfig, *, progress_bar: bool = True, restart: bool = False,
+                 progress: Progress = to_stderr):
         self.config = config
-        self.progress = progress
+        self.progress_bar = progress_bar
         self.restart = restart
-        self.echo = echo
+        self.progress = progress
         self.dir = config.run_dir
 
     # -- the run directory ------------------------------------------------------------------------
@@ -90,9 +86,9 @@ class BenchRun:
 
     # -- the run ------------------------------------------------------------------------------------
     async def run(self) -> RunOutcome:
-        from data_gen.egress import EgressPolicy
-        from verdict_core.engine import Engine
-        from verdict_core.policy import load_policy
+        from verdict.data_gen.egress import EgressPolicy
+        from verdict.core.engine import Engine
+        from verdict.core.policy import load_policy
 
         from .backends import RunContext, make_backend
 
@@ -122,23 +118,23 @@ class BenchRun:
                 b.preflight()  # refuse before anything is sent, vLLM started or money spent
             needs_calls = any(b.kind in ("formalizer", "llm_match") for b in backends)
             if needs_calls:
-                from data_gen.ledger import Ledger
+                from verdict.data_gen.ledger import Ledger
 
                 ledger_cache = ctx.cache(0)
                 ctx.ledger = Ledger(ledger_cache, f"bench:{cfg.name}", cfg.budget_usd)
             problems = [p for b in backends for p in b.problems()] + store.problems
             n = len(dataset.pairs)
             c = dataset.counts()
-            self.echo(f"bench {cfg.name}: {dataset.kind}: {n} pairs ({c['eligible']} eligible, {c['ineligible']} "
+            self.progress(f"bench {cfg.name}: {dataset.kind}: {n} pairs ({c['eligible']} eligible, {c['ineligible']} "
                       f"ineligible); {len(dataset.problems)} input rows skipped" +
                       (f", dropped {', '.join(f'{v} {k}' for k, v in dataset.dropped.items())}" if dataset.dropped else "")
                       + f"; {len(backends)} backend(s) x {cfg.repeats} repeat(s)")
             for p in (dataset.problems + problems)[:10]:
-                self.echo(f"  skipped: {p}")
+                self.progress(f"  skipped: {p}")
             if len(dataset.problems) + len(problems) > 10:
-                self.echo(f"  ... and {len(dataset.problems) + len(problems) - 10} more (see report.md)")
+                self.progress(f"  ... and {len(dataset.problems) + len(problems) - 10} more (see report.md)")
             if server is not None:
-                self.echo(f"starting vLLM ({cfg.vllm.model}) for the local students ...")
+                self.progress(f"starting vLLM ({cfg.vllm.model}) for the local students ...")
                 await asyncio.to_thread(server.start)
             outcome.pairs_total = n * len(backends) * cfg.repeats
             for b in backends:
@@ -159,8 +155,8 @@ class BenchRun:
                 await asyncio.to_thread(server.stop)
             if ctx is not None:
                 ctx.close()
-            logging.getLogger("bench").removeHandler(handler)
-            logging.getLogger("data_gen").removeHandler(handler)
+            logging.getLogger("verdict.bench").removeHandler(handler)
+            logging.getLogger("verdict.data_gen").removeHandler(handler)
             handler.close()
             store.close()
         outcome.elapsed_s = time.monotonic() - started
@@ -171,22 +167,22 @@ class BenchRun:
         cfg = self.config
         if cfg.vllm is None or not any(getattr(b, "local_vllm", False) for b in cfg.backends):
             return None
-        from serve.vllm_server import VLLMServer
+        from verdict.serve.vllm_server import VLLMServer
 
         return VLLMServer(cfg.vllm)
 
     async def _run_backend(self, backend, repeat: int, dataset: BenchDataset, done: dict, store: JsonlStore,
                            outcome: RunOutcome) -> bool:
         """Decide the backend's pending pairs; True if the run must stop (budget, fatal error)."""
-        from data_gen.errors import BudgetExhausted, EgressRefused, EndpointError
+        from verdict.data_gen.errors import BudgetExhausted, EgressRefused, EndpointError
 
         pending = [p for p in dataset.pairs if (backend.name, repeat, p.pair_id) not in done]
         label = f"{backend.name} r{repeat}"
         if not pending:
-            self.echo(f"{label}: all {len(dataset.pairs)} pairs done before")
+            self.progress(f"{label}: all {len(dataset.pairs)} pairs done before")
             return False
-        self.echo(f"{label}: {len(pending)} of {len(dataset.pairs)} pairs to go")
-        bar = _progress(len(pending), self.progress, label)
+        self.progress(f"{label}: {len(pending)} of {len(dataset.pairs)} pairs to go")
+        bar = _progress(len(pending), self.progress_bar, label)
         sem = asyncio.Semaphore(self.config.concurrency)
         state = {"stop": None, "fatal": None, "failed": 0, "paid": 0.0}
 

@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--postgres", help="a postgresql:// URL of an empty database to write to")
     ap.add_argument("--password-env", help="environment variable with its password (default: PGPASSWORD)")
     args = ap.parse_args()
-    from serve.audit import AuditStore
+    from verdict.serve.audit import AuditStore
 
     with tempfile.TemporaryDirectory(prefix="audit-bench-") as d:
         path = Path(d) / "audit.sqlite"

@@ -33,8 +33,8 @@ def main() -> None:
     ap.add_argument("--no-rest", action="store_true", help="skip the REST source (no Node needed)")
     ap.add_argument("--page-size", type=int, default=100, help="_count of the REST searches")
     args = ap.parse_args()
-    from data_gen.fhir.rest import FhirRestConfig
-    from data_gen.fhir.sources import load_source
+    from verdict.data_gen.fhir.rest import FhirRestConfig
+    from verdict.data_gen.fhir.sources import load_source
     from tests.fixtures.fhir_server.data import AT, TOKEN, topic_resources, write_bundle, write_ndjson
 
     resources = topic_resources()

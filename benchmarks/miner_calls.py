@@ -4,7 +4,7 @@
 
 Notes of about 500 / 2,000 / 8,000 real Qwen2.5 tokens are built by concatenating real SIGIR and TREC
 patient texts (`../shared/data/benchmarks/patients_*.jsonl`), each text one document. They are
-planned (`data_gen.formalizer.miner.plan_miner_calls`: atom chunks x passages) against the largest
+planned (`verdict.data_gen.formalizer.miner.plan_miner_calls`: atom chunks x passages) against the largest
 reference programs (`../shared/data/reference/v6`, by atom count) under a student's limits
 (`configs/limits/NAME.yaml`), and every planned prompt is counted with the real tokenizer.
 
@@ -28,7 +28,7 @@ SHARED = REPO.parent / "shared" / "data"
 
 
 def largest_programs(n: int):
-    from verdict_core.reference import load_reference
+    from verdict.core.reference import load_reference
 
     progs = {}
     for path in sorted((SHARED / "reference" / "v6").glob("*/*__full.json")):
@@ -48,7 +48,7 @@ def patient_texts() -> list[tuple[str, str]]:
 
 def record_of(size: int, texts, counter):
     """Documents (one real patient text each) adding up to at least `size` tokens."""
-    from data_gen.protocol import NoteDocument
+    from verdict.data_gen.protocol import NoteDocument
 
     docs, total = [], 0
     for pid, text in texts:
@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--programs", type=int, default=3, help="how many of the largest reference programs")
     a = ap.parse_args(argv)
 
-    from data_gen.formalizer.budget import load_limits, qwen25_counter
-    from data_gen.formalizer.miner import plan_miner_calls, side_atoms
+    from verdict.data_gen.formalizer.budget import load_limits, qwen25_counter
+    from verdict.data_gen.formalizer.miner import plan_miner_calls, side_atoms
 
     limits = load_limits(a.limits)
     counter = qwen25_counter()  # the real vocabulary, whatever the limits' tokenizer is

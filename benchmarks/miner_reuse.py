@@ -3,7 +3,7 @@ every topic against every trial judged for it.
 
     .venv/bin/python benchmarks/miner_reuse.py [--topics 74] [--limits paper]
 
-No model is needed. Programs: the service's own criterion splitter (`data_gen.formalizer.criteria`)
+No model is needed. Programs: the service's own criterion splitter (`verdict.data_gen.formalizer.criteria`)
 cuts each judged trial into criteria, and each distinct criterion text (after the parser's
 normalization) becomes one atom whose definition is that text: what the per-criterion parser and
 its criterion cache give for a recurring criterion (the same output, so the same atom). Real parser
@@ -34,8 +34,8 @@ BENCH = REPO.parent / "shared" / "data" / "benchmarks"
 
 def criterion_program(trial):
     """One bool atom per distinct criterion text (see the module docstring)."""
-    from data_gen.formalizer.criteria import split_trial
-    from verdict_core.program import load_program
+    from verdict.data_gen.formalizer.criteria import split_trial
+    from verdict.core.program import load_program
 
     atoms, cohort = {}, {"id": "main", "inclusion": [], "exclusion": []}
     for c in split_trial(trial).criteria:
@@ -48,7 +48,7 @@ def criterion_program(trial):
 
 
 def load(topics: int):
-    from data_gen.sources import load_pairs, load_patients, load_trials
+    from verdict.data_gen.sources import load_pairs, load_patients, load_trials
 
     patients = load_patients(BENCH / "patients_trec2021.jsonl", data_class="public").items[:topics]
     pairs = load_pairs(BENCH / "pairs_trec2021.jsonl").items
@@ -63,9 +63,9 @@ def load(topics: int):
 
 async def mine_all(url, limits, patients, by_patient, programs, reuse: bool) -> dict[str, list[int]]:
     """patient id -> calls made for each of its trials, in trial order."""
-    from data_gen.formalizer import Formalizer
-    from data_gen.formalizer.value_reuse import ValueReuse
-    from data_gen.teacher_config import TeacherConfig
+    from verdict.data_gen.formalizer import Formalizer
+    from verdict.data_gen.formalizer.value_reuse import ValueReuse
+    from verdict.data_gen.teacher_config import TeacherConfig
 
     t = TeacherConfig(name="scripted", base_url=url, model="scripted", timeout_s=60, max_retries=0,
                       max_tokens=limits.max_tokens.model_dump(), context_tokens=limits.max_length,
@@ -96,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limits", default="paper", help="configs/limits/NAME.yaml (default: paper)")
     a = ap.parse_args(argv)
 
-    from data_gen.formalizer.budget import load_limits
-    from data_gen.scripted_server import Script, ScriptedResponse, ScriptedServer
+    from verdict.data_gen.formalizer.budget import load_limits
+    from verdict.data_gen.scripted_server import Script, ScriptedResponse, ScriptedServer
 
     limits = load_limits(a.limits)
     patients, by_patient, trials = load(a.topics)

@@ -24,8 +24,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reviews", type=int, default=30)
     args = ap.parse_args()
-    from data_gen.scripted_server import Script, ScriptedServer
-    from serve.api_keys import KeyStore
+    from verdict.data_gen.scripted_server import Script, ScriptedServer
+    from verdict.serve.api_keys import KeyStore
     from tests.serve import test_reviews as fixture
     from tests.serve.conftest import start_service
 

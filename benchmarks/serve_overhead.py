@@ -44,7 +44,7 @@ RECORDS = REPO / "examples" / "demo" / "teacher_records.json"  # the demo's reco
 
 def build_students(work: Path, records: dict) -> tuple[Path, dict[str, Path]]:
     """The tests' recipe (serve/students.py), cached in ``work``."""
-    from serve.students import TRAIN_STEPS, build_student_base, train_student, write_student_export
+    from verdict.serve.students import TRAIN_STEPS, build_student_base, train_student, write_student_export
 
     base = work / "base"
     if not (base / "config.json").exists():
@@ -64,10 +64,10 @@ def build_students(work: Path, records: dict) -> tuple[Path, dict[str, Path]]:
 
 def miner_requests(records: dict, formalizer_url: str) -> dict:
     """(trial id, patient id) -> the two chat-completion bodies the service sends for that match."""
-    from data_gen.client import build_request
-    from data_gen.formalizer import Formalizer, core_schema, side_atoms, with_atom_enum
-    from serve.api_config import FormalizerConfig
-    from serve.students import STUDENT_MAX_TOKENS, teacher_programs
+    from verdict.data_gen.client import build_request
+    from verdict.data_gen.formalizer import Formalizer, core_schema, side_atoms, with_atom_enum
+    from verdict.serve.api_config import FormalizerConfig
+    from verdict.serve.students import STUDENT_MAX_TOKENS, teacher_programs
 
     fc = FormalizerConfig(max_tokens=STUDENT_MAX_TOKENS)
     endpoint = fc.endpoint(fc.value_miner_model, formalizer_url)
@@ -185,7 +185,7 @@ def edge(work: Path, requests: int) -> None:
 
     import httpx
 
-    from data_gen.scripted_server import Script, ScriptedServer
+    from verdict.data_gen.scripted_server import Script, ScriptedServer
     from tests.serve.conftest import start_service
     from tests.serve.test_security import CONFIG, SCRIPT, cubes, fermat, program
 
@@ -268,7 +268,7 @@ def main() -> None:
         a.work.mkdir(parents=True, exist_ok=True)
         edge(a.work, min(a.requests, 200))
         return
-    from serve.students import load_teacher_records, student_vllm_config, trial_text
+    from verdict.serve.students import load_teacher_records, student_vllm_config, trial_text
 
     records = load_teacher_records(a.records or RECORDS)
     concurrencies = [int(x) for x in a.concurrency.split(",")]
@@ -276,7 +276,7 @@ def main() -> None:
         asyncio.run(measure(a.formalizer_url, a.service_url, a.key, records, a.requests, concurrencies))
         return
 
-    from serve.vllm_server import VLLMServer
+    from verdict.serve.vllm_server import VLLMServer
     from tests.serve.conftest import start_service
 
     a.work.mkdir(parents=True, exist_ok=True)

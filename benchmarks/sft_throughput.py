@@ -65,7 +65,7 @@ def build_model(arch: dict, device: str, dtype):
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from train.sft_config import LoraSpec
+    from verdict.train.sft_config import LoraSpec
 
     cfg = Qwen2Config(**arch)
     torch.manual_seed(0)
@@ -91,7 +91,7 @@ def build_model(arch: dict, device: str, dtype):
 def measure(a) -> dict:
     import torch
 
-    from train.sft_config import TrainConfig
+    from verdict.train.sft_config import TrainConfig
 
     recipe = TrainConfig(name="bench", task="parser", base_model="-", datasets=[{"path": "-"}])
     arch = TINY if a.tiny else QWEN2_5_7B_INSTRUCT
@@ -170,8 +170,8 @@ def measure(a) -> dict:
 def dataset_tokens(paths: list[str], tokenizer: str) -> list[tuple[str, int, int]]:
     from transformers import AutoTokenizer
 
-    from train.sft_data import load_dataset_dict
-    from train.sft_trainer import token_lengths
+    from verdict.train.sft_data import load_dataset_dict
+    from verdict.train.sft_trainer import token_lengths
 
     tok = AutoTokenizer.from_pretrained(tokenizer)
     out = []

@@ -23,8 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from data_gen.runner import TeacherRun  # noqa: E402
-from data_gen.teacher_config import RunConfig, TeacherConfig  # noqa: E402
+from verdict.data_gen.runner import TeacherRun  # noqa: E402
+from verdict.data_gen.teacher_config import RunConfig, TeacherConfig  # noqa: E402
 from tests.data_gen.teacher_data import parser_script, write_inputs  # noqa: E402
 
 
@@ -41,7 +41,7 @@ def main() -> None:
     script = parser_script(a.trials, latency=a.latency)
     (tmp / "script.json").write_text(script.model_dump_json())
     log = tmp / "server.log"
-    srv = subprocess.Popen([sys.executable, "-m", "data_gen.scripted_server", "--script", str(tmp / "script.json"),
+    srv = subprocess.Popen([sys.executable, "-m", "verdict.data_gen.scripted_server", "--script", str(tmp / "script.json"),
                             "--log", str(log)], stdout=subprocess.PIPE, text=True, cwd=REPO)
     url = srv.stdout.readline().split()[1]
     try:
@@ -55,7 +55,7 @@ def main() -> None:
                 "patients": {"path": str(inputs["patients"]), "data_class": "synthetic"}})
             before = len(log.read_text().splitlines()) if log.exists() else 0
             t0 = time.perf_counter()
-            summary = asyncio.run(TeacherRun(cfg, progress=False, teachers={"bench": teacher}).run())
+            summary = asyncio.run(TeacherRun(cfg, progress_bar=False, teachers={"bench": teacher}).run())
             wall = time.perf_counter() - t0
             lines = [json.loads(x) for x in log.read_text().splitlines()[before:]]
             return summary, wall, lines

@@ -122,8 +122,8 @@ def _trials_by_id(paths: list[Path]) -> dict:
 def measure_reference(report: BudgetReport, counter: TokenCounter, reference_dir: Path, notes_path: Path,
                       programs: list | None = None, trial_paths: list[Path] = ()) -> None:
     """Per-criterion parser records and planned miner calls of the recorded outputs."""
-    from verdict_core.errors import VerdictError
-    from verdict_core.reference import load_reference
+    from verdict.core.errors import VerdictError
+    from verdict.core.reference import load_reference
 
     from .formalizer.miner import MinerBudgetError, plan_miner_calls
     from .recorded import fit_to_grammar, recorded_answer
@@ -178,7 +178,7 @@ def measure_reference(report: BudgetReport, counter: TokenCounter, reference_dir
 
 def recorded_parser_records(program, trial, counter: TokenCounter) -> list[tuple[str, int, int | None, str]]:
     """(stage, prompt, completion, criterion id) of the per-criterion records the recorded import makes
-    (`data_gen.recorded.recorded_parser_result`); a rejected record has no completion."""
+    (`verdict.data_gen.recorded.recorded_parser_result`); a rejected record has no completion."""
     from .recorded import recorded_parser_result
 
     res = recorded_parser_result(program, trial)

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from verdict_core.cli_errors import fail, guarded
+from verdict.core.cli_errors import fail, guarded
 
 app = typer.Typer(help="teacher commands", no_args_is_help=True, pretty_exceptions_enable=False)
 
@@ -19,7 +19,7 @@ def _logging(verbose: bool) -> None:
     import logging
 
     # stderr shows warnings (or INFO with -v); the run's own log file gets INFO either way.
-    logger = logging.getLogger("data_gen")
+    logger = logging.getLogger("verdict.data_gen")
     for old in [h for h in logger.handlers if getattr(h, "_verdict_cli", False)]:
         logger.removeHandler(old)
     h = logging.StreamHandler()
@@ -49,7 +49,7 @@ def run(
     if budget_usd is not None and budget_usd < 0:
         fail("--budget-usd must be >= 0")
     cfg = load_run_config(config, set_)
-    runner = TeacherRun(cfg, budget_usd=budget_usd, progress=progress)
+    runner = TeacherRun(cfg, budget_usd=budget_usd, progress_bar=progress)
     if dry_run:
         _print_estimate(runner.dry_run())
         return
@@ -140,11 +140,11 @@ def _print_cards(out: str | Path, cards: dict, detail) -> None:
 def _export_reviews(audit_db: str, out: str, serve_config: str | None, seed: int,
                     fractions: tuple[float, float, float], overwrite: bool) -> None:
 
-    from .review_export import export_reviews
+    from verdict.serve.reviews.export import export_reviews  # reads the service's audit store
 
     limits = None
     if serve_config:
-        from serve.config import load_serve_config
+        from verdict.serve.config import load_serve_config
 
         limits = load_serve_config(serve_config).require("api").formalizer
     cards, summary = export_reviews(audit_db, out, limits=limits, seed=seed, fractions=fractions,
@@ -240,7 +240,7 @@ def criteria(
 ) -> None:
     """Split every trial into criteria; print distinct criteria and the share of parser calls the
     criterion cache saves."""
-    from verdict_core.errors import VerdictError
+    from verdict.core.errors import VerdictError
 
     from .stats import criteria_figures, render_criteria_figures
 

@@ -25,7 +25,7 @@ from .egress import EgressPolicy
 from .errors import EndpointError, TeacherConfigError
 from .teacher_config import TeacherConfig
 
-log = logging.getLogger("data_gen.client")
+log = logging.getLogger("verdict.data_gen.client")
 RETRY_AFTER_MAX_S = 300.0
 REQUEST_ID_HEADER = "X-Verdict-Request-Id"
 

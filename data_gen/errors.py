@@ -5,7 +5,7 @@ Messages name the problem and how to fix it; they never quote patient text.
 
 from __future__ import annotations
 
-from verdict_core.errors import VerdictError
+from verdict.core.errors import VerdictError
 
 
 class TeacherConfigError(VerdictError):

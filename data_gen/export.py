@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from verdict_core.errors import VerdictError
+from verdict.core.errors import VerdictError
 
 from .records import Record, RecordStore
 from .sft_record import TASKS, SftRecord, features
@@ -102,7 +102,7 @@ def assign_splits(records: list[Record], seed: int, fractions: tuple[float, floa
 
 def _row(run: str, r: Record, provenance: dict[str, dict] | None = None) -> dict:
     prov = None
-    if provenance is not None:  # review exports (data_gen/review_export.py): JSON text per row
+    if provenance is not None:  # review exports (serve/reviews/export.py): JSON text per row
         prov = json.dumps(provenance.get(r.record_id) or {}, sort_keys=True)
     return SftRecord.of_call(r.messages, r.output_json or "", task=r.task, record_id=f"{run}:{r.record_id}",
                              trial_id=r.trial_id, patient_id=r.patient_id, stage=r.stage, teacher=r.teacher,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from verdict_core.configs import StrictModel, build, find_config, parse_yaml
+from verdict.core.configs import StrictModel, build, find_config, parse_yaml
 
 from .errors import TeacherConfigError
 

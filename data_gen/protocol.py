@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from verdict_core.configs import StrictModel
-from verdict_core.formula import AtomName
-from verdict_core.patient import Value
+from verdict.core.configs import StrictModel
+from verdict.core.formula import AtomName
+from verdict.core.patient import Value
 
 # A section's own heading ("Inclusion Criteria:", or a bare ":" left by upstream splitting).
 _HEADING = re.compile(r"^\s*(?:(?:inclusion|exclusion)\s+criteria\s*:?|:)", re.IGNORECASE)

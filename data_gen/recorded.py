@@ -3,7 +3,7 @@ records and value-miner records.
 
 `../shared/data/reference/v6/<patient>/<NCT id>[variant]__full.json` holds, per patient-trial
 variant, the program the authors' trial parser wrote and the values their value miner (GPT-4.1
-era) read from the SIGIR note. `verdict_core.reference` turns a file into a TrialProgram and a
+era) read from the SIGIR note. `verdict.core.reference` turns a file into a TrialProgram and a
 resolved patient; here each side becomes one value-miner record: our miner prompt for that side's
 atoms and the note, with the recorded values as the teacher's answer, checked like any teacher
 output (an evidence quote that is not in the note rejects the record). No API is called.
@@ -32,10 +32,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from verdict_core.errors import VerdictError
+from verdict.core.errors import VerdictError
 
-from verdict_core.formula import atoms_in
-from verdict_core.program import ParsedCriterion, TrialProgram
+from verdict.core.formula import atoms_in
+from verdict.core.program import ParsedCriterion, TrialProgram
 
 from .formalizer import (
     check_miner_output,
@@ -166,7 +166,7 @@ def align_requirements(reqs: list[Requirement], criteria: list[CriterionText]) -
 @functools.lru_cache(maxsize=1)
 def _engine():
     """The engine that checks recorded outputs (one per process, the core's default limits)."""
-    from verdict_core.engine import Engine
+    from verdict.core.engine import Engine
 
     return Engine()
 
@@ -225,7 +225,7 @@ def grammar_name(name: str) -> str:
     longer ones cut and tagged with a hash of the whole (deterministic, collision-safe)."""
     import hashlib
 
-    from verdict_core.schemas import GRAMMAR_MAX_NAME
+    from verdict.core.schemas import GRAMMAR_MAX_NAME
 
     if len(name) <= GRAMMAR_MAX_NAME:
         return name
@@ -238,8 +238,8 @@ def fit_to_grammar(case):
     The recorded corpus has 101 such names (up to 188 characters) in 40 of its 76 files."""
     from dataclasses import replace
 
-    from verdict_core.formula import rename, render
-    from verdict_core.program import check_program
+    from verdict.core.formula import rename, render
+    from verdict.core.program import check_program
 
     mapping = {a.name: grammar_name(a.name) for a in case.program.atoms if grammar_name(a.name) != a.name}
     if not mapping:
@@ -282,7 +282,7 @@ def import_recorded(reference_dir: str | Path, patients_path: str | Path, out_di
                     name: str = "recorded-v6", prompt_version: str = "v1",
                     trials_path: str | Path | list[str | Path] | None = None,
                     parser_prompt_version: str = "v1") -> RecordedSummary:
-    from verdict_core.reference import load_reference
+    from verdict.core.reference import load_reference
 
     ref = Path(reference_dir)
     files = sorted(ref.glob("*/*__full.json"))
@@ -353,7 +353,7 @@ def import_recorded(reference_dir: str | Path, patients_path: str | Path, out_di
 def assembly_figures(reference_dir: str | Path) -> dict:
     """The assembly on the reference corpus: each recorded program re-expressed per requirement
     (`requirement_outputs`) and assembled again; merges, renames and near-duplicates counted."""
-    from verdict_core.reference import load_reference
+    from verdict.core.reference import load_reference
 
     from .formalizer.assembly import assemble
 

@@ -22,8 +22,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from verdict_core.engine import Engine
-from verdict_core.program import TrialProgram
+from verdict.core.engine import Engine
+from verdict.core.program import TrialProgram
 
 from .cache import CallCache
 from .egress import EgressPolicy
@@ -35,7 +35,7 @@ from .records import RecordStore, record_id
 from .sources import load_pairs, load_patients, load_trials
 from .teacher_config import RunConfig, TeacherConfig, load_teacher
 
-log = logging.getLogger("data_gen.runner")
+log = logging.getLogger("verdict.data_gen.runner")
 FATAL_STATUS = {401, 403, 404}  # wrong key, no access, unknown model: every further call would fail too
 
 
@@ -108,11 +108,11 @@ def plan_run(config: RunConfig) -> Plan:
 
 
 class TeacherRun:
-    def __init__(self, config: RunConfig, *, budget_usd: float | None = None, progress: bool = True,
+    def __init__(self, config: RunConfig, *, budget_usd: float | None = None, progress_bar: bool = True,
                  teachers: dict[str, TeacherConfig] | None = None):
         self.config = config
         self.budget = budget_usd if budget_usd is not None else config.budget_usd
-        self.progress = progress
+        self.progress_bar = progress_bar
         self.dir = run_dir(config)
         self.egress = EgressPolicy.from_config(config.egress)
         self.teachers = teachers or {}
@@ -182,7 +182,7 @@ class TeacherRun:
         finally:
             store.close()
             cache.close()
-            logging.getLogger("data_gen").removeHandler(handler)
+            logging.getLogger("verdict.data_gen").removeHandler(handler)
             handler.close()
 
     # -- the dry run --------------------------------------------------------------------------------
@@ -292,7 +292,7 @@ class _Work:
                 total += 1 + len(self._mining_items(trial.trial_id))  # expected; corrected when parsed
             elif trial.trial_id in programs:
                 total += self._enqueue_mining(TrialProgram.model_validate_json(programs[trial.trial_id]))
-        self.bar = _progress(total, self.owner.progress, self.cfg.name)
+        self.bar = _progress(total, self.owner.progress_bar, self.cfg.name)
         # More workers than HTTP slots: an item waiting on a shared call or being checked holds no slot,
         # and the clients' semaphores bound what is actually in flight.
         n_workers = min(1024, 4 * sum(t.concurrency for t in self.owner.teachers.values()))
@@ -378,7 +378,7 @@ def _progress(total: int, enabled: bool, name: str):
 def _file_log(path: Path) -> logging.Handler:
     h = logging.FileHandler(path)
     h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger("data_gen")
+    root = logging.getLogger("verdict.data_gen")
     root.addHandler(h)
     if root.level == logging.NOTSET or root.level > logging.INFO:
         root.setLevel(logging.INFO)

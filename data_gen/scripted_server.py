@@ -22,7 +22,7 @@ request's structured-output schema; `auto_values: {atom: {value, evidence}}` ans
 atoms the request asks (a script then fits any atom chunking). The server keeps a log of requests
 (hashes, not content).
 
-Run standalone: `python -m data_gen.scripted_server --script FILE [--port 0]` prints `READY <url>`.
+Run standalone: `python -m verdict.data_gen.scripted_server --script FILE [--port 0]` prints `READY <url>`.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from verdict_core import configs
-from verdict_core.configs import StrictModel
-from verdict_core.errors import VerdictError
+from verdict.core import configs
+from verdict.core.configs import StrictModel
+from verdict.core.errors import VerdictError
 
 
 class ScriptedResponse(StrictModel):

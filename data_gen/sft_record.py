@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from verdict_core.configs import StrictModel
+from verdict.core.configs import StrictModel
 
 TASKS: tuple[str, ...] = ("parser", "value_miner")
 Task = Literal["parser", "value_miner"]

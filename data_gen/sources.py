@@ -20,7 +20,7 @@ from typing import Any, Generic, Iterator, TypeVar
 
 from pydantic import ValidationError
 
-from verdict_core.errors import describe_validation_error
+from verdict.core.errors import describe_validation_error
 
 from .errors import SourceError
 from .protocol import Pair, PatientDoc, TrialDoc

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from verdict_core.errors import VerdictError
+from verdict.core.errors import VerdictError
 
 from .cache import CallCache
 from .records import ASSEMBLED, RecordStore

@@ -17,8 +17,8 @@ from pydantic import (
     model_validator,
 )
 
-from verdict_core.configs import StrictModel, load_config
-from verdict_core.program import Id
+from verdict.core.configs import StrictModel, load_config
+from verdict.core.program import Id
 
 from .errors import TeacherConfigError
 

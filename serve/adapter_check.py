@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable
 
 from pydantic import BaseModel, Field
 
-from verdict_core.configs import StrictModel
+from verdict.core.configs import StrictModel
+from verdict.core.progress import Progress
 
 from .errors import AdapterCheckError
 from .vllm_config import VLLMConfig
@@ -177,7 +177,7 @@ def vllm_generate(base_url: str, adapter: str, prompts: list[list[dict]], max_to
 
 
 def run_adapter_check(
-    config: VLLMConfig, check: AdapterCheckConfig, progress: Callable[[str], None] = lambda m: None
+    config: VLLMConfig, check: AdapterCheckConfig, progress: Progress = lambda m: None
 ) -> AdapterCheckResult:
     rows = load_golden(check.golden, check.limit)
     names = check.adapters or list(config.adapters)

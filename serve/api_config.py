@@ -9,8 +9,8 @@ import re
 
 from pydantic import Field, field_validator, model_validator
 
-from data_gen.teacher_config import EgressConfig, StageTokens, TeacherConfig
-from verdict_core.configs import StrictModel
+from verdict.data_gen.teacher_config import EgressConfig, StageTokens, TeacherConfig
+from verdict.core.configs import StrictModel
 
 from .pages.session import SessionConfig
 from .protocol import POLICY_NAME

@@ -24,11 +24,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from verdict_core.errors import describe_validation_error
+from verdict.core.errors import describe_validation_error
 
 from .errors import KeysUnavailable, ServeConfigError
 
-log = logging.getLogger("serve.auth")
+log = logging.getLogger("verdict.serve.auth")
 Role = Literal["match", "audit", "review", "trial_owner", "admin"]
 ROLES: tuple[str, ...] = ("match", "audit", "review", "trial_owner", "admin")
 PREFIX = "vk_"

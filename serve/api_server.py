@@ -30,7 +30,7 @@ def setup_logging(log_file: str | None, level: str = "INFO") -> logging.Handler:
     else:
         handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    for name in ("serve", "data_gen", "uvicorn", "uvicorn.error"):
+    for name in ("verdict.serve", "verdict.data_gen", "uvicorn", "uvicorn.error"):
         lg = logging.getLogger(name)
         lg.handlers = [handler]
         lg.setLevel(level)
@@ -75,7 +75,7 @@ def run_api(config: ApiConfig, base_url: str, *, ready_file: str | None = None, 
     setup_logging(config.log_file)
     app = create_app(config, base_url)
     if KeyStore(config.api_keys).count() == 0:
-        logging.getLogger("serve").warning(
+        logging.getLogger("verdict.serve").warning(
             "no API keys in %s: every route but /healthz and /readyz will answer 401 "
             "(create one with `verdict serve keys add --role match ...`)",
             config.api_keys,
@@ -85,7 +85,7 @@ def run_api(config: ApiConfig, base_url: str, *, ready_file: str | None = None, 
         # handler that would kill this process before its caller's cleanup (stopping vLLM in `up`).
         signal.signal(signal.SIGTERM, lambda *_: None)
     if not is_loopback(config.host) and not config.tls.enabled:
-        logging.getLogger("serve").warning(
+        logging.getLogger("verdict.serve").warning(
             "bound to %s without TLS: API keys and patient notes cross the network in clear text; "
             "terminate TLS at the site's reverse proxy (and bind to 127.0.0.1), or set api.tls.certfile "
             "and api.tls.keyfile",
@@ -113,7 +113,7 @@ def run_api(config: ApiConfig, base_url: str, *, ready_file: str | None = None, 
         while not server.started and not task.done():
             await asyncio.sleep(0.05)
         if server.started:
-            logging.getLogger("serve").info("matching API listening on %s (formalizer %s)", url, base_url)
+            logging.getLogger("verdict.serve").info("matching API listening on %s (formalizer %s)", url, base_url)
             if ready_file:
                 Path(ready_file).write_text(
                     json.dumps({"url": url, "formalizer": base_url, "pid": os.getpid()})

@@ -21,7 +21,7 @@ from .errors import ServiceError
 from .middleware import send_json
 from .pages.session import OPEN_PAGE_PATHS
 
-log = logging.getLogger("serve.auth")
+log = logging.getLogger("verdict.serve.auth")
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # no key needed (load balancers, orchestrators)
 
 

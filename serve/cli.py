@@ -21,7 +21,7 @@ from typing import Optional
 
 import typer
 
-from verdict_core.cli_errors import fail
+from verdict.core.cli_errors import fail
 
 from .audit.cli import audit_app
 
@@ -78,7 +78,7 @@ def vllm_cmd(
     t0 = time.monotonic()
     server.start(wait=False)
     try:
-        server.wait_ready(on_progress=lambda m: typer.echo(m, err=True))
+        server.wait_ready(progress=lambda m: typer.echo(m, err=True))
     except BaseException:
         server.stop()
         raise
@@ -186,13 +186,13 @@ def up_cmd(
     t0 = time.monotonic()
     server.start(wait=False)
     try:
-        server.wait_ready(on_progress=lambda m: typer.echo(m, err=True))
+        server.wait_ready(progress=lambda m: typer.echo(m, err=True))
         typer.echo(f"vLLM ready after {time.monotonic() - t0:.0f} s at {server.base_url}", err=True)
         typer.echo(json.dumps(server.state().model_dump()))
 
         def vllm_died(message: str) -> None:
             typer.echo(f"error: {message}", err=True)
-            logging.getLogger("serve").error("%s", message.split("\n", 1)[0])
+            logging.getLogger("verdict.serve").error("%s", message.split("\n", 1)[0])
 
         server.supervise(vllm_died)
         urls = _formalizer_url(cfg, None, server.base_url)

@@ -19,12 +19,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from html import escape
 
-from data_gen.formalizer.miner import PassageConflict
-from verdict_core.decision import Decision
-from verdict_core.formula import render
-from verdict_core.patient import ResolvedPatient
-from verdict_core.program import TrialProgram
-from verdict_core.rationale import rationale_json
+from verdict.data_gen.formalizer.miner import PassageConflict
+from verdict.core.decision import Decision
+from verdict.core.formula import render
+from verdict.core.patient import ResolvedPatient
+from verdict.core.program import TrialProgram
+from verdict.core.rationale import rationale_json
 
 from .audit import DecisionRow
 
@@ -185,7 +185,7 @@ def decisive_criteria(decision: Decision, patient: ResolvedPatient) -> set[tuple
 def render_page(
     row: DecisionRow, program: TrialProgram, viewer: PageViewer | None = None, history=None, notice: str = ""
 ) -> str:
-    """The page of one decision. `history` is the decision's `DecisionHistory` (serve.reviews), if any;
+    """The page of one decision. `history` is the decision's `DecisionHistory` (verdict.serve.reviews), if any;
     `notice` a line shown on top (e.g. the review just recorded)."""
     viewer = viewer or PageViewer()
     if history is not None and history.superseded and viewer.forms:  # reviews go to the newest decision
@@ -479,7 +479,7 @@ def history_html(decision_id: str, history, what=escape) -> str:
 
 
 def change_text(c, what=escape) -> str:
-    """One recorded change (serve.reviews RecordedChange), in words; `what` gives an atom's readable
+    """One recorded change (verdict.serve.reviews RecordedChange), in words; `what` gives an atom's readable
     name (escaped), the identifier follows as a detail."""
     name = c.atom or c.criterion or ""
     shown = f"{what(c.atom)} " if c.atom else ""

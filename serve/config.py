@@ -2,7 +2,7 @@
 server) and an `api` section (the matching service in front of it). Either may be absent: a site
 that runs vLLM on another host has only `api`, with `api.formalizer.base_url` set.
 
-Loaded with the project's one strict-config loader (`verdict_core.configs`): unknown keys, in the file
+Loaded with the project's one strict-config loader (`verdict.core.configs`): unknown keys, in the file
 or in `--set a.b=value` overrides, are errors that name the key and suggest the closest one.
 """
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from verdict_core.configs import StrictModel, find_config
-from verdict_core.errors import VerdictError
+from verdict.core.configs import StrictModel, find_config
+from verdict.core.errors import VerdictError
 
 from .api_config import ApiConfig
 from .errors import ServeConfigError
@@ -32,7 +32,7 @@ class ServeConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _from_limits(cls, data):
-        from data_gen.formalizer.budget import derive_limits, limits_of, student_limit_keys
+        from verdict.data_gen.formalizer.budget import derive_limits, limits_of, student_limit_keys
 
         limits = limits_of(data)
         if limits is None:
@@ -61,7 +61,7 @@ class ServeConfig(StrictModel):
 
 def load_serve_config(name_or_path: str | Path, overrides: list[str] | None = None) -> ServeConfig:
     """configs/serve/NAME.yaml (or a path), with `a.b=value` overrides applied."""
-    from verdict_core import configs
+    from verdict.core import configs
 
     try:
         path = find_config("serve", name_or_path)

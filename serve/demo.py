@@ -23,9 +23,9 @@ from pathlib import Path
 
 import typer
 
-from verdict_core.configs import REPO_ROOT
+from verdict.core.configs import shipped
 
-RECORDS = REPO_ROOT / "examples" / "demo" / "teacher_records.json"
+RECORDS = shipped("examples", "demo", "teacher_records.json")
 
 
 def say(step: str, text: str) -> None:
@@ -53,7 +53,7 @@ def prepare_students(work: Path, records: dict) -> None:
         say("3/6", f"training the {task} adapter ({students.TRAIN_STEPS[task]} LoRA steps on CPU; "
                    f"{'a minute or two' if i == 0 else 'about a minute'})")
         t0 = time.monotonic()
-        students.train_student(base, export / task, task, work, log=lambda m: say("3/6", f"  {m}"))
+        students.train_student(base, export / task, task, work, progress=lambda m: say("3/6", f"  {m}"))
         say("3/6", f"  {task} adapter trained in {time.monotonic() - t0:.0f} s")
 
 
@@ -89,11 +89,11 @@ def start_service(config: str, work: Path) -> tuple[subprocess.Popen, str, str]:
     log = work / "serve-up.log"
     say("4/6", f"starting vLLM (base + parser + value_miner adapters) and the matching API; log: {log}")
     exe = Path(sys.executable).with_name("verdict")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", "from verdict_core.cli import main; main()"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "verdict"]
     with open(log, "w") as out:
         sets = [x for o in overrides for x in ("--set", o)]
         proc = subprocess.Popen([*cmd, "serve", "up", "--config", config, *sets, "--ready-file", str(ready)],
-                                stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True)
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     t0, last = time.monotonic(), 0.0
     while not ready.exists():
         if proc.poll() is not None:
@@ -123,8 +123,8 @@ def stop_service(proc: subprocess.Popen) -> None:
 
 def teacher_decisions(records: dict, policy: str) -> dict[tuple[str, str], str]:
     """What the core decides from the teacher's own outputs: what the students must reproduce."""
-    from verdict_core.engine import Engine
-    from verdict_core.policy import load_policy, resolve
+    from verdict.core.engine import Engine
+    from verdict.core.policy import load_policy, resolve
 
     from .students import teacher_programs, teacher_values
 
@@ -156,7 +156,7 @@ def match_all(url: str, key: str, records: dict, policy: str) -> list[dict]:
 
 def run_demo(config: str = "cpu-tiny", work: Path = Path("runs/demo"), records_path: Path = RECORDS,
              policy: str = "prescreen", keep_running: bool = False) -> int:
-    work = (REPO_ROOT / work) if not work.is_absolute() else work
+    work = work.resolve()  # relative to where the demo runs
     work.mkdir(parents=True, exist_ok=True)
     records = json.loads(Path(records_path).read_text())
     t0 = time.monotonic()
@@ -198,7 +198,7 @@ def demo(
 ) -> None:
     """The main job: tiny student -> adapters trained on recorded teacher outputs -> vLLM + matching
     API -> sample patients matched over HTTP -> rationales."""
-    from verdict_core.errors import VerdictError
+    from verdict.core.errors import VerdictError
 
     try:
         code = run_demo(config, work, records, policy, keep_running)

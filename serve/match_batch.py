@@ -6,7 +6,7 @@
 
 Pairs are sharded by trial (a stable hash of the trial id), so each trial is parsed by exactly one
 shard, once. A shard appends one line per finished pair to `shards/<i>/results.jsonl` (the
-project's JSONL record store, `verdict_core.jsonl_store`: flushed and fsynced, a line torn by a
+project's JSONL record store, `verdict.core.jsonl_store`: flushed and fsynced, a line torn by a
 kill cut on resume), so a killed or preempted job loses at most the pairs in flight: run it again and it
 does only what is missing. Merging keeps one line per (patient, trial, program version, policy).
 """
@@ -19,11 +19,12 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from verdict_core.jsonl_store import JsonlStore
+from verdict.core.jsonl_store import JsonlStore
+from verdict.core.progress import Progress
 
 from .errors import BatchError
 
@@ -65,12 +66,12 @@ class ResultLine(BaseModel):
 
 
 def patient_input(doc):
-    """A loaded patient (`data_gen.protocol.PatientDoc`) as the match request takes it: its documents
+    """A loaded patient (`verdict.data_gen.protocol.PatientDoc`) as the match request takes it: its documents
     as `notes` when it has several, else its text as `note`."""
     from .protocol import NoteInput, PatientInput
 
     if doc.fhir is not None:  # read from FHIR: the record goes as it is, its coded facts decide atoms
-        from data_gen.fhir.models import FhirPatientRecord
+        from verdict.data_gen.fhir.models import FhirPatientRecord
 
         return PatientInput(patient_id=doc.patient_id, fhir=FhirPatientRecord.model_validate(doc.fhir))
     if not doc.documents:
@@ -84,7 +85,7 @@ def shard_of(trial_id: str, shards: int) -> int:
 
 
 def _load_inputs(plan: BatchPlan):
-    from data_gen.sources import load_pairs, load_patients, load_trials
+    from verdict.data_gen.sources import load_pairs, load_patients, load_trials
 
     patients = load_patients(plan.patients)
     trials = load_trials(plan.trials, format=plan.trials_format)
@@ -122,8 +123,8 @@ def plan_batch(
     trials_format: str = "auto",
 ) -> BatchPlan:
     """Check the inputs and write out/plan.json. Re-planning an existing folder must not change it."""
-    from verdict_core.configs import find_config
-    from verdict_core.policy import load_policy
+    from verdict.core.configs import find_config
+    from verdict.core.policy import load_policy
 
     from .config import load_serve_config
 
@@ -186,7 +187,7 @@ async def run_shard(
     shard: int,
     *,
     formalizer_url: str | None = None,
-    progress: Callable[[str], None] = lambda m: None,
+    progress: Progress = lambda m: None,
 ) -> dict[str, int]:
     """Match this shard's pairs that have no final result yet. Starts vLLM from the plan's serve
     config unless ``formalizer_url`` names a running server."""
@@ -220,7 +221,7 @@ async def run_shard(
         progress(f"shard {shard}: starting vLLM")
         server.start(wait=False)
         try:
-            server.wait_ready(on_progress=progress)
+            server.wait_ready(progress=progress)
         except BaseException:
             server.stop()
             raise
@@ -322,8 +323,9 @@ async def _match_pairs(
 
 
 def merge_results(out: str | Path) -> dict:
-    """out/results.jsonl: one line per (patient, trial, program version, policy), the decision if any
-    attempt reached one; out/summary.json: counts. Safe to run at any time, as often as wanted."""
+    """out/results.jsonl: one line per (patient, trial) pair - the first decision any attempt reached,
+    else its first error; the line's `key` names the program version and policy it was decided under
+    (one policy per batch). out/summary.json: counts. Safe to run at any time, as often as wanted."""
     out = Path(out)
     plan = load_plan(out)
     best: dict[tuple[str, str], ResultLine] = {}
@@ -363,10 +365,10 @@ def merge_results(out: str | Path) -> dict:
 def write_rankings(out: Path, merged: list[ResultLine]) -> dict[str, int]:
     """Site-wide screening from a batch: `out/ranked_by_patient.jsonl` (each patient's trials) and
     `out/ranked_by_trial.jsonl` (each trial's patients), one line per group, its pairs in the order
-    of `verdict_core.ranking` with the decision ids. A pair without a decision has no rank: it stays
+    of `verdict.core.ranking` with the decision ids. A pair without a decision has no rank: it stays
     in results.jsonl with its error, and is counted under `unranked`."""
-    from verdict_core.decision import Decision
-    from verdict_core.ranking import rank
+    from verdict.core.decision import Decision
+    from verdict.core.ranking import rank
 
     decided = [(r, Decision.model_validate(r.result)) for r in merged if r.status == 200 and r.result]
     ids = {(r.patient_id, r.trial_id): r.decision_id for r, _ in decided}
@@ -390,9 +392,9 @@ def render_batch_jobs(
     """out/slurm/match.sbatch (an array, one task per shard, one GPU each) and merge.sbatch."""
     import shlex
 
-    from slurm.job_config import load_slurm_config
-    from slurm.render import render_text
-    from verdict_core.configs import find_config
+    from verdict.slurm.job_config import load_slurm_config
+    from verdict.slurm.render import render_text
+    from verdict.core.configs import find_config
 
     out = Path(out).resolve()
     plan = load_plan(out)

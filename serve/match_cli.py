@@ -18,7 +18,7 @@ from typing import Optional
 
 import typer
 
-from verdict_core.cli_errors import fail
+from verdict.core.cli_errors import fail
 
 app = typer.Typer(help="batch matching (site-wide screening as SLURM arrays)", no_args_is_help=True)
 
@@ -72,7 +72,7 @@ def batch_cmd(
         _say(f"rendered {p}")
     if not submit:
         return
-    from slurm.submit import Job, slurm_env, submit_jobs, wait_for
+    from verdict.slurm.submit import Job, slurm_env, submit_jobs, wait_for
 
     env = slurm_env()
     # afterany: merge what finished even if a task failed (its pairs are reported missing)

@@ -22,8 +22,8 @@ import uuid
 
 from .metrics import ServiceMetrics
 
-log = logging.getLogger("serve.access")
-errlog = logging.getLogger("serve")
+log = logging.getLogger("verdict.serve.access")
+errlog = logging.getLogger("verdict.serve")
 
 
 # Every response: no framing, no referrer, no MIME sniffing, never cached (responses carry patient

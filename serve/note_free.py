@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 
-from verdict_core.rationale import md
+from verdict.core.rationale import md
 
 QUOTE_KEYS = frozenset({"evidence", "quote"})  # verbatim quotes of the note
 FREE_TEXT_KEYS = frozenset({"note", "assessment"})  # the miner's words about the note

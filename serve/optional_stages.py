@@ -20,18 +20,19 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from data_gen.protocol import PatientDoc
-from verdict_core.decision import Decision
-from verdict_core.patient import ResolvedPatient
-from verdict_core.program import TrialProgram
-from verdict_core.rationale import md
+from verdict.data_gen.formalizer.optional_stages import definition_conflicts, redecide
+from verdict.data_gen.protocol import PatientDoc
+from verdict.core.decision import Decision
+from verdict.core.patient import ResolvedPatient
+from verdict.core.program import TrialProgram
+from verdict.core.rationale import md
 
 from .errors import FormalizerFailed, FormalizerUnavailable
 
 if TYPE_CHECKING:
     from .serving import MatchingService
 
-log = logging.getLogger("serve")
+log = logging.getLogger("verdict.serve")
 
 
 async def arbitrate(
@@ -44,7 +45,7 @@ async def arbitrate(
 ) -> tuple[Decision, dict | None]:
     """The decision after the arbiter (or the same one), and what the arbiter did: None when it was
     not asked (off, or no fact contradicts a definition)."""
-    conflicts = [c for c in decision.conflicts if c.source == "definitions"]
+    conflicts = definition_conflicts(decision)
     if not svc.config.formalizer.arbiter or not conflicts:
         return decision, None
     t0 = time.perf_counter()
@@ -57,20 +58,13 @@ async def arbitrate(
         log.warning("arbiter failed (%s); the solver result is kept", e.code)
         return decision, {"status": "failed", "overrides": [], "problem": e.summary}
     timings["arbiter"] = _ms(t0)
-    said = json.loads(res.output_json or "{}").get("overrides", [])
     stage = {"prompt": res.prompt_version, "attempts": len(res.attempts)}
     if not res.output:  # no faithful correction: the solver result stands (appendix A.5)
         return decision, {"status": "no_override", "overrides": [], **stage}
-    overrides = list(res.output)
     t0 = time.perf_counter()
     # The engine applies the overrides itself (its arbiter hook), as any caller of decide would.
-    again = await asyncio.to_thread(svc.engine.decide, program, patient, None, lambda *_: overrides)
+    again, applied = await asyncio.to_thread(redecide, svc.engine, program, patient, res)
     timings["solve"] = round(timings.get("solve", 0.0) + _ms(t0), 3)
-    evidence = {o.get("atom"): o.get("evidence", "") for o in said}
-    applied = [
-        {"atom": o.atom, "value": o.value, "evidence": evidence.get(o.atom, ""), "reason": o.reason}
-        for o in again.overrides
-    ]
     return again, {"status": "applied", "overrides": applied, **stage}
 
 

@@ -12,13 +12,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
 
-from data_gen.fhir.models import FhirPatientRecord
-from data_gen.formalizer.miner import PassageConflict
-from data_gen.protocol import SINGLE_NOTE_ID, NoteDocument
-from verdict_core.configs import StrictModel
-from verdict_core.decision import Decision
-from verdict_core.patient import PolicyRef, ResolvedPatient
-from verdict_core.program import Id, TrialProgram
+from verdict.data_gen.fhir.models import FhirPatientRecord
+from verdict.data_gen.formalizer.miner import PassageConflict
+from verdict.data_gen.protocol import SINGLE_NOTE_ID, NoteDocument
+from verdict.core.configs import StrictModel
+from verdict.core.decision import Decision
+from verdict.core.patient import PolicyRef, ResolvedPatient
+from verdict.core.program import Id, TrialProgram
 
 # Policy *names* only: a path would let a caller read files of the server.
 POLICY_NAME = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$"
@@ -178,7 +178,7 @@ def _check_fhir(patient_id: str, rec: FhirPatientRecord) -> None:
     atoms without the miner): problems by field, never by content."""
     import datetime as dt
 
-    from data_gen.fhir.records import age_at
+    from verdict.data_gen.fhir.records import age_at
 
     if rec.patient_id != patient_id:
         raise ValueError("`fhir.patient_id` must equal `patient_id`")

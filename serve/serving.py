@@ -1,7 +1,7 @@
 """The matching service's logic, apart from HTTP: trials (parse once, cache by content), matches
 (value miner -> policy -> core -> rationale -> audit), batches, readiness.
 
-Formalizer calls go through `data_gen.formalizer.Formalizer` (the one implementation of prompt ->
+Formalizer calls go through `verdict.data_gen.formalizer.Formalizer` (the one implementation of prompt ->
 structured output -> validation -> one repair), pointed at the student adapters. Failure mapping:
 down or slow -> FormalizerUnavailable (503 + Retry-After); an output still invalid after the repair,
 or an error retrying cannot fix -> FormalizerFailed (502). Nothing is written to the audit store
@@ -19,29 +19,31 @@ import time
 import traceback
 import uuid
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import AsyncIterator
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from data_gen.egress import ENV_ALLOW as EGRESS_ENV
-from data_gen.egress import RULE as EGRESS_RULE
-from data_gen.egress import EgressPolicy
-from data_gen.errors import EgressRefused, EndpointError
-from data_gen.fhir.models import FhirPatientRecord
-from data_gen.fhir.resolve import CodedResolutions, coded_resolutions
-from data_gen.formalizer import Formalizer, core_schema, merge_sides
-from data_gen.formalizer.miner import BUDGET as MINER_BUDGET
-from data_gen.formalizer.miner import PassageConflict
-from data_gen.formalizer.value_reuse import ValueReuse
-from data_gen.formalizer.endpoints import EndpointPool
-from data_gen.protocol import PatientDoc, StageResult, TrialDoc
-from verdict_core.decision import ENGINE_VERSION
-from verdict_core.engine import Engine
-from verdict_core.errors import PatientError, PolicyError, ProgramError, VerdictError
-from verdict_core.policy import Policy, load_policy, resolve
-from verdict_core.program import Provenance, TrialProgram, check_program, load_program
-from verdict_core.rationale import md, rationale_json, render_markdown
+from verdict.data_gen.egress import ENV_ALLOW as EGRESS_ENV
+from verdict.data_gen.egress import RULE as EGRESS_RULE
+from verdict.data_gen.egress import EgressPolicy
+from verdict.data_gen.errors import EgressRefused, EndpointError
+from verdict.data_gen.fhir.models import FhirPatientRecord
+from verdict.data_gen.fhir.resolve import CodedResolutions, coded_resolutions
+from verdict.data_gen.formalizer import Formalizer, core_schema, merge_sides
+from verdict.data_gen.formalizer.miner import BUDGET as MINER_BUDGET
+from verdict.data_gen.formalizer.miner import MinedValues, PassageConflict
+from verdict.data_gen.formalizer.value_reuse import ValueReuse
+from verdict.data_gen.formalizer.endpoints import EndpointPool
+from verdict.data_gen.protocol import PatientDoc, StageResult, TrialDoc
+from verdict.core.decision import ENGINE_VERSION, Decision
+from verdict.core.engine import Engine
+from verdict.core.errors import PatientError, PolicyError, ProgramError, VerdictError
+from verdict.core.patient import ResolvedPatient
+from verdict.core.policy import Policy, load_policy, resolve
+from verdict.core.program import Provenance, TrialProgram, check_program, load_program
+from verdict.core.rationale import md, rationale_json, render_markdown
 
 from .api_config import ApiConfig
 from .audit import AuditStore, DecisionRow, TrialRow, open_store
@@ -74,7 +76,7 @@ from .protocol import (
     TrialText,
 )
 
-log = logging.getLogger("serve")
+log = logging.getLogger("verdict.serve")
 
 
 def trial_doc(text: TrialText) -> TrialDoc:
@@ -92,7 +94,7 @@ def trial_doc(text: TrialText) -> TrialDoc:
 
 def ctgov_doc(study: dict) -> TrialDoc:
     """One ClinicalTrials.gov study record, read by the project's one CT.gov reader."""
-    from data_gen.sources import ctgov_studies
+    from verdict.data_gen.sources import ctgov_studies
 
     problems: list[str] = []
     try:
@@ -108,6 +110,22 @@ def ctgov_doc(study: dict) -> TrialDoc:
 def origin_of(url: str) -> str:
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}"
+
+
+@dataclass(frozen=True)
+class _Decided:
+    """What `MatchingService._decide` derived from the mined values: the answer and its audit artifacts."""
+
+    inc: StageResult
+    exc: StageResult
+    mined: MinedValues  # both sides merged (merge_sides): values, conflicts, sources
+    patient: ResolvedPatient
+    decision: Decision
+    arbiter: dict | None
+    markdown: str
+    rationale: dict
+    rationale_text: str | None
+    verbalizer: dict | None
 
 
 class MatchingService:
@@ -191,7 +209,7 @@ class MatchingService:
 
     def _warm_requests(self) -> list[tuple[Formalizer, str, dict, str]]:
         """One request per stage schema: the per-criterion parser's and the value miner's."""
-        from data_gen.formalizer.checks import with_atom_enum
+        from verdict.data_gen.formalizer.checks import with_atom_enum
 
         return [(self.parser, "parser", core_schema("parsed-criterion"), "parsed_criterion"),
                 (self.miner, "miner_inclusion", with_atom_enum(core_schema("value-miner"), ["warm_up"]),
@@ -201,8 +219,8 @@ class MatchingService:
         """Send every up server not yet warm one constrained request per stage schema (no patient
         text, 1 new token), so the first real request does not pay the grammar backend's one-time
         setup. Returns None when every up server is warm, else why not (retried on the next call)."""
-        from data_gen.client import build_request
-        from data_gen.formalizer.endpoints import failure_reason
+        from verdict.data_gen.client import build_request
+        from verdict.data_gen.formalizer.endpoints import failure_reason
 
         async with self._warm_lock:
             problems = []
@@ -264,7 +282,7 @@ class MatchingService:
 
     def upload_program(self, data: dict, caller: str) -> TrialRow:
         """A reviewed program (admin role): checked like parser output, then the active version of its
-        trial id (serve.audit.store: which version a match uses)."""
+        trial id (verdict.serve.audit.store: which version a match uses)."""
         program = self.checked_program(data, caller)
         existing = self.audit.active_trial(program.trial_id)
         if existing is not None and existing.program_hash == program.content_hash and existing.reviewed:
@@ -332,6 +350,12 @@ class MatchingService:
         return row, True
 
     def get_trial(self, trial_id: str, program_hash: str | None = None) -> TrialResponse:
+        return self._trial_response(self._trial_row(trial_id, program_hash), cached=True)
+
+    def _trial_row(
+        self, trial_id: str, program_hash: str | None, problems: list[tuple[str, str]] | None = None
+    ) -> TrialRow:
+        """The version `program_hash` of a trial, else its active version; NotFound if none."""
         row = (
             self.audit.trial_version(trial_id, program_hash)
             if program_hash
@@ -339,8 +363,8 @@ class MatchingService:
         )
         if row is None:
             what = f"trial '{trial_id}'" + (f" version {program_hash}" if program_hash else "")
-            raise NotFound(f"no {what}: register it with POST /v1/trials")
-        return self._trial_response(row, cached=True)
+            raise NotFound(f"no {what}: register it with POST /v1/trials", problems)
+        return row
 
     def _trial_response(self, row: TrialRow, cached: bool) -> TrialResponse:
         active = self.audit.active_trial(row.trial_id)
@@ -360,145 +384,37 @@ class MatchingService:
 
     # -- matching --------------------------------------------------------------------------------
     async def match(self, req: MatchRequest, caller: str) -> MatchResponse:
+        """trial -> value miner (both sides) -> policy -> core -> rationale -> audit row."""
         t_start = time.perf_counter()
         timings: dict[str, float] = {}
         policy = self.policy(req.policy)
-        if req.trial is not None:
-            doc = trial_doc(req.trial)
-            active = self.audit.active_trial(doc.trial_id)
-            if active is not None and active.reviewed:  # inline text never overrides a reviewed program
-                row, cached = active, True
-            else:
-                t0 = time.perf_counter()
-                row, cached = await self.parsed_trial(doc, caller)
-                timings["parse"] = _ms(t0)
-        else:
-            row = (
-                self.audit.trial_version(req.trial_id, req.program_hash)
-                if req.program_hash
-                else self.audit.active_trial(req.trial_id)
-            )
-            if row is None:
-                raise NotFound(
-                    f"no trial '{req.trial_id}'"
-                    + (f" version {req.program_hash}" if req.program_hash else "")
-                    + ": register it with POST /v1/trials",
-                    [("trial_id", "unknown trial")],
-                )
-            cached = True
+        row, cached = await self._trial_for(req, caller, timings)
         program = self.program_of(row)
-        pid = req.patient.patient_id
-        record = PatientDoc(patient_id=pid, documents=req.patient.documents())
-        note = record.text  # every document's text: what error messages must never quote
-        # A FHIR record's coded facts decide some atoms (data_gen.fhir.resolve): the miner is not asked them.
+        record = PatientDoc(patient_id=req.patient.patient_id, documents=req.patient.documents())
+        # A FHIR record's coded facts decide some atoms (verdict.data_gen.fhir.resolve), unasked of the miner.
         coded = coded_resolutions(program, req.patient.fhir) if req.patient.fhir is not None else None
-        skip = coded.decided if coded is not None else frozenset()
         self.metrics.in_flight.inc()
         try:
-            t0 = time.perf_counter()
-            inc, exc = await _both(
-                self._stage(self.miner.mine_values(program, record, "inclusion", skip=skip), "miner_inclusion",
-                            note),
-                self._stage(self.miner.mine_values(program, record, "exclusion", skip=skip), "miner_exclusion",
-                            note),
-            )
-            timings["value_miner"] = _ms(t0)
-            t0 = time.perf_counter()
-            mined = merge_sides(inc.output, exc.output)  # passages, documents and sides: one merge rule
-            try:
-                patient = resolve(
-                    program, pid, list(mined), policy, conflicts=mined.conflict_notes(), sources=mined.sources
-                )
-            except PatientError as e:  # the formalizer checks types; this is a second line of defence
-                raise FormalizerFailed(  # the problems can quote values from the note: counted only
-                    "value-miner output does not fit the trial program",
-                    [("value_miner", f"{len(e.problems)} problem(s) (details withheld: they may quote the note)")],
-                ) from None
-            if coded is not None:
-                patient = coded.apply(patient)
-            timings["resolve"] = self._observe("resolve", t0)
-            t0 = time.perf_counter()
-            decision = await asyncio.to_thread(self.engine.decide, program, patient)
-            timings["solve"] = self._observe("solve", t0)
-            # Opt-in (api.formalizer.arbiter): facts contradicting definitions re-read, decided again.
-            decision, arbiter = await arbitrate(self, program, record, patient, decision, timings)
-            t0 = time.perf_counter()
-            markdown = (render_markdown(program, patient, decision) + conflicts_markdown(mined.conflicts)
-                        + arbiter_markdown(arbiter))
-            rationale = rationale_json(program, patient, decision)
-            rationale["extraction_conflicts"] = [c.model_dump(mode="json") for c in mined.conflicts]
-            timings["render"] = self._observe("render", t0)
-            # Opt-in (api.formalizer.verbalizer): prose restating the decision; decides nothing.
-            rationale_text, verbalizer = await verbalize(self, program, record, patient, decision, timings)
-            rationale.update({k: v for k, v in (("arbiter", arbiter), ("verbalizer", verbalizer)) if v is not None})
-            models = ModelIds(
-                parser=row.parser_model,
-                value_miner=self.miner.endpoint.model,
-                base_model=await self.base_model(),
-                endpoint=", ".join(origin_of(u) for u in self.base_urls),
-                prompts={
-                    s: self.miner.prompt(s).ident for s in ("parser", "miner_inclusion", "miner_exclusion")
-                },
-            )
+            inc, exc = await self._mine(program, record, coded, timings)
+            d = await self._decide(program, record, policy, inc, exc, coded, timings)
+            models = await self._models(row)
             timings["total"] = _ms(t_start)
-            stored_note = stored_record(req.patient.note, record)
-            t0 = time.perf_counter()
-            # In a thread: a PostgreSQL store waits for the chain lock and the network; the loop must not.
-            stored = await asyncio.to_thread(
-                functools.partial(
-                    self.audit.add_decision,
-                    created_by=caller,
-                    trial_id=program.trial_id,
-                    program_hash=program.content_hash,
-                    patient_id=pid,
-                    note_hash=_sha256(stored_note),
-                    patient_hash=patient.content_hash(),
-                    policy_name=policy.name,
-                    policy_version=policy.version,
-                    engine_version=ENGINE_VERSION,
-                    decision=decision.decision,
-                    models=models.model_dump(),
-                    timings=timings,
-                    artifacts=self._kept(record.text, {
-                        "decision": decision.model_dump(mode="json", by_alias=True),
-                        "patient": patient.model_dump(mode="json"),
-                        "value_miner": {
-                            r.stage: {
-                                "output": json.loads(r.output_json or "null"),
-                                "attempts": len(r.attempts),
-                                "prompt": r.prompt_version,
-                                "calls": [{"item": c.item, "attempts": len(c.attempts)} for c in r.calls],
-                                "sources": r.output.sources,
-                            }
-                            for r in (inc, exc)
-                        },
-                        "documents": documents_meta(req.patient.note, record),
-                        "fhir": fhir_meta(req.patient.fhir, coded),
-                        "extraction_conflicts": [c.model_dump(mode="json") for c in mined.conflicts],
-                        "rationale_markdown": markdown,
-                        "arbiter": arbiter,
-                        "verbalizer": verbalizer and {**verbalizer, "rationale_text": rationale_text},
-                        "trial_origin": row.origin,
-                    }),
-                    note_text=stored_note,
-                )
-            )
-            self._observe("audit", t0)
+            stored = await self._record(req, caller, row, program, policy, record, coded, d, models, timings)
         finally:
             self.metrics.in_flight.dec()
-        self.metrics.decisions.labels(decision.decision).inc()
+        self.metrics.decisions.labels(d.decision.decision).inc()
         return MatchResponse(
             decision_id=stored.decision_id,
             trial_id=program.trial_id,
             program_hash=program.content_hash,
-            patient_id=pid,
+            patient_id=record.patient_id,
             policy=policy.ref,
-            decision=decision,
-            patient=patient,
-            rationale=rationale,
-            rationale_markdown=markdown,
-            rationale_text=rationale_text,
-            extraction_conflicts=mined.conflicts,
+            decision=d.decision,
+            patient=d.patient,
+            rationale=d.rationale,
+            rationale_markdown=d.markdown,
+            rationale_text=d.rationale_text,
+            extraction_conflicts=d.mined.conflicts,
             models=models,
             timings_ms=timings,
             trial_cached=cached,
@@ -507,6 +423,154 @@ class MatchingService:
                 page=f"/v1/decisions/{stored.decision_id}/page",
             ),
         )
+
+    async def _trial_for(
+        self, req: MatchRequest, caller: str, timings: dict[str, float]
+    ) -> tuple[TrialRow, bool]:
+        """The trial version a match uses, and whether it was cached: inline text is parsed once (a
+        reviewed program of its trial id wins), a trial id is looked up as `get_trial` does."""
+        if req.trial is None:
+            return self._trial_row(req.trial_id, req.program_hash, [("trial_id", "unknown trial")]), True
+        doc = trial_doc(req.trial)
+        active = self.audit.active_trial(doc.trial_id)
+        if active is not None and active.reviewed:  # inline text never overrides a reviewed program
+            return active, True
+        t0 = time.perf_counter()
+        row, cached = await self.parsed_trial(doc, caller)
+        timings["parse"] = _ms(t0)
+        return row, cached
+
+    async def _mine(
+        self,
+        program: TrialProgram,
+        record: PatientDoc,
+        coded: CodedResolutions | None,
+        timings: dict[str, float],
+    ) -> tuple[StageResult, StageResult]:
+        """The value miner's inclusion and exclusion passes, concurrently (atoms `coded` decides skipped)."""
+        note = record.text  # every document's text: what error messages must never quote
+        skip = coded.decided if coded is not None else frozenset()
+        t0 = time.perf_counter()
+        inc, exc = await _both(*(
+            self._stage(self.miner.mine_values(program, record, side, skip=skip), f"miner_{side}", note)
+            for side in ("inclusion", "exclusion")
+        ))
+        timings["value_miner"] = _ms(t0)
+        return inc, exc
+
+    async def _decide(
+        self,
+        program: TrialProgram,
+        record: PatientDoc,
+        policy: Policy,
+        inc: StageResult,
+        exc: StageResult,
+        coded: CodedResolutions | None,
+        timings: dict[str, float],
+    ) -> _Decided:
+        """Mined values -> resolved patient (policy, coded facts) -> the core's decision (the opt-in
+        arbiter may decide again) -> rationale (and the opt-in verbalizer's prose)."""
+        t0 = time.perf_counter()
+        mined = merge_sides(inc.output, exc.output)  # passages, documents and sides: one merge rule
+        try:
+            patient = resolve(
+                program, record.patient_id, list(mined), policy, held_open=mined.held_open(),
+                sources=mined.sources,
+            )
+        except PatientError as e:  # the formalizer checks types; this is a second line of defence
+            raise FormalizerFailed(  # the problems can quote values from the note: counted only
+                "value-miner output does not fit the trial program",
+                [("value_miner",
+                  f"{len(e.problems)} problem(s) (details withheld: they may quote the note)")],
+            ) from None
+        if coded is not None:
+            patient = coded.apply(patient)
+        timings["resolve"] = self._observe("resolve", t0)
+        t0 = time.perf_counter()
+        decision = await asyncio.to_thread(self.engine.decide, program, patient)
+        timings["solve"] = self._observe("solve", t0)
+        # Opt-in (api.formalizer.arbiter): facts contradicting definitions re-read, decided again.
+        decision, arbiter = await arbitrate(self, program, record, patient, decision, timings)
+        t0 = time.perf_counter()
+        markdown = (render_markdown(program, patient, decision) + conflicts_markdown(mined.conflicts)
+                    + arbiter_markdown(arbiter))
+        rationale = rationale_json(program, patient, decision)
+        rationale["extraction_conflicts"] = [c.model_dump(mode="json") for c in mined.conflicts]
+        timings["render"] = self._observe("render", t0)
+        # Opt-in (api.formalizer.verbalizer): prose restating the decision; decides nothing.
+        rationale_text, verbalizer = await verbalize(self, program, record, patient, decision, timings)
+        rationale.update({k: v for k, v in (("arbiter", arbiter), ("verbalizer", verbalizer)) if v is not None})
+        return _Decided(
+            inc, exc, mined, patient, decision, arbiter, markdown, rationale, rationale_text, verbalizer
+        )
+
+    async def _models(self, row: TrialRow) -> ModelIds:
+        return ModelIds(
+            parser=row.parser_model,
+            value_miner=self.miner.endpoint.model,
+            base_model=await self.base_model(),
+            endpoint=", ".join(origin_of(u) for u in self.base_urls),
+            prompts={s: self.miner.prompt(s).ident for s in ("parser", "miner_inclusion", "miner_exclusion")},
+        )
+
+    async def _record(
+        self,
+        req: MatchRequest,
+        caller: str,
+        row: TrialRow,
+        program: TrialProgram,
+        policy: Policy,
+        record: PatientDoc,
+        coded: CodedResolutions | None,
+        d: _Decided,
+        models: ModelIds,
+        timings: dict[str, float],
+    ) -> DecisionRow:
+        """The decision's audit row: what an auditor needs to reproduce it (observed as stage 'audit')."""
+        stored_note = stored_record(req.patient.note, record)
+        t0 = time.perf_counter()
+        # In a thread: a PostgreSQL store waits for the chain lock and the network; the loop must not.
+        stored = await asyncio.to_thread(
+            functools.partial(
+                self.audit.add_decision,
+                created_by=caller,
+                trial_id=program.trial_id,
+                program_hash=program.content_hash,
+                patient_id=record.patient_id,
+                note_hash=_sha256(stored_note),
+                patient_hash=d.patient.content_hash(),
+                policy_name=policy.name,
+                policy_version=policy.version,
+                engine_version=ENGINE_VERSION,
+                decision=d.decision.decision,
+                models=models.model_dump(),
+                timings=timings,
+                artifacts=self._kept(record.text, {
+                    "decision": d.decision.model_dump(mode="json", by_alias=True),
+                    "patient": d.patient.model_dump(mode="json"),
+                    "value_miner": {
+                        r.stage: {
+                            "output": json.loads(r.output_json or "null"),
+                            "attempts": len(r.attempts),
+                            "prompt": r.prompt_version,
+                            "calls": [{"item": c.item, "attempts": len(c.attempts)} for c in r.calls],
+                            "sources": r.output.sources,
+                        }
+                        for r in (d.inc, d.exc)
+                    },
+                    "documents": documents_meta(req.patient.note, record),
+                    "fhir": fhir_meta(req.patient.fhir, coded),
+                    "extraction_conflicts": [c.model_dump(mode="json") for c in d.mined.conflicts],
+                    "rationale_markdown": d.markdown,
+                    "arbiter": d.arbiter,
+                    "verbalizer": d.verbalizer and {**d.verbalizer, "rationale_text": d.rationale_text},
+                    "trial_origin": row.origin,
+                }),
+                note_text=stored_note,
+            )
+        )
+        self._observe("audit", t0)
+        return stored
 
     async def match_batch(self, req: BatchRequest, caller: str) -> AsyncIterator[BatchLine]:
         """Validate the whole batch first (nothing starts if a part is invalid), then stream each

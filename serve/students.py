@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from data_gen.sft_record import TASKS, SftRecord  # noqa: F401  (TASKS: re-exported for the demo and tests)
+from verdict.data_gen.sft_record import TASKS, SftRecord  # noqa: F401  (TASKS: re-exported for the demo and tests)
+from verdict.core.progress import Progress
 
 # Context for the tiny tokenizer: a per-criterion parser prompt is under 1k tokens with it.
 MAX_MODEL_LEN = 4096
@@ -35,7 +36,7 @@ def load_teacher_records(path: str | Path) -> dict:
 
 
 def prompt_corpus() -> str:
-    from data_gen.prompt_templates import PROMPTS_DIR
+    from verdict.data_gen.prompt_templates import PROMPTS_DIR
 
     return "\n".join(p.read_text() for p in sorted(PROMPTS_DIR.glob("*.yaml")))
 
@@ -43,14 +44,14 @@ def prompt_corpus() -> str:
 def build_student_base(out: str | Path) -> Path:
     """The tiny student with a tokenizer that also learned the prompt templates' words: prompts come
     out 2-3x shorter than with the default tiny tokenizer, and training is that much cheaper."""
-    from train.tiny import build_tiny_student
+    from verdict.train.tiny import build_tiny_student
 
     return build_tiny_student(out, vocab_size=2048, extra_corpus=prompt_corpus())
 
 
 def teacher_programs(records: dict) -> dict:
     """trial id -> the checked TrialProgram the teacher's parser output makes."""
-    from verdict_core.program import load_program
+    from verdict.core.program import load_program
 
     return {
         t["trial_id"]: load_program({**t["parsed"], "trial_id": t["trial_id"], "title": t["title"]})
@@ -60,8 +61,8 @@ def teacher_programs(records: dict) -> dict:
 
 def teacher_values(program, patient: dict, side: str) -> list:
     """What the teacher's value miner answered for one pass: the side's atoms, in prompt order."""
-    from data_gen.formalizer import side_atoms
-    from verdict_core.patient import MinedValue
+    from verdict.data_gen.formalizer import side_atoms
+    from verdict.core.patient import MinedValue
 
     out = []
     for name in side_atoms(program, side):
@@ -95,11 +96,11 @@ def sft_rows(records: dict, limits=None) -> dict[str, list[dict]]:
 def parser_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[dict]:
     """One SFT row per parser call the service makes: the trial's criteria split as the service
     splits them (under `limits`, default the tiny students'), each with the teacher program's
-    formalization of that criterion (`data_gen.formalizer.criterion_outputs`) as the target. A
+    formalization of that criterion (`verdict.data_gen.formalizer.criterion_outputs`) as the target. A
     recurring criterion is one row. A criterion the teacher program does not have is an error."""
-    from data_gen.formalizer import Formalizer, compact, criterion_outputs
-    from data_gen.formalizer.criteria import normalize_criterion
-    from verdict_core.program import ParsedCriterion
+    from verdict.data_gen.formalizer import Formalizer, compact, criterion_outputs
+    from verdict.data_gen.formalizer.criteria import normalize_criterion
+    from verdict.core.program import ParsedCriterion
 
     from .api_config import FormalizerConfig
     from .serving import trial_doc
@@ -130,14 +131,14 @@ def parser_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[
 
 def miner_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[dict]:
     """One SFT row per value-miner call the service makes for a patient x trial x side: the same
-    plan (atom chunks x passages, `data_gen.formalizer.miner.plan_for`) under the students' limits
+    plan (atom chunks x passages, `verdict.data_gen.formalizer.miner.plan_for`) under the students' limits
     (`limits`: the service's `FormalizerConfig`; default: the tiny students' max_tokens). A chunk's
     target is the teacher's values for its atoms, an atom null where its quote is not in the call's
     passage."""
-    from data_gen.formalizer import Formalizer, quote_in_note
-    from data_gen.formalizer.miner import miner_target, plan_for
-    from data_gen.protocol import PatientDoc
-    from verdict_core.patient import MinedValue
+    from verdict.data_gen.formalizer import Formalizer, quote_in_note
+    from verdict.data_gen.formalizer.miner import miner_target, plan_for
+    from verdict.data_gen.protocol import PatientDoc
+    from verdict.core.patient import MinedValue
 
     from .api_config import FormalizerConfig
 
@@ -170,7 +171,7 @@ def write_student_export(records: dict, out: str | Path, limits=None) -> Path:
     """`out/parser` and `out/value_miner` in the SFT export layout (DatasetDict + split JSONL)."""
     from datasets import Dataset, DatasetDict
 
-    from data_gen.sft_record import features, write_jsonl
+    from verdict.data_gen.sft_record import features, write_jsonl
 
     out = Path(out)
     for task, rows in sft_rows(records, limits).items():
@@ -203,14 +204,14 @@ def train_student(
     task: str,
     out: str | Path,
     steps: int | None = None,
-    log=lambda m: None,
+    progress: Progress = lambda m: None,
     init_adapter: str | Path | None = None,
 ) -> Path:
     """One adapter through `train/` (CPU, memorization recipe); returns the adapter folder. `dataset`:
     an export folder, or a list of `DatasetSpec` (weighted mix); `init_adapter`: continue that adapter
     (the site fine-tune of docs/train.md)."""
-    from train.sft_config import DatasetSpec, LoraSpec, TrainConfig
-    from train.sft_trainer import train
+    from verdict.train.sft_config import DatasetSpec, LoraSpec, TrainConfig
+    from verdict.train.sft_trainer import train
 
     cfg = TrainConfig(
         name=f"tiny-{task}",
@@ -235,7 +236,7 @@ def train_student(
         logging_steps=10,
         save_steps=1000,
     )
-    return train(cfg.resolved(), log=log).adapter_dir
+    return train(cfg.resolved(), progress=progress).adapter_dir
 
 
 def student_vllm_config(

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from verdict_core.configs import REPO_ROOT, StrictModel
+from verdict.core.configs import StrictModel, source_checkout
 
 from .errors import ServeConfigError
 
@@ -75,8 +75,8 @@ class VLLMConfig(StrictModel):
         chosen = self.python or os.environ.get(ENV_PYTHON)
         if chosen:
             return Path(chosen)
-        local = Path.cwd() / DEFAULT_PYTHON
-        return local if local.exists() else REPO_ROOT / DEFAULT_PYTHON
+        local, checkout = Path.cwd() / DEFAULT_PYTHON, source_checkout()
+        return local if local.exists() or checkout is None else checkout / DEFAULT_PYTHON
 
     def lora_rank(self) -> int | None:
         """The --max-lora-rank to start with: configured, else derived from the adapters."""

@@ -29,6 +29,8 @@ from pydantic import BaseModel
 from .errors import VLLMServerError
 from .vllm_config import VLLMConfig
 
+from verdict.core.progress import Progress
+
 LOG_TAIL_LINES = 40
 
 
@@ -223,7 +225,7 @@ class VLLMServer:
         except (urllib.error.URLError, OSError, ValueError, KeyError):
             return None
 
-    def wait_ready(self, timeout_s: float | None = None, on_progress=None) -> None:
+    def wait_ready(self, timeout_s: float | None = None, progress: Progress | None = None) -> None:
         deadline = time.monotonic() + (timeout_s or self.config.ready_timeout_s)
         wanted = set(self.config.model_names())
         start = time.monotonic()
@@ -246,9 +248,9 @@ class VLLMServer:
                     f"vLLM not ready after {time.monotonic() - start:.0f} s; last lines of {self.log_path}:\n"
                     + log_tail(self.log_path)
                 )
-            if on_progress and time.monotonic() - last_note >= 10:
+            if progress and time.monotonic() - last_note >= 10:
                 last_note = time.monotonic()
-                on_progress(f"waiting for vLLM ({last_note - start:.0f} s)")
+                progress(f"waiting for vLLM ({last_note - start:.0f} s)")
             time.sleep(0.5)
 
     def stop(self, timeout_s: float = 30.0) -> int | None:

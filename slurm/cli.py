@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from verdict_core.cli_errors import fail, guarded
+from verdict.core.cli_errors import fail, guarded
 
 app = typer.Typer(help="slurm commands", no_args_is_help=True)
 cluster_app = typer.Typer(
@@ -35,7 +35,7 @@ _run = guarded
 
 
 def _slurm_cfg(name: str, sets: list[str]):
-    from verdict_core.configs import find_config
+    from verdict.core.configs import find_config
 
     from .job_config import load_slurm_config
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from verdict_core import configs
-from verdict_core.configs import StrictModel
+from verdict.core import configs
+from verdict.core.configs import StrictModel
 
 # sbatch accepts "minutes", "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS"
 TIME_RE = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2})$")

@@ -22,7 +22,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from verdict_core.errors import VerdictError
+from verdict.core.errors import VerdictError
 
 DAEMONS = ("slurmctld", "slurmd")
 

@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from verdict_core.errors import VerdictError
+from verdict.core.errors import VerdictError
 
 from .job_config import JobResources, SlurmConfig
 
@@ -176,15 +176,15 @@ def render_train_chain(
     split: str = "test",
 ) -> ChainScripts:
     """train.sbatch, eval.sbatch (an array when jobs.eval.shards > 1) and eval_report.sbatch."""
-    from train.sft_config import load_train_config
-    from verdict_core.configs import find_config
+    from verdict.train.sft_config import load_train_config
+    from verdict.core.configs import find_config
 
     train_overrides = list(train_overrides or [])
     eval_overrides = list(eval_overrides or [])
     tc_path = find_config("train", str(train_config)).resolve()
     cfg = load_train_config(tc_path, train_overrides).resolved()  # refuses bad keys before anything is queued
     if eval_config:
-        from train.eval_config import load_eval_config
+        from verdict.train.eval_config import load_eval_config
 
         ec_path = find_config("train", eval_config).resolve()
         load_eval_config(ec_path, eval_overrides)

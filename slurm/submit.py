@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from verdict_core.errors import VerdictError
+from verdict.core.errors import VerdictError
 
 from .render import ChainScripts
 

@@ -17,7 +17,7 @@ SHARED_DATA = SHARED / "data"
 REFERENCE_V6 = SHARED_DATA / "reference" / "v6"
 BENCHMARKS = SHARED_DATA / "benchmarks"
 # The `verdict` command of this checkout, run as a subprocess (as a user runs it).
-VERDICT = [sys.executable, "-c", "from verdict_core.cli import main; main()"]
+VERDICT = [sys.executable, "-m", "verdict"]
 
 
 def need(ok: bool, why: str) -> None:

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from verdict_core.cli_errors import fail, guarded
+from verdict.core.cli_errors import fail, guarded
 
 app = typer.Typer(help="train commands", no_args_is_help=False, invoke_without_command=True)
 
@@ -43,7 +43,7 @@ def train_cmd(
         raise typer.Exit(0)
 
     def body():
-        from verdict_core.configs import find_config
+        from verdict.core.configs import find_config
 
         from .sft_config import load_train_config
         from .sft_trainer import prepare, train
@@ -115,7 +115,7 @@ def eval_cmd(
     """Score a student on a split: JSON/schema validity, atom and decision agreement, tokens/s."""
 
     def body():
-        from verdict_core.configs import find_config
+        from verdict.core.configs import find_config
 
         from .eval import evaluate, rate_value
         from .eval_config import load_eval_config

@@ -2,7 +2,7 @@
 
 For each record the student generates greedily (batched); its output is checked for JSON validity
 and schema validity (the stage's typed output model, as the formalizer checks it; the definitions
-are the project's shared ones, `verdict_core.metrics`) and compared atom by atom with the
+are the project's shared ones, `verdict.core.metrics`) and compared atom by atom with the
 teacher's. Rates carry Wilson 95% intervals; p95 interpolates (the same numbers `verdict bench`
 reports). The number that matters is *decision agreement*: the core decides every
 patient-trial pair of the split twice, once on the teacher's outputs and once with the student's
@@ -10,7 +10,7 @@ outputs in their place, and the two decisions are compared.
 
 Work is resumable and shardable: predictions are appended per record to
 ``eval/<dataset>/<split>/predictions[.shard-K-of-N].jsonl`` (the project's JSONL record store,
-`verdict_core.jsonl_store`: a line torn by a kill is cut before the next append) and records
+`verdict.core.jsonl_store`: a line torn by a kill is cut before the next append) and records
 already there are not generated again; the report is computed from all prediction files once
 every record has one.
 Predictions contain evidence quotes from patient notes: they stay in the run directory and never
@@ -22,18 +22,17 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from data_gen.sft_record import target as teacher_output
-from verdict_core.errors import VerdictError
-from verdict_core.jsonl_store import JsonlStore
-from verdict_core.metrics import NO_JSON, format_rate, output_validity, percentile, rate
+from verdict.data_gen.sft_record import target as teacher_output
+from verdict.core.progress import Progress, to_stderr
+from verdict.core.errors import VerdictError
+from verdict.core.jsonl_store import JsonlStore
+from verdict.core.metrics import NO_JSON, format_rate, output_validity, percentile, rate
 
 from . import sft_data
 from .eval_config import EvalConfig
@@ -42,11 +41,6 @@ from .sft_config import TrainConfig
 
 REPORT_FORMAT = "verdict.student_eval/v2"  # v2: rates as {k, n, rate, ci95}; schema_valid = the output model
 COMPANION = {"parser": "value_miner", "value_miner": "parser"}
-Log = Callable[[str], None]
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 class EvalError(VerdictError):
@@ -77,7 +71,7 @@ def open_target(run_path: str | Path) -> Target:
 @dataclass
 class Checked:
     json_ok: bool
-    schema_ok: bool  # JSON that validates as the stage's output model (`verdict_core.metrics`)
+    schema_ok: bool  # JSON that validates as the stage's output model (`verdict.core.metrics`)
     reason: str | None  # the formalizer's rejection category: empty | truncated | json | schema
     parsed: object | None  # ParsedCriterion / ParsedTrial / ValueMinerOutput when schema_ok
     error: str | None
@@ -85,7 +79,7 @@ class Checked:
 
 def check_output(task: str, text: str) -> Checked:
     """The formalizer's own first check (`parse_output`): JSON, then the task's output model."""
-    from data_gen.formalizer.checks import parse_output
+    from verdict.data_gen.formalizer.checks import parse_output
 
     parsed, problems = parse_output(text, None, 0, sft_data.output_model(task, text))
     if parsed is not None:
@@ -189,7 +183,7 @@ def atom_summary(task: str, c: Counter) -> dict:
 
 # ---- decision agreement --------------------------------------------------------------------------
 def _program(trial_id: str, parsed):
-    from verdict_core.program import load_program
+    from verdict.core.program import load_program
 
     return load_program({"trial_id": trial_id, **parsed.model_dump(mode="json", by_alias=True)})
 
@@ -197,7 +191,7 @@ def _program(trial_id: str, parsed):
 def _fitting(program, values: list) -> list:
     """Values the program can take (declared atom, right domain); the rest are already counted as
     atom disagreements and would only make `resolve` refuse the whole patient."""
-    from verdict_core.patient import value_type_problems
+    from verdict.core.patient import value_type_problems
 
     table = program.atom_table()
     return [
@@ -209,8 +203,8 @@ def _fitting(program, values: list) -> list:
 
 class DecisionScorer:
     def __init__(self, cfg: EvalConfig):
-        from verdict_core.engine import Engine
-        from verdict_core.policy import load_policy
+        from verdict.core.engine import Engine
+        from verdict.core.policy import load_policy
 
         self.policy = load_policy(cfg.policy)
         self.engine = Engine(timeout_ms=cfg.engine_timeout_ms, alternatives=0)
@@ -220,7 +214,7 @@ class DecisionScorer:
         self.skipped: Counter = Counter()
 
     def decide(self, program, patient_id: str, values: list) -> str:
-        from verdict_core.policy import resolve
+        from verdict.core.policy import resolve
 
         patient = resolve(program, patient_id, values, self.policy)
         return self.engine.decide(program, patient).decision
@@ -270,13 +264,13 @@ def _load_companion(path: Path | None, task: str) -> list[dict] | None:
 def decision_agreement(
     task: str, rows: list[dict], checked: dict[str, Checked], dataset_path: Path, cfg: EvalConfig
 ) -> dict:
-    from verdict_core.patient import ValueMinerOutput
-    from verdict_core.program import ParsedTrial
+    from verdict.core.patient import ValueMinerOutput
+    from verdict.core.program import ParsedTrial
 
     if task == "parser" and any(sft_data.is_criterion_output(teacher_output(r)) for r in rows):
         return {"available": False,
                 "reason": "per-criterion parser records: the decision agreement needs each trial's "
-                          "assembled program (data_gen.formalizer.assembly), not computed here yet"}
+                          "assembled program (verdict.data_gen.formalizer.assembly), not computed here yet"}
     other = COMPANION[task]
     explicit = cfg.programs if task == "value_miner" else cfg.pairs
     src = Path(explicit) if explicit else dataset_path.parent / other
@@ -434,7 +428,7 @@ def generate(
     shard: int = 0,
     num_shards: int = 1,
     fresh: bool = False,
-    log: Log = _stderr,
+    progress: Progress = to_stderr,
 ) -> Path:
     """Generate the student's outputs for this shard's records that have none yet."""
     if not 0 <= shard < num_shards:
@@ -445,7 +439,7 @@ def generate(
     done = read_predictions(out_dir)
     todo = [r for i, r in enumerate(rows) if i % num_shards == shard and r["record_id"] not in done]
     mine = sum(1 for i in range(len(rows)) if i % num_shards == shard)
-    log(
+    progress(
         f"eval {label}/{split} shard {shard}/{num_shards}: {mine - len(todo)} of {mine} records already "
         f"done, {len(todo)} to generate"
     )
@@ -474,7 +468,7 @@ def generate(
             ]
             store.append_many(made)
             n += len(batch)
-            log(f"  generated {n}/{len(todo)} records ({made[-1].seconds:.1f}s for the last batch)")
+            progress(f"  generated {n}/{len(todo)} records ({made[-1].seconds:.1f}s for the last batch)")
     return out_dir
 
 
@@ -637,7 +631,7 @@ def evaluate(
     do_generate: bool = True,
     do_report: bool = True,
     fresh: bool = False,
-    log: Log = _stderr,
+    progress: Progress = to_stderr,
 ) -> list[dict]:
     """Generate (this shard) and/or report, for each dataset (default: the run's training sets)."""
     target = open_target(run_path)
@@ -649,11 +643,11 @@ def evaluate(
     reports = []
     for path, label in specs:
         if do_generate:
-            generate(target, path, label, split, cfg, shard, num_shards, fresh, log)
+            generate(target, path, label, split, cfg, shard, num_shards, fresh, progress)
         if do_report:
             rep = score(target, path, label, split, cfg)
             reports.append(rep)
-            log(f"report: {target.run.eval_dir(label, split) / 'report.md'}")
+            progress(f"report: {target.run.eval_dir(label, split) / 'report.md'}")
     return reports
 
 

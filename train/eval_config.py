@@ -8,8 +8,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from verdict_core import configs
-from verdict_core.configs import StrictModel
+from verdict.core import configs
+from verdict.core.configs import StrictModel
 
 
 class EvalConfig(StrictModel):
@@ -42,7 +42,7 @@ class EvalConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _from_limits(cls, data):
-        from data_gen.formalizer.budget import apply_limits
+        from verdict.data_gen.formalizer.budget import apply_limits
 
         return apply_limits(data, "eval settings", lambda lim: {("max_new_tokens",): lim.max_new_tokens})
 

@@ -22,8 +22,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from verdict_core import configs
-from verdict_core.errors import VerdictError
+from verdict.core import configs
+from verdict.core.errors import VerdictError
 
 if TYPE_CHECKING:
     from .sft_config import TrainConfig

@@ -12,9 +12,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from data_gen.sft_record import TASKS, Task  # noqa: F401  (the one task list; re-exported)
-from verdict_core import configs
-from verdict_core.configs import StrictModel
+from verdict.data_gen.sft_record import TASKS, Task  # noqa: F401  (the one task list; re-exported)
+from verdict.core import configs
+from verdict.core.configs import StrictModel
 
 
 class DatasetSpec(StrictModel):
@@ -110,7 +110,7 @@ class TrainConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _from_limits(cls, data):
-        from data_gen.formalizer.budget import apply_limits
+        from verdict.data_gen.formalizer.budget import apply_limits
 
         return apply_limits(data, "train config", lambda lim: {("max_length",): lim.max_length})
 

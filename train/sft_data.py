@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ValidationError
 
-from data_gen.sft_record import ROLES
-from verdict_core.errors import VerdictError
-from verdict_core.patient import ValueMinerOutput
-from verdict_core.program import ParsedCriterion, ParsedTrial
+from verdict.data_gen.sft_record import ROLES
+from verdict.core.errors import VerdictError
+from verdict.core.patient import ValueMinerOutput
+from verdict.core.program import ParsedCriterion, ParsedTrial
 
 if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict

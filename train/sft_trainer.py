@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import shutil
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import yaml
 
-from verdict_core import configs
-from verdict_core.errors import VerdictError
+from verdict.core import configs
+from verdict.core.progress import Progress, to_stderr
+from verdict.core.errors import VerdictError
 
 from . import sft_data
 from .model_card import render_model_card
@@ -36,11 +36,6 @@ if TYPE_CHECKING:
 # Changing these does not change what is trained, so a resumed run may differ in them.
 BOOKKEEPING_KEYS = {"logging_steps", "save_steps", "save_total_limit", "merge"}
 
-Log = Callable[[str], None]
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 class TrainError(VerdictError):
@@ -192,7 +187,7 @@ def resolve_device(cfg: TrainConfig) -> str:
     return device
 
 
-def prepare(cfg: TrainConfig, log: Log = _stderr) -> Prepared:
+def prepare(cfg: TrainConfig, progress: Progress = to_stderr) -> Prepared:
     """Every check that can fail, before a model is loaded or a step paid for."""
     from datasets import concatenate_datasets
     from transformers import AutoTokenizer
@@ -241,7 +236,7 @@ def prepare(cfg: TrainConfig, log: Log = _stderr) -> Prepared:
             f"tokens (longest: {max(lengths)}); raise max_length or set overlong: drop"
         )
     if dropped:
-        log(
+        progress(
             f"warning: dropping {dropped} of {len(lengths)} training records longer than "
             f"{cfg.max_length} tokens"
         )
@@ -318,7 +313,7 @@ def open_for_training(prep: Prepared, overwrite: bool) -> tuple[RunDir, str]:
 
 
 # ---- callbacks -----------------------------------------------------------------------------------
-def _callbacks(run: RunDir, log: Log):
+def _callbacks(run: RunDir, progress: Progress):
     from torch.utils.tensorboard import SummaryWriter
     from transformers import TrainerCallback
     from transformers.integrations import TensorBoardCallback
@@ -345,7 +340,7 @@ def _callbacks(run: RunDir, log: Log):
                 if isinstance(v, (int, float)) and k in ("loss", "eval_loss", "learning_rate", "grad_norm")
             )
             if vals:
-                log(f"step {state.global_step}/{state.max_steps} {vals} elapsed {el:.0f}s eta {eta:.0f}s")
+                progress(f"step {state.global_step}/{state.max_steps} {vals} elapsed {el:.0f}s eta {eta:.0f}s")
 
     class StopOnSignal(TrainerCallback):
         """SIGTERM/SIGINT (SLURM's warning before a time limit, Ctrl-C): save a checkpoint at the end
@@ -451,7 +446,7 @@ def build_trainer(prep: Prepared, run: RunDir, callbacks: list):
 
 
 # ---- the run -------------------------------------------------------------------------------------
-def last_checkpoint(folder: Path, log: Log = _stderr) -> str | None:
+def last_checkpoint(folder: Path, progress: Progress = to_stderr) -> str | None:
     """The newest *complete* checkpoint (trainer_state.json is written last); a checkpoint cut short
     by a kill holds nothing usable and is removed so the trainer can write that step again."""
     if not folder.is_dir():
@@ -464,18 +459,18 @@ def last_checkpoint(folder: Path, log: Log = _stderr) -> str | None:
     for _, p in reversed(found):
         if (p / "trainer_state.json").is_file():
             return str(p)
-        log(f"warning: removing incomplete {p.name} (the run was killed while saving it)")
+        progress(f"warning: removing incomplete {p.name} (the run was killed while saving it)")
         shutil.rmtree(p)
     return None
 
 
-def train(cfg: TrainConfig, overwrite: bool = False, log: Log = _stderr) -> TrainResult:
-    prep = prepare(cfg, log)
+def train(cfg: TrainConfig, overwrite: bool = False, progress: Progress = to_stderr) -> TrainResult:
+    prep = prepare(cfg, progress)
     cfg = prep.cfg
     run, state = open_for_training(prep, overwrite)
     if state == "completed":
         info = run.read_info()
-        log(f"run '{cfg.name}' is already complete ({run.path}); pass --overwrite to train again")
+        progress(f"run '{cfg.name}' is already complete ({run.path}); pass --overwrite to train again")
         return TrainResult(
             run.path,
             run.adapter,
@@ -484,7 +479,7 @@ def train(cfg: TrainConfig, overwrite: bool = False, log: Log = _stderr) -> Trai
             info.get("resumed_from"),
             info.get("metrics", {}),
         )
-    last = last_checkpoint(run.checkpoints, log)
+    last = last_checkpoint(run.checkpoints, progress)
     run.write_info(
         status="running",
         task=cfg.task,
@@ -497,11 +492,11 @@ def train(cfg: TrainConfig, overwrite: bool = False, log: Log = _stderr) -> Trai
         train_tokens_per_epoch=prep.train_tokens,
         resumed_from=Path(last).name if last else None,
     )
-    log(
+    progress(
         f"run '{cfg.name}': {len(prep.train_set)} training records ({prep.train_tokens} tokens/epoch) "
         f"-> {run.path}" + (f"; resuming from {Path(last).name}" if last else "")
     )
-    callbacks, stop = _callbacks(run, log)
+    callbacks, stop = _callbacks(run, progress)
     trainer = build_trainer(prep, run, callbacks)
     t0 = time.time()
     out = trainer.train(resume_from_checkpoint=last)
@@ -525,12 +520,12 @@ def train(cfg: TrainConfig, overwrite: bool = False, log: Log = _stderr) -> Trai
     info = run.write_info(status="completed", global_step=step, metrics=metrics, wall_seconds=round(wall, 1))
     (run.adapter / "README.md").write_text(render_model_card(cfg, info))
     if cfg.merge:
-        merge(run.path, log=log)
-    log(f"done: {step} steps in {wall:.0f}s; adapter in {run.adapter}")
+        merge(run.path, progress=progress)
+    progress(f"done: {step} steps in {wall:.0f}s; adapter in {run.adapter}")
     return TrainResult(run.path, run.adapter, step, "completed", info.get("resumed_from"), metrics)
 
 
-def merge(run_path: str | Path, out: str | Path | None = None, log: Log = _stderr) -> Path:
+def merge(run_path: str | Path, out: str | Path | None = None, progress: Progress = to_stderr) -> Path:
     """Write the base model with the run's adapter merged in (for export to tools without LoRA)."""
     import torch
     from peft import PeftModel
@@ -550,5 +545,5 @@ def merge(run_path: str | Path, out: str | Path | None = None, log: Log = _stder
     merged = PeftModel.from_pretrained(base, str(run.adapter)).merge_and_unload()
     merged.save_pretrained(str(dest))
     AutoTokenizer.from_pretrained(str(run.adapter)).save_pretrained(str(dest))
-    log(f"merged model written to {dest}")
+    progress(f"merged model written to {dest}")
     return dest

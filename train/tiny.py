@@ -106,7 +106,7 @@ def build_qwen25_tokenizer():
     from transformers import PreTrainedTokenizerFast
     from trl.chat_template_utils import qwen2_5_chat_template
 
-    from data_gen.formalizer.budget import qwen25_tokenizer_file
+    from verdict.data_gen.formalizer.budget import qwen25_tokenizer_file
 
     tok = PreTrainedTokenizerFast(
         tokenizer_file=str(qwen25_tokenizer_file()), eos_token="<|im_end|>", pad_token="<|endoftext|>",

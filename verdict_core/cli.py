@@ -1,139 +1,19 @@
-"""The `verdict` command: core subcommands here, one sub-app per part of the project.
-
-Parts register by module path and are imported lazily-light (their cli modules import only typer
-at module level), so `verdict decide` never pays for torch or vLLM. A part whose dependencies are
-missing never vanishes: it stays listed as UNAVAILABLE, and using it - or a command reaching a
-missing module later, at run time - is one `error:` line naming the missing package and the extra
-that installs it (or, for a module no extra declares, saying that the environment is broken).
-"""
+"""The core's own commands (`verdict decide`, `schema`, `policies`, `samples`): the Z3 decision
+core alone, no model. The `verdict` application (`verdict/cli.py`) adds them beside the parts."""
 
 from __future__ import annotations
 
-import importlib
 import json
-import re
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from .cli_errors import fail, guarded
+from .cli_errors import fail
 from .errors import VerdictError
 
-app = typer.Typer(
-    help="Verdict on-site: accountable clinical-trial eligibility matching on your own hardware.",
-    no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
-)
-
-# name -> ("module:attribute" of a typer app, help, the extra that installs its dependencies).
-PARTS = {
-    "teacher": ("data_gen.cli:app", "Teacher pipeline: API formalizer outputs -> checked SFT datasets.",
-                "teacher"),
-    "train": ("train.cli:app", "LoRA distillation of the parser and value-miner students.", "train"),
-    "slurm": ("slurm.cli:app", "Render and submit SLURM jobs for train / eval / serve.", "slurm"),
-    "serve": ("serve.cli:app", "vLLM students + the FastAPI matching service.", "serve"),
-    "match": ("serve.match_cli:app", "Batch matching (site-wide screening as SLURM arrays).", "serve"),
-    "fhir": ("data_gen.fhir.cli:app", "Patients from FHIR R4: bundle, Bulk Data NDJSON, REST server.", "fhir"),
-    "bench": ("bench.cli:app", "Benchmarks: core latency, local vs API formalizers.", "bench"),
-}
-# name -> ("module:function", extra) of single commands that live in a part.
-COMMANDS = {
-    "demo": ("serve.demo:demo", "all"),  # the main job: the whole on-site story on bundled sample data
-    "screen": ("serve.screen.cli:screen", "serve"),  # a ranked screen from the running service
-}
-DISTRIBUTION = "verdict-onsite"
-# Requirement names whose import name is not the name itself (lower case, '-' -> '_').
-_IMPORT_NAMES = {"pyyaml": "yaml", "z3-solver": "z3", "python-multipart": "multipart", "fhir.resources": "fhir"}
-
-
-def _requirements() -> list[tuple[str, str | None]]:
-    """(requirement name, extra or None) of the installed distribution; [] when not installed."""
-    from importlib import metadata
-
-    try:
-        reqs = metadata.requires(DISTRIBUTION) or []
-    except metadata.PackageNotFoundError:
-        return []
-    out = []
-    for r in reqs:
-        name = re.match(r"[A-Za-z0-9._-]+(\[[^\]]*\])?", r.strip()).group(0)
-        extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", r)
-        out.append((name, extra.group(1) if extra else None))
-    return out
-
-
-def extra_modules(extra: str) -> dict[str, str]:
-    """import name -> requirement name of everything ``extra`` installs (nested extras included)."""
-    reqs, out, todo, seen = _requirements(), {}, [extra], set()
-    while todo:
-        e = todo.pop()
-        if e in seen:
-            continue
-        seen.add(e)
-        for name, ex in reqs:
-            if ex != e:
-                continue
-            base, _, nested = name.partition("[")
-            if base.lower() == DISTRIBUTION:
-                todo += [x.strip() for x in nested.rstrip("]").split(",") if x.strip()]
-                continue
-            out[_IMPORT_NAMES.get(base.lower(), base.lower().replace("-", "_"))] = base
-    return out
-
-
-def missing_dependency(e: ModuleNotFoundError, command: str, extra: str) -> str:
-    """What a missing module means for ``verdict COMMAND``. A module that one of the command's
-    extras declares: the extra is not installed (say which to install). Anything else - a project
-    module, or a package no extra declares (a dependency of a dependency) - is a broken install."""
-    missing = e.name or str(e)
-    top = missing.split(".")[0]
-    command = f"verdict {command}".strip()
-    declared = extra_modules(extra)
-    if top in declared:
-        return (f"`{command}` needs the '{extra}' extra: package '{declared[top]}' (module '{top}') is not "
-                f"installed; install it with: pip install '{DISTRIBUTION}[{extra}]'")
-    what = "a module of this project" if top in {t.split(".")[0] for t, *_ in PARTS.values()} | {
-        "verdict_core"} else "a package none of the project's extras declares (a dependency of a dependency)"
-    return (f"`{command}` cannot load: module '{missing}' is missing, {what}: the environment is "
-            "broken; reinstall it (e.g. scripts/setup.sh)")
-
-
-def _unavailable(name: str, message: str, help_text: str) -> None:
-    """A stand-in for a part that cannot load: listed in --help, and its use is an error that says why."""
-
-    @app.command(name, help=f"UNAVAILABLE ({message}). {help_text}", add_help_option=False,
-                 context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-    def _stand_in(ctx: typer.Context) -> None:
-        fail(message)
-
-
-def _mount_parts() -> None:
-    for name, (target, help_text, extra) in PARTS.items():
-        module, attr = target.split(":")
-        try:
-            sub = getattr(importlib.import_module(module), attr)
-        except ModuleNotFoundError as e:
-            _unavailable(name, missing_dependency(e, name, extra), help_text)
-            continue
-        app.add_typer(sub, name=name, help=help_text)
-    for name, (target, extra) in COMMANDS.items():
-        module, attr = target.split(":")
-        try:
-            app.command(name)(getattr(importlib.import_module(module), attr))
-        except ModuleNotFoundError as e:
-            _unavailable(name, missing_dependency(e, name, extra), "")
-
-
-def _extra_of(argv: list[str]) -> tuple[str, str]:
-    """(command, extra) of the command line: the first argument naming a part or command."""
-    for a in argv:
-        if a in PARTS:
-            return a, PARTS[a][2]
-        if a in COMMANDS:
-            return a, COMMANDS[a][1]
-    return "", "all"
+app = typer.Typer(help="The decision core's commands.")
 
 
 @app.command()
@@ -256,17 +136,17 @@ def policies() -> None:
 
 @app.command()
 def samples(
-    cases_dir: Path = typer.Option(None, help="folder of sample cases (default: examples/cases)"),
+    cases_dir: Path = typer.Option(None, help="folder of sample cases (default: the bundled examples/cases)"),
     policy: str = typer.Option("prescreen"),
 ) -> None:
     """Decide the bundled sample cases with the core alone (no model) and print their rationales."""
     from .cases import load_case
-    from .configs import REPO_ROOT
+    from .configs import shipped
     from .engine import Engine
     from .policy import load_policy
     from .rationale import render_markdown
 
-    folder = cases_dir or (REPO_ROOT / "examples" / "cases")
+    folder = cases_dir or shipped("examples", "cases")
     files = sorted(folder.glob("*.json"))
     if not files:
         fail(f"no sample cases in {folder}")
@@ -276,15 +156,3 @@ def samples(
         patient = case.patient_under(pol)
         typer.echo(render_markdown(case.program, patient, engine.decide(case.program, patient)))
         typer.echo("")
-
-
-def main() -> None:
-    _mount_parts()
-    try:
-        guarded(app)  # the one error path of every command: `error: ...`, exit 2, no traceback
-    except typer.Exit as e:  # raised by `fail` once the command has left click's hands
-        sys.exit(e.exit_code)
-    except ModuleNotFoundError as e:  # a lazy import inside a command: which package, which extra
-        command, extra = _extra_of(sys.argv[1:])
-        typer.echo(f"error: {missing_dependency(e, command, extra)}", err=True)
-        sys.exit(2)

@@ -6,8 +6,10 @@ recipes, limits, FHIR code maps, scripted-server scripts, run directories) goes 
 YAML -> dict -> dotted overrides -> a `StrictModel`. An unknown key, in the file or in an
 override, is an error that names it and suggests the closest known one.
 
-Search order for ``NAME`` of kind ``KIND``: an existing path; ``$VERDICT_CONFIG_DIR/KIND/NAME.yaml``;
-``./configs/KIND/NAME.yaml``; the ``configs/`` folder of the checkout this package runs from.
+Search order for ``NAME`` of kind ``KIND``: an existing path; ``$VERDICT_CONFIG_DIR/KIND/NAME.yaml``
+(a site's own configs folder, also set by ``verdict --config-dir``); the shipped configs, which are
+package data (``verdict.configs``). Never the working directory: which file a name means does not
+depend on where a command runs.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from importlib import resources
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,7 +27,19 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import VerdictError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def shipped(package: str, *parts: str) -> Path:
+    """A folder or file of the package data: ``shipped("configs", "policies")`` or
+    ``shipped("examples", "cases")``, from the wheel or, in an editable install, the checkout."""
+    return Path(str(resources.files(f"verdict.{package}").joinpath(*parts)))
+
+
+def source_checkout() -> Path | None:
+    """The project checkout this code runs from (an editable install), or None (a wheel). Only for
+    what exists only in a checkout: its git version, its `.venv-vllm`, its `.cache`."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / "pyproject.toml").is_file() and (root / "verdict_core").is_dir() else None
 
 
 class StrictModel(BaseModel):
@@ -45,8 +60,7 @@ def config_dirs(kind: str) -> list[Path]:
     dirs = []
     if os.environ.get("VERDICT_CONFIG_DIR"):
         dirs.append(Path(os.environ["VERDICT_CONFIG_DIR"]) / kind)
-    dirs.append(Path.cwd() / "configs" / kind)
-    dirs.append(REPO_ROOT / "configs" / kind)
+    dirs.append(shipped("configs", kind))
     return dirs
 
 

@@ -7,7 +7,7 @@ report through these, so a name means the same in both reports.
 - **A rate** is ``{"k", "n", "rate", "ci95"}``: k of n with its Wilson score 95% interval
   (appendix D.4); ``rate`` and ``ci95`` are None when n = 0.
 - **Validity** of outputs, by the formalizer's rejection category of the *first* output
-  (`data_gen.formalizer.checks.REASONS`): ``json_valid`` - it is one JSON value (not empty, not
+  (`verdict.data_gen.formalizer.checks.REASONS`): ``json_valid`` - it is one JSON value (not empty, not
   cut off at the token limit, parseable); ``schema_valid`` - it is JSON *and* validates as the
   stage's typed output model (the Pydantic models whose JSON Schemas `verdict schema` writes, the
   formalizer's "schema" check). Later checks (program, evidence, coverage, ...) do not affect either.

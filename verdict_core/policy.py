@@ -86,7 +86,26 @@ def load_policy(name_or_path: str | Path, overrides: list[str] | None = None) ->
 
 @lru_cache(maxsize=64)
 def _load_policy_file(path: str, _mtime: int) -> Policy:
-    return configs.load(Policy, path, None, f"policy file {Path(path).name}", PolicyError)
+    policy = configs.load(Policy, path, None, f"policy file {Path(path).name}", PolicyError)
+    _refuse_shadowing(policy, Path(path))
+    return policy
+
+
+def _refuse_shadowing(policy: Policy, path: Path) -> None:
+    """A decision and its audit record name their policy by name and version, so two different
+    files must never share both: a site's policy (``--config-dir``) that reuses a shipped policy's
+    name and version with other rules is refused, rather than leaving the record ambiguous."""
+    for other in sorted(configs.shipped("configs", "policies").glob("*.yaml")):
+        if other.resolve() == path.resolve():
+            continue
+        try:
+            shipped = configs.load(Policy, other, None, f"policy file {other.name}", PolicyError)
+        except PolicyError:
+            continue
+        if shipped.ref == policy.ref and shipped != policy:
+            raise PolicyError(f"policy file {path.name}: policy '{policy.name}' v{policy.version} differs from the "
+                              f"shipped policy of that name and version; give the site's policy its own name or "
+                              f"a new version, so that a decision's record says which rules decided it")
 
 
 # ---- resolving a patient ----------------------------------------------------------------------
@@ -114,14 +133,14 @@ def resolve(
     mined: list[MinedValue] | dict[str, MinedValue],
     policy: Policy,
     notes: dict[str, str] | None = None,
-    conflicts: dict[str, str] | None = None,
+    held_open: dict[str, str] | None = None,
     sources: dict[str, str] | None = None,
 ) -> ResolvedPatient:
     """Build p_{t,Π}: observed values from the miner, the rest through the policy.
 
-    ``conflicts`` (atom -> what disagrees) are atoms the miner found contradicting values for
-    (e.g. two documents): they stay unresolved with that note, whatever the mined value or the
-    policy says. ``sources`` (atom -> document id) names the document each evidence quote is from."""
+    ``held_open`` (atom -> why) are atoms that stay unresolved with that note, whatever the mined
+    value or the policy says: the miner found contradicting values (e.g. two documents), or a
+    miner call that asked them failed validation (the chart may hold them). ``sources`` (atom -> document id) names the document each evidence quote is from."""
     if isinstance(mined, list):
         mined, disagreements = merge_passes(mined)
         notes = {**disagreements, **(notes or {})}
@@ -136,13 +155,13 @@ def resolve(
             problems.extend(f"'{name}': {p}" for p in value_type_problems(atom.domain, mv.value, mv.bounds))
     if problems:
         raise PatientError("value-miner output does not fit the trial program", problems)
-    conflicts, sources = conflicts or {}, sources or {}
+    held_open, sources = held_open or {}, sources or {}
     resolutions = []
     for atom in program.atoms:
         mv = mined.get(atom.name)
-        if atom.name in conflicts:  # a policy never imputes over contradicting evidence
+        if atom.name in held_open:  # a policy never imputes over contradicting or unread evidence
             resolutions.append(Resolution(atom=atom.name, status="unresolved",
-                                          note=_join(notes.get(atom.name), conflicts[atom.name])))
+                                          note=_join(notes.get(atom.name), held_open[atom.name])))
         elif mv is not None and (mv.value is not None or mv.bounds is not None):
             resolutions.append(
                 Resolution(atom=atom.name, status="observed", value=mv.value, bounds=mv.bounds,

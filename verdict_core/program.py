@@ -90,7 +90,7 @@ class ParsedTrial(StrictModel):
 
 
 class ParsedCriterion(StrictModel):
-    """What the per-criterion trial parser emits for one criterion; `data_gen.formalizer.assembly`
+    """What the per-criterion trial parser emits for one criterion; `verdict.data_gen.formalizer.assembly`
     makes one trial program from a trial's outputs. The side (inclusion/exclusion) is the caller's:
     an exclusion formula describes the excluding condition, not its negation."""
 

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from pydantic import Field, ValidationError
 
-from verdict_core.configs import StrictModel, describe
+from verdict.core.configs import StrictModel, describe
 
 from ..datasets import BenchDataset
 from ..protocol import BenchError, Flip, LabeledPair, PairResult
@@ -51,7 +51,7 @@ class RunContext:
         """The call cache of a repeat: repeat 0 shares the teacher cache (answers already paid for
         are reused); repeat r > 0 has its own file in the run directory, so a repeat really asks
         the endpoint again, and a resumed repeat still never pays twice."""
-        from data_gen.cache import CallCache
+        from verdict.data_gen.cache import CallCache
 
         if repeat not in self._caches:
             path = self.cache_path if repeat == 0 else self.run_dir / f"cache-repeat-{repeat}.sqlite"
@@ -83,7 +83,7 @@ class Backend:
     @property
     def policy(self):
         if self._policy is None:
-            from verdict_core.policy import load_policy
+            from verdict.core.policy import load_policy
 
             self._policy = load_policy(self.config.policy) if self.config.policy else self.ctx.policy
         return self._policy
@@ -150,7 +150,7 @@ def backend_config(data) -> BackendConfig:
 def decide_formal(engine, program, patient, case: str) -> tuple[object, list[Flip], float]:
     """Decide, then decide the formal counterfactual of the primary pivotal conditions (paper
     Def. 2-3): the decision, its flip outcome (if it has δ) and the solve time in ms."""
-    from verdict_core.counterfactual import apply_pivotal
+    from verdict.core.counterfactual import apply_pivotal
 
     t0 = time.perf_counter()
     d = engine.decide(program, patient)

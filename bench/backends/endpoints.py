@@ -22,9 +22,9 @@ class EndpointPlacement(BaseModel):
 def resolve_endpoint(ref: EndpointRef, placement: EndpointPlacement, vllm_url: str | None, what: str):
     from pydantic import ValidationError
 
-    from data_gen.teacher_config import TeacherConfig, load_teacher
-    from verdict_core.configs import describe
-    from verdict_core.errors import VerdictError, describe_validation_error
+    from verdict.data_gen.teacher_config import TeacherConfig, load_teacher
+    from verdict.core.configs import describe
+    from verdict.core.errors import VerdictError, describe_validation_error
 
     try:
         endpoint = load_teacher(ref) if isinstance(ref, str) else TeacherConfig.model_validate(ref)

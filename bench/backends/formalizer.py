@@ -1,11 +1,13 @@
 """`formalizer`: Verdict with a formalizer endpoint - an API teacher or a local vLLM student -
-through `data_gen.formalizer.Formalizer` (the one implementation of prompt -> structured output ->
+through `verdict.data_gen.formalizer.Formalizer` (the one implementation of prompt -> structured output ->
 strict validation -> one repair, with the call cache, ledger and egress allowlist), then the
 policy and the core, exactly as the matching service does.
 
 Per pair: the trial is parsed once (shared by its pairs), the inclusion and exclusion value-miner
 passes run concurrently, the policy resolves what the note leaves open, the core decides, and
-the decision's formal counterfactual is decided again (PivotalFlipRate). An output still invalid
+the decision's formal counterfactual is decided again (PivotalFlipRate). The service's opt-in
+arbiter and verbalizer (`arbiter`, `verbalizer`, off by default) then run as in the service, their
+calls counted as stages of the pair. An output still invalid
 after the repair fails the pair (a result, scored as configured); an endpoint that keeps failing
 leaves the pair undone for the next run.
 """
@@ -24,17 +26,26 @@ from .endpoints import EndpointPlacement, EndpointRef, resolve_endpoint
 
 
 class FormalizerPrompts(BaseModel):
+    """The prompt version of each stage (data_gen/prompts); the opt-in stages use their v1."""
+
     model_config = ConfigDict(extra="forbid")
-    parser: str = "v1"
-    miner_inclusion: str = "v1"
-    miner_exclusion: str = "v1"
+    parser: str = Field("v1", description="trial-parser prompt version")
+    miner_inclusion: str = Field("v1", description="inclusion value-miner prompt version")
+    miner_exclusion: str = Field("v1", description="exclusion value-miner prompt version")
 
 
 class FormalizerConfig(BackendConfig, EndpointPlacement):
     kind: Literal["formalizer"] = "formalizer"
     parser: EndpointRef = Field(description="trial-parser endpoint: teacher config name, path or inline mapping")
     miner: EndpointRef = Field(description="value-miner endpoint: teacher config name, path or inline mapping")
-    prompts: FormalizerPrompts = Field(default_factory=FormalizerPrompts)
+    prompts: FormalizerPrompts = Field(default_factory=FormalizerPrompts, description="prompt version per stage")
+    arbiter: bool = Field(False, description="opt-in extraction-resolution arbiter (paper appendix A.5), as the "
+                          "service's api.formalizer.arbiter: when mined facts contradict definitional constraints "
+                          "the miner endpoint re-reads them and the pair is decided again; its calls are counted in "
+                          "the pair's stages; a failure keeps the solver result")
+    verbalizer: bool = Field(False, description="opt-in verbalizer (paper appendix A.6), as the service's "
+                             "api.formalizer.verbalizer: restates the decision as prose; it decides nothing, only "
+                             "its calls are counted in the pair's stages")
 
 
 def stage_stat(res, cache, shared: bool = False) -> StageStat:
@@ -52,6 +63,16 @@ def stage_stat(res, cache, shared: bool = False) -> StageStat:
                      first_reason=next((x for x in firsts if x is not None), None), attempts=len(attempts),
                      cached_calls=u.cache_hits, prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
                      cost_usd=u.cost_usd, paid_usd=u.paid_usd, model_ms=round(ms, 3), shared=shared)
+
+
+class _Overridden:
+    """An engine whose decisions apply the arbiter's overrides (the engine's own `arbiter=` hook)."""
+
+    def __init__(self, engine, overrides):
+        self.engine, self.overrides = engine, overrides
+
+    def decide(self, program, patient):
+        return self.engine.decide(program, patient, None, lambda *_: self.overrides)
 
 
 @register_backend("formalizer")
@@ -79,7 +100,7 @@ class FormalizerBackend(Backend):
     def formalizer(self, repeat: int, role: str):
         key = (repeat, role)
         if key not in self._fz:
-            from data_gen.formalizer import Formalizer
+            from verdict.data_gen.formalizer import Formalizer
 
             ep = self.parser_ep if role == "parser" else self.miner_ep
             self._fz[key] = Formalizer(ep, engine=self.ctx.engine, cache=self.ctx.cache(repeat),
@@ -96,9 +117,9 @@ class FormalizerBackend(Backend):
         return await asyncio.shield(self._parses[key])
 
     async def decide(self, pair: LabeledPair, repeat: int) -> PairResult:
-        from data_gen.formalizer import merge_sides
-        from verdict_core.errors import PatientError
-        from verdict_core.policy import resolve
+        from verdict.data_gen.formalizer import merge_sides
+        from verdict.core.errors import PatientError
+        from verdict.core.policy import resolve
 
         parsed = await self._parsed(pair.trial_id, repeat)
         parser_fz = self.formalizer(repeat, "parser")
@@ -122,7 +143,7 @@ class FormalizerBackend(Backend):
         try:
             mined = merge_sides(inc.output, exc.output)  # the service's merge: conflicts stay unresolved
             patient = resolve(program, pair.patient_id, list(mined), self.policy,
-                              conflicts=mined.conflict_notes(), sources=mined.sources)
+                              held_open=mined.held_open(), sources=mined.sources)
         except PatientError as e:
             return self.result(pair, repeat, status="failed", stages=stages, program_hash=program.content_hash,
                                reason=f"value-miner output does not fit the program ({e.summary})")
@@ -130,9 +151,35 @@ class FormalizerBackend(Backend):
         d, flips, solve_ms = await asyncio.to_thread(decide_formal, self.ctx.engine, program, patient,
                                                      pair.pair_id)
         miners_ms = max(stages["miner_inclusion"].model_ms, stages["miner_exclusion"].model_ms)
+        d, flips, more_ms = await self._optional_stages(program, note, patient, d, flips, stages, repeat, pair.pair_id)
+        solve_ms += more_ms
+        miners_ms += sum(stages[s].model_ms for s in ("arbiter", "verbalizer") if s in stages)
         return self.result(pair, repeat, status="decided", decision=d.decision, stages=stages, flips=flips,
                            solve_ms=round(resolve_ms + solve_ms, 3), latency_ms=round(miners_ms + resolve_ms + solve_ms, 3),
                            program_hash=program.content_hash, patient_hash=d.patient_hash)
+
+    async def _optional_stages(self, program, note, patient, d, flips, stages, repeat, case):
+        """The opt-in arbiter and verbalizer, as in the service (serve/optional_stages.py): the
+        decision and its flips after them, and the extra solve time in ms. A rejected output keeps
+        the solver result."""
+        from verdict.data_gen.formalizer.optional_stages import definition_conflicts
+
+        miner, extra_ms = self.formalizer(repeat, "miner"), 0.0
+        conflicts = definition_conflicts(d)
+        if self.config.arbiter and conflicts:
+            res = await miner.arbitrate(program, note, patient, conflicts)
+            stages["arbiter"] = stage_stat(res, miner.cache)
+            if res.accepted and res.output:
+                t0 = time.perf_counter()
+                overrides = list(res.output)
+                # Decided again with the overrides, and its counterfactual too (the decision it flips).
+                d, flips, _ = await asyncio.to_thread(
+                    decide_formal, _Overridden(self.ctx.engine, overrides), program, patient, case)
+                extra_ms += (time.perf_counter() - t0) * 1000
+        if self.config.verbalizer:
+            res = await miner.verbalize(program, patient, d, data_class=self.ctx.dataset.data_class)
+            stages["verbalizer"] = stage_stat(res, miner.cache)
+        return d, flips, extra_ms
 
     async def aclose(self) -> None:
         for t in self._parses.values():

@@ -3,7 +3,7 @@ B.1): one prompt with the whole note and the whole criteria listing, a per-crite
 then one verdict and a short rationale as JSON - no program, no solver. It runs on the same
 endpoint configs as the formalizer backends, for context.
 
-Adapter: `data_gen.formalizer.Formalizer` knows the paper's formalizer stages only, so
+Adapter: `verdict.data_gen.formalizer.Formalizer` knows the paper's formalizer stages only, so
 `DirectMatcher` subclasses it with one more stage, ``llm_match`` (prompt template
 `data_gen/prompts/llm_match.v<N>.yaml`, its own output limit), and reuses everything else: the
 structured-output request, the call cache, the ledger and budget, the egress allowlist, the
@@ -47,7 +47,7 @@ class LlmMatchConfig(BackendConfig, EndpointPlacement):
 
 def _endpoint_with_stage(endpoint, max_tokens: int):
     """The endpoint config with an output limit for the extra stage."""
-    from data_gen.teacher_config import StageTokens, TeacherConfig
+    from verdict.data_gen.teacher_config import StageTokens, TeacherConfig
 
     class MatchTokens(StageTokens):
         llm_match: int = Field(max_tokens, gt=0)
@@ -61,9 +61,9 @@ def _endpoint_with_stage(endpoint, max_tokens: int):
 
 
 def _direct_matcher_class():
-    from data_gen.formalizer import Check, Formalizer, parse_json
-    from data_gen.prompt_templates import load_prompt
-    from verdict_core.errors import describe_validation_error
+    from verdict.data_gen.formalizer import Check, Formalizer, parse_json
+    from verdict.data_gen.prompt_templates import load_prompt
+    from verdict.core.errors import describe_validation_error
 
     class DirectMatcher(Formalizer):
         def __init__(self, *args, prompt_version: str = "v1", **kw):

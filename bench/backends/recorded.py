@@ -52,8 +52,8 @@ class RecordedBackend(Backend):
         return await asyncio.to_thread(self._decide, pair, repeat)
 
     def _decide(self, pair: LabeledPair, repeat: int) -> PairResult:
-        from verdict_core.cases import load_case
-        from verdict_core.errors import VerdictError
+        from verdict.core.cases import load_case
+        from verdict.core.errors import VerdictError
 
         decisions, flips, hashes, patients = [], [], [], []
         solve = 0.0

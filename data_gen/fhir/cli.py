@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from verdict_core.cli_errors import fail
+from verdict.core.cli_errors import fail
 
 app = typer.Typer(
     help="Patients from FHIR R4 (bundle, Bulk Data NDJSON, REST).",
@@ -47,7 +47,7 @@ def load(
         fail(f"--at: '{at}' is not a date YYYY-MM-DD")
     rest = None
     if config is not None:
-        from verdict_core import configs
+        from verdict.core import configs
 
         data = configs.read_yaml(config)
         data["base_url"] = source

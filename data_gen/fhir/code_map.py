@@ -1,7 +1,7 @@
 """The site code map (configs/fhir/codes.yaml): which codes (LOINC, SNOMED CT, RxNorm, ICD-10) mean
 which canonical fact, in which canonical unit, and which words name that fact in an atom.
 
-Loaded with the project's strict config loader (`verdict_core.configs`): an unknown key, an unknown
+Loaded with the project's strict config loader (`verdict.core.configs`): an unknown key, an unknown
 code-system prefix, a unit outside the UCUM table or a code mapped twice is an error naming it.
 """
 
@@ -13,8 +13,8 @@ from typing import Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
-from verdict_core.configs import StrictModel, find_config
-from verdict_core.errors import VerdictError
+from verdict.core.configs import StrictModel, find_config
+from verdict.core.errors import VerdictError
 
 from .errors import CodeMapError, UnitConversionError
 from .units import ucum_code
@@ -142,7 +142,7 @@ def _phrase(text: str) -> str:
 
 def load_code_map(name_or_path: str | os.PathLike = DEFAULT_CODE_MAP) -> CodeMap:
     """configs/fhir/NAME.yaml (or a path)."""
-    from verdict_core import configs
+    from verdict.core import configs
 
     try:
         path = find_config("fhir", name_or_path)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from verdict_core.errors import VerdictError
+from verdict.core.errors import VerdictError
 
 
 class FhirSourceError(VerdictError):

@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 from pydantic import BaseModel
 
-from verdict_core.errors import VerdictError
-from verdict_core.formula import number_problem
+from verdict.core.errors import VerdictError
+from verdict.core.formula import number_problem
 
 from ..protocol import NoteDocument
 from .code_map import CodeMap

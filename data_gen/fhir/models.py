@@ -1,6 +1,6 @@
 """The internal patient record made from FHIR: the miner's documents plus coded facts.
 
-`documents` are exactly what the value miner reads (`data_gen.protocol.NoteDocument`); `facts` are
+`documents` are exactly what the value miner reads (`verdict.data_gen.protocol.NoteDocument`); `facts` are
 the coded resources (Condition, Observation, MedicationStatement/Request, Procedure), each naming
 its resource (`Observation/123`). Problems name resources by `Type/id` and fields by path, never
 by content.
@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from verdict_core.configs import StrictModel
+from verdict.core.configs import StrictModel
 
 from ..protocol import NoteDocument, PatientDoc
 

@@ -14,7 +14,7 @@ from .extract import UrlFetcher, document_of, facts_of, ref, subject_of
 from .models import FhirPatientRecord
 from .validate import Validated
 
-log = logging.getLogger("data_gen.fhir")
+log = logging.getLogger("verdict.data_gen.fhir")
 
 
 def age_at(birth: str, at: dt.date) -> tuple[int, int] | None:

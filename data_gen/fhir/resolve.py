@@ -24,8 +24,8 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from verdict_core.patient import Bounds, Resolution, ResolvedPatient, value_type_problems
-from verdict_core.program import Atom, TrialProgram
+from verdict.core.patient import Bounds, Resolution, ResolvedPatient, value_type_problems
+from verdict.core.program import Atom, TrialProgram
 
 from .code_map import CodeMap, load_code_map
 from .errors import UnitConversionError

@@ -1,7 +1,7 @@
 """A FHIR R4 REST client that only talks to allowlisted hosts.
 
 Every URL (the base, each `link[next]` page, each attachment URL) goes through the project's egress
-allowlist (`data_gen.egress.EgressPolicy`) before a connection is opened: a host that is not
+allowlist (`verdict.data_gen.egress.EgressPolicy`) before a connection is opened: a host that is not
 loopback or on `egress.allow_hosts` / $VERDICT_EGRESS_ALLOW is refused with EgressRefused and
 nothing is sent. Redirects are not followed (a redirect could leave the allowlist). The bearer
 token is read from the environment variable the config names, at request time; it is never logged.
@@ -29,7 +29,7 @@ from ..teacher_config import EgressConfig
 from .errors import FhirServerError, FhirSourceError
 from .validate import MAX_ATTACHMENT_BYTES, READ_TYPES, parse_json
 
-log = logging.getLogger("data_gen.fhir")
+log = logging.getLogger("verdict.data_gen.fhir")
 NO_EVERYTHING = (400, 404, 405, 501)  # statuses meaning "this server has no $everything"
 
 

@@ -33,9 +33,9 @@ from typing import Callable
 
 from pydantic import ValidationError
 
-from verdict_core.errors import ProgramError, describe_validation_error
-from verdict_core.formula import atoms_in, rename, render
-from verdict_core.program import (
+from verdict.core.errors import ProgramError, describe_validation_error
+from verdict.core.formula import atoms_in, rename, render
+from verdict.core.program import (
     Atom,
     Cohort,
     Criterion,

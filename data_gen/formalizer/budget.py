@@ -24,8 +24,8 @@ from typing import Any, Callable, Protocol
 
 from pydantic import Field, model_validator
 
-from verdict_core.configs import REPO_ROOT, StrictModel, find_config
-from verdict_core.errors import VerdictError
+from verdict.core.configs import StrictModel, find_config, source_checkout
+from verdict.core.errors import VerdictError
 
 # Qwen2.5's ChatML framing: "<|im_start|>ROLE\n" + content + "<|im_end|>\n" per message, and the
 # generation prompt "<|im_start|>assistant\n". The byte estimate counts them as fixed overheads.
@@ -138,8 +138,12 @@ _QWEN25_SPECIAL = set(QWEN25_ADDED[:14])  # Qwen2.5 marks the tool-call and FIM 
 
 
 def cache_dir() -> Path:
-    """Built artifacts (gitignored): $VERDICT_CACHE_DIR, else `.cache/` of the checkout."""
-    return Path(os.environ.get("VERDICT_CACHE_DIR") or REPO_ROOT / ".cache")
+    """Built artifacts: $VERDICT_CACHE_DIR, else `.cache/` of the checkout (gitignored), else
+    ~/.cache/verdict for an installed wheel."""
+    if os.environ.get("VERDICT_CACHE_DIR"):
+        return Path(os.environ["VERDICT_CACHE_DIR"])
+    checkout = source_checkout()
+    return checkout / ".cache" if checkout else Path.home() / ".cache" / "verdict"
 
 
 def qwen_tiktoken_ranks() -> dict[bytes, int]:
@@ -276,7 +280,7 @@ class StudentLimits(StrictModel):
 
 def load_limits(name_or_path: str | os.PathLike) -> StudentLimits:
     """configs/limits/NAME.yaml (or a path); unknown keys are errors with a did-you-mean."""
-    from verdict_core import configs
+    from verdict.core import configs
 
     try:
         path = find_config("limits", name_or_path)

@@ -12,9 +12,8 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from verdict_core.errors import describe_validation_error
-from verdict_core.patient import ValueMinerOutput
-from verdict_core.program import ParsedTrial
+from verdict.core.errors import describe_validation_error
+from verdict.core.schemas import json_schema
 
 
 # Rejection categories, most fundamental first: a result's reason is its first problem's category.
@@ -28,13 +27,7 @@ M = TypeVar("M", bound=BaseModel)
 def core_schema(name: str) -> dict:
     """The core's JSON Schema for structured outputs ("parsed-trial" | "value-miner"); the core
     writes it in a form xgrammar compiles. Shared: do not mutate."""
-    try:
-        from verdict_core.schemas import json_schema
-
-        return json_schema(name)
-    except ImportError:  # older core without schemas.py: the same models' schemas
-        model = {"parsed-trial": ParsedTrial, "value-miner": ValueMinerOutput}[name]
-        return model.model_json_schema(by_alias=True)
+    return json_schema(name)
 
 
 def normalize_ws(text: str) -> str:
@@ -133,7 +126,7 @@ def parse_output(content: str | None, finish_reason: str | None, max_tokens: int
                  model: type[M]) -> tuple[M | None, list[tuple[str, str]]]:
     """A stage's output -> its typed model: ``(output, [])``, or ``(None, problems)`` whose categories
     are "empty" / "truncated" / "json" (no usable JSON) or "schema" (JSON that is not the model). The
-    first step of every stage's check; what `verdict_core.metrics` calls json_valid / schema_valid."""
+    first step of every stage's check; what `verdict.core.metrics` calls json_valid / schema_valid."""
     obj, problems = parse_json(content, finish_reason, max_tokens)
     if problems:
         return None, problems

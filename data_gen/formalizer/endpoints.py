@@ -27,7 +27,7 @@ from ..egress import EgressPolicy
 from ..errors import EndpointError, TeacherConfigError
 from ..teacher_config import TeacherConfig
 
-log = logging.getLogger("data_gen.formalizer.endpoints")
+log = logging.getLogger("verdict.data_gen.formalizer.endpoints")
 
 State = Literal["unknown", "up", "down"]
 

@@ -13,7 +13,7 @@ calls are merged deterministically (`merge_findings`):
 - the same value found twice keeps the first evidence (documents, then passages, in order);
 - values that cannot both hold (true vs false, different numbers, a number outside a bound,
   disjoint bounds) are a `PassageConflict`: both values with their quotes and documents; the
-  atom is null in the merge and stays unresolved (`verdict_core.policy.resolve(conflicts=...)`).
+  atom is null in the merge and stays unresolved (`verdict.core.policy.resolve(held_open=...)`).
 
 A side is accepted only if every call is; a rejected call is named by its document, passage and
 chunk, and the accepted calls stay in `StageResult.calls` (and in the cache).
@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Callable, Collection
 
 from pydantic import Field
 
-from verdict_core.configs import StrictModel
-from verdict_core.errors import VerdictError
-from verdict_core.patient import Bounds, MinedValue, ValueMinerOutput, Value, value_type_problems
-from verdict_core.program import TrialProgram
-from verdict_core.reference import _meet as meet_values  # the one rule for two records of one fact
+from verdict.core.configs import StrictModel
+from verdict.core.errors import VerdictError
+from verdict.core.patient import Bounds, MinedValue, ValueMinerOutput, Value, value_type_problems
+from verdict.core.program import TrialProgram
+from verdict.core.reference import _meet as meet_values  # the one rule for two records of one fact
 
 from ..cache import CachedCall
 from ..prompt_templates import stage_prompt
@@ -430,8 +430,8 @@ class MinedValues:
     def __len__(self) -> int:
         return len(self.values)
 
-    def conflict_notes(self) -> dict[str, str]:
-        """atom -> note, for `verdict_core.policy.resolve(conflicts=...)`: the atoms that stay
+    def held_open(self) -> dict[str, str]:
+        """atom -> note, for `verdict.core.policy.resolve(held_open=...)`: the atoms that stay
         unresolved whatever the policy says (values that contradict, and atoms a call that failed
         validation asked: the chart may hold them, so a default must not stand in for them)."""
         return {**self.unread, **{c.atom: c.note() for c in self.conflicts}}
@@ -439,7 +439,7 @@ class MinedValues:
 
 def _compatible(a: Finding, b: Finding) -> Finding | None:
     """What both findings say, or None if they cannot both hold: the import's rule for two records of
-    one chart fact (`verdict_core.reference`), keeping the document of the quote that stays."""
+    one chart fact (`verdict.core.reference`), keeping the document of the quote that stays."""
     mv_a = MinedValue(atom="x", value=a.value, bounds=a.bounds, evidence=a.evidence)
     mv_b = MinedValue(atom="x", value=b.value, bounds=b.bounds, evidence=b.evidence)
     met = meet_values(mv_a, mv_b)

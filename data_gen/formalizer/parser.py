@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Callable
 
 from pydantic import ValidationError
 
-from verdict_core.errors import ProgramError, describe_validation_error
-from verdict_core.formula import atoms_in
-from verdict_core.program import (
+from verdict.core.errors import ProgramError, describe_validation_error
+from verdict.core.formula import atoms_in
+from verdict.core.program import (
     Cohort,
     Criterion,
     ParsedCriterion,

@@ -11,10 +11,10 @@ import logging
 import re
 from typing import Callable, Collection
 
-from verdict_core.engine import Engine, apply_overrides
-from verdict_core.formula import render
-from verdict_core.patient import value_type_problems
-from verdict_core.program import TrialProgram
+from verdict.core.engine import Engine, apply_overrides
+from verdict.core.formula import render
+from verdict.core.patient import value_type_problems
+from verdict.core.program import TrialProgram
 
 from ..cache import CachedCall, CallCache, CallMeta, canonical_key
 from ..client import EndpointClient, build_request
@@ -30,7 +30,7 @@ from .miner import miner_messages
 from .parser import criterion_messages
 from .value_reuse import ValueReuse
 
-log = logging.getLogger("data_gen.formalizer")
+log = logging.getLogger("verdict.data_gen.formalizer")
 
 
 class Formalizer:
@@ -123,7 +123,7 @@ class Formalizer:
 
     async def arbitrate(self, program: TrialProgram, note: PatientDoc | str, patient, conflicts) -> StageResult:
         """Re-read the chart for atoms whose values contradict definitions; output: list[Override]."""
-        from verdict_core.decision import Override
+        from verdict.core.decision import Override
 
         text = note.text if isinstance(note, PatientDoc) else note
         dclass = note.data_class if isinstance(note, PatientDoc) else "private"
@@ -164,7 +164,7 @@ class Formalizer:
     async def verbalize(self, program: TrialProgram, patient, decision, *, data_class: str = "private") -> StageResult:
         """Restate a Decision for clinicians; output: the rationale text. It may decide nothing."""
         try:
-            from verdict_core.rationale import render_markdown
+            from verdict.core.rationale import render_markdown
 
             record = render_markdown(program, patient, decision)
         except ImportError:

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from verdict_core.program import Atom
+    from verdict.core.program import Atom
 
     from ..protocol import NoteDocument
     from .miner import Finding

@@ -2,7 +2,7 @@
 what an auditor needs to reproduce it (input hashes, program version, model and adapter ids,
 policy version, timings, artifacts), and every screening run (its source, counts and decisions).
 
-    from serve.audit import AuditStore
+    from verdict.serve.audit import AuditStore
     store = AuditStore("runs/serve/audit.sqlite")            # SQLite (one node), see sqlite.py
     store = AuditStore("postgresql://verdict@db/verdict")    # PostgreSQL (replicas), see postgres.py
     store.verify().ok                                         # protections + hash chain (chain.py)

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from verdict_core.cli_errors import fail
+from verdict.core.cli_errors import fail
 
 audit_app = typer.Typer(help="the append-only audit store: verify it, set it up", no_args_is_help=True)
 CONFIG_HELP = "serve config: NAME in configs/serve/ or a YAML path (its api.audit_db)"

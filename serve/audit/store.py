@@ -421,7 +421,7 @@ def open_store(api, *, read_only: bool = False) -> AuditStore:
     )
     warnings = [] if read_only else store.privilege_warnings()
     if warnings:
-        logging.getLogger("serve").warning(
+        logging.getLogger("verdict.serve").warning(
             "audit store: %s; see verdict serve audit setup-postgres", "; ".join(warnings)
         )
     return store

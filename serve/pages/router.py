@@ -27,7 +27,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import ValidationError
 
-from verdict_core.errors import VerdictError, describe_validation_error
+from verdict.core.errors import VerdictError, describe_validation_error
 
 from ..api_keys import KeyEntry, KeyStore
 from ..auth import FailedAttempts
@@ -45,7 +45,7 @@ from .session import (
     set_cookie_header,
 )
 
-log = logging.getLogger("serve.pages")
+log = logging.getLogger("verdict.serve.pages")
 PAGE_HEADERS = {"Cache-Control": "no-store", "Content-Security-Policy": PAGE_CSP}
 LOGIN_FORM_MAX_AGE = 600  # seconds a login form stays usable
 # The form fields each change type takes (everything else a form sends is ignored).

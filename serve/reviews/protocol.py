@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt
 
-from verdict_core.configs import StrictModel
-from verdict_core.patient import PolicyRef
+from verdict.core.configs import StrictModel
+from verdict.core.patient import PolicyRef
 
 from ..protocol import MatchResponse, TrialResponse
 

@@ -6,7 +6,7 @@ what does not come from the decision's policy:
 - values imputed by the decision's policy are opened again (the policy is applied anew);
 - values imputed by another source (e.g. the authors' recorded miner) are kept;
 - an atom left open because the record disagrees with itself (an extraction conflict) stays open:
-  no policy imputes over contradicting evidence (`verdict_core.policy.resolve`);
+  no policy imputes over contradicting evidence (`verdict.core.policy.resolve`);
 - other open atoms are opened again, their note without the policy's reason text.
 
 Then the changes are applied (a confirmed or corrected value is observed, with the reviewer's
@@ -19,15 +19,15 @@ from __future__ import annotations
 import math
 import re
 
-from verdict_core.formula import number_problem
-from verdict_core.patient import Resolution, ResolvedPatient
-from verdict_core.policy import Policy, impute
-from verdict_core.program import Atom, TrialProgram
+from verdict.core.formula import number_problem
+from verdict.core.patient import Resolution, ResolvedPatient
+from verdict.core.policy import Policy, impute
+from verdict.core.program import Atom, TrialProgram
 
 TRUE_WORDS = frozenset({"true", "yes", "present", "positive", "1"})
 FALSE_WORDS = frozenset({"false", "no", "absent", "negative", "0"})
 _NUMBER = re.compile(r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*(.*?)\s*$")
-# What `verdict_core.policy` appends to an open atom's note: a rule's reason (possibly with a
+# What `verdict.core.policy` appends to an open atom's note: a rule's reason (possibly with a
 # "(not applied: ...)" tail), the no-rule default, or a disagreement across sides (always last).
 _POLICY_TAIL = re.compile(r"(^|; )policy rules disagree across sides \(.*\)$")
 _NO_RULE = "no policy rule matches; left for the screening visit"

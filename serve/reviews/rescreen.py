@@ -20,10 +20,10 @@ import contextlib
 import time
 from dataclasses import asdict, dataclass, field
 
-from verdict_core.engine import Engine
-from verdict_core.errors import VerdictError
-from verdict_core.policy import Policy, load_policy
-from verdict_core.program import TrialProgram, load_program
+from verdict.core.engine import Engine
+from verdict.core.errors import VerdictError
+from verdict.core.policy import Policy, load_policy
+from verdict.core.program import TrialProgram, load_program
 
 from ..audit import AuditStore, DecisionRow
 from ..audit.store import Superseded
@@ -76,7 +76,7 @@ class RescreenReport:
 def count_llm_calls():
     """Counts every formalizer call this process sends while inside: `EndpointClient.complete` is
     the one place a call to a language model leaves the process (the teacher ledger's calls too)."""
-    from data_gen.client import EndpointClient
+    from verdict.data_gen.client import EndpointClient
 
     counter = {"calls": 0}
     original = EndpointClient.complete

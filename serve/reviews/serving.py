@@ -21,13 +21,13 @@ import time
 
 from pydantic import ValidationError
 
-from data_gen.formalizer.miner import PassageConflict
-from verdict_core.decision import ENGINE_VERSION
-from verdict_core.errors import PatientError, PolicyError, VerdictError
-from verdict_core.patient import Resolution, ResolvedPatient
-from verdict_core.policy import Policy, load_policy
-from verdict_core.program import TrialProgram
-from verdict_core.rationale import rationale_json, render_markdown
+from verdict.data_gen.formalizer.miner import PassageConflict
+from verdict.core.decision import ENGINE_VERSION
+from verdict.core.errors import PatientError, PolicyError, VerdictError
+from verdict.core.patient import Resolution, ResolvedPatient
+from verdict.core.policy import Policy, load_policy
+from verdict.core.program import TrialProgram
+from verdict.core.rationale import rationale_json, render_markdown
 
 from ..api_keys import KeyEntry
 from ..audit import DecisionRow

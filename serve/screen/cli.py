@@ -7,7 +7,7 @@
 
 Patients from FHIR (a Bundle file, a Bulk Data NDJSON folder, or a REST server: bearer token from
 $VERDICT_FHIR_TOKEN, host checked against the egress allowlist before any request) are read by
-`data_gen.fhir.sources` at the reference date `--at` and sent as `PatientInput.fhir`: the service
+`verdict.data_gen.fhir.sources` at the reference date `--at` and sent as `PatientInput.fhir`: the service
 decides from their coded labs and age without asking the miner, and mines the rest from their documents.
 
 The key is read from an environment variable (default VERDICT_API_KEY), never from the command
@@ -30,15 +30,15 @@ from typing import Optional
 
 import typer
 
-from verdict_core.cli_errors import fail
+from verdict.core.cli_errors import fail
 
 KEY_ENV = "VERDICT_API_KEY"
 
 
 def _patients(path: Path) -> list[dict]:
-    """The patients JSONL through the project's one patient reader (`data_gen.sources`), as the
+    """The patients JSONL through the project's one patient reader (`verdict.data_gen.sources`), as the
     batch sends them (`patient_input`); each bad line is reported by number, never by content."""
-    from data_gen.sources import load_patients
+    from verdict.data_gen.sources import load_patients
 
     from ..match_batch import patient_input
 
@@ -55,8 +55,8 @@ def _fhir_patients(source: str, at: str, patient: str | None) -> list[dict]:
     resource id (never content), a patient without a document is left out with the reason."""
     import datetime as dt
 
-    from data_gen.fhir.sources import load_source
-    from verdict_core.errors import VerdictError
+    from verdict.data_gen.fhir.sources import load_source
+    from verdict.core.errors import VerdictError
 
     try:
         day = dt.date.fromisoformat(at)
@@ -148,8 +148,8 @@ def screen(
     distance (eligible; eligible with k to confirm; ineligible with |δ_E| = 1, 2, ...)."""
     import httpx
 
-    from data_gen.egress import EgressPolicy
-    from data_gen.errors import EgressRefused
+    from verdict.data_gen.egress import EgressPolicy
+    from verdict.data_gen.errors import EgressRefused
 
     fhir = [str(x) for x in (fhir_bundle, fhir_ndjson, fhir_server) if x is not None]
     if write_back and fhir_server is None:

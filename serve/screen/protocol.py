@@ -9,8 +9,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from verdict_core.program import Id
-from verdict_core.ranking import RankedRow
+from verdict.core.program import Id
+from verdict.core.ranking import RankedRow
 
 from ..protocol import MAX_BATCH_PATIENTS, MAX_BATCH_TRIALS, POLICY_NAME, ErrorBody, PatientInput, _Strict
 
@@ -107,7 +107,7 @@ class ScreenFailure(BaseModel):
 
 class ScreenResponse(BaseModel):
     direction: Literal["patient", "trial"]
-    rows: list[ScreenRow] = Field(description="best first (verdict_core.ranking: tiers, then distance, then ids)")
+    rows: list[ScreenRow] = Field(description="best first (verdict.core.ranking: tiers, then distance, then ids)")
     failures: list[ScreenFailure] = Field(default_factory=list)
     tiers: dict[str, int] = Field(description="ranked pairs per tier")
     pairs: int = Field(description="pairs screened (ranked + failed)")

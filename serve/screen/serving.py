@@ -1,6 +1,6 @@
 """Site-wide screening: the pairs go through the batch path (`MatchingService.match_batch`: one
 version per trial pinned for the run, bounded concurrency, one pair's failure never stops the
-others, every decision recorded), then the core ranks the decisions (`verdict_core.ranking`), and
+others, every decision recorded), then the core ranks the decisions (`verdict.core.ranking`), and
 the run itself is recorded after its pairs (`screenings`, in the audit chain): its source as the
 caller stated it, the counts, the decision ids and the policy."""
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from verdict_core.ranking import rank
+from verdict.core.ranking import rank
 
 from ..errors import InvalidInput, NotFound
 from ..protocol import BatchRequest

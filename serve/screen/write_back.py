@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verdict_core.cli_errors import fail
+from verdict.core.cli_errors import fail
 
 from .research_subjects import PAIR
 
@@ -43,8 +43,8 @@ def fetch_subjects(service_url: str, screening_id: str, key: str, timeout: float
 
 def write_subjects(fhir_server: str, subjects: list[dict]) -> Written:
     """Create or update each ResearchSubject on the FHIR server (conditional update on its pair)."""
-    from data_gen.fhir.rest import FhirRestClient, FhirRestConfig
-    from verdict_core.errors import VerdictError
+    from verdict.data_gen.fhir.rest import FhirRestClient, FhirRestConfig
+    from verdict.core.errors import VerdictError
 
     done = Written()
     try:

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import yaml
 
-from data_gen.formalizer import criterion_outputs, side_atoms
-from data_gen.scripted_server import Match, Rule, Script, ScriptedResponse
+from verdict.data_gen.formalizer import criterion_outputs, side_atoms
+from verdict.data_gen.scripted_server import Match, Rule, Script, ScriptedResponse
 from tests.fixtures.vllm import load_teacher_records, teacher_programs, teacher_values
 
 PARSER_MARK = "ONE eligibility criterion"  # in the (per-criterion) trial parser's system prompt

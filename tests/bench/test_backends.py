@@ -5,19 +5,19 @@ import json
 
 import pytest
 
-from bench.backends import BACKENDS, RunContext, backend_config, make_backend
-from bench.datasets import BenchDataset
-from bench.protocol import BenchError, LabeledPair
-from data_gen.egress import EgressPolicy
-from data_gen.scripted_server import ScriptedServer
+from verdict.bench.backends import BACKENDS, RunContext, backend_config, make_backend
+from verdict.bench.datasets import BenchDataset
+from verdict.bench.protocol import BenchError, LabeledPair
+from verdict.data_gen.egress import EgressPolicy
+from verdict.data_gen.scripted_server import ScriptedServer
 from tests.support import REFERENCE_V6, need
 
 from . import scenario
 
 
 def ctx_for(tmp_path, pairs, **kw) -> RunContext:
-    from verdict_core.engine import Engine
-    from verdict_core.policy import load_policy
+    from verdict.core.engine import Engine
+    from verdict.core.policy import load_policy
 
     return RunContext(dataset=BenchDataset(kind="test", pairs=pairs, **kw), engine=Engine(),
                       policy=load_policy("prescreen"), run_name="t", run_dir=tmp_path, cache_path=tmp_path / "c.sqlite",
@@ -76,7 +76,7 @@ def test_predictions_file_rows(tmp_path):
 def test_direct_matcher_request_uses_its_template_schema_and_limit(tmp_path):
     """The adapter adds one stage to the shared Formalizer: its prompt template, its JSON schema
     under structured output, its own max_tokens; answers are cached like every formalizer call."""
-    from data_gen.protocol import PatientDoc, TrialDoc
+    from verdict.data_gen.protocol import PatientDoc, TrialDoc
 
     with ScriptedServer(scenario.script()) as srv:
         recs = scenario.records()

@@ -1,11 +1,11 @@
-"""bench.bench_config: strict configs, the backend registry, shipped configs."""
+"""verdict.bench.bench_config: strict configs, the backend registry, shipped configs."""
 
 import pytest
 import yaml
 
-from bench.backends import BACKENDS
-from bench.bench_config import load_bench_config
-from bench.protocol import BenchError
+from verdict.bench.backends import BACKENDS
+from verdict.bench.bench_config import load_bench_config
+from verdict.bench.protocol import BenchError
 from tests.support import REPO
 
 BASE = {

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from data_gen.scripted_server import ScriptedServer
+from verdict.data_gen.scripted_server import ScriptedServer
 from tests.support import VERDICT
 
 from . import scenario

@@ -1,11 +1,11 @@
-"""bench.datasets: TREC 2021 / SIGIR / site JSONL loaders, malformed rows, sampling."""
+"""verdict.bench.datasets: TREC 2021 / SIGIR / site JSONL loaders, malformed rows, sampling."""
 
 import json
 
 import pytest
 
-from bench.datasets import DatasetConfig, SampleConfig, load_dataset, sample_pairs
-from bench.protocol import BenchError, LabeledPair
+from verdict.bench.datasets import DatasetConfig, SampleConfig, load_dataset, sample_pairs
+from verdict.bench.protocol import BenchError, LabeledPair
 from tests.support import BENCHMARKS, SHARED_DATA, need
 
 

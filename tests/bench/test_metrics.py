@@ -1,10 +1,10 @@
-"""bench.metrics on cases small enough to check by hand."""
+"""verdict.bench.metrics on cases small enough to check by hand."""
 
 import math
 
 import pytest
 
-from bench import metrics as M
+from verdict.bench import metrics as M
 
 T, F = True, False
 

@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.bench_config import load_bench_config
-from bench.recipe import Layout, prepare, render, steps
-from bench.recipe_config import load_recipe
-from data_gen.scripted_server import Match, Rule, Script, ScriptedResponse, ScriptedServer
-from slurm.job_config import load_slurm_config
+from verdict.bench.bench_config import load_bench_config
+from verdict.bench.recipe import Layout, prepare, render, steps
+from verdict.bench.recipe_config import load_recipe
+from verdict.data_gen.scripted_server import Match, Rule, Script, ScriptedResponse, ScriptedServer
+from verdict.slurm.job_config import load_slurm_config
 from tests.data_gen.teacher_data import parser_rules
-from tests.support import VERDICT
-from verdict_core.configs import REPO_ROOT
+from tests.support import REPO, VERDICT
 
 from . import scenario
 
@@ -95,7 +94,7 @@ def test_chain_renders_one_script_per_step_with_dependencies(tmp_path):
     assert names == ["teacher", "export", "train-parser", "eval-parser", "train-value_miner", "eval-value_miner",
                      "bench"]
     assert {s.name: s.after for s in steps(rc)}["bench"] == ["train-parser", "train-value_miner"]
-    scfg = load_slurm_config(REPO_ROOT / "configs" / "slurm" / "default.yaml",
+    scfg = load_slurm_config(REPO / "configs" / "slurm" / "default.yaml",
                              [f"workdir={tmp_path}", f"log_dir={tmp_path / 'logs'}"])
     scripts = render(rc, scfg, tmp_path / "sbatch")
     assert list(scripts) == names
@@ -156,9 +155,9 @@ def test_whole_chain_on_slurm_with_a_tiny_student(slurm_cluster, student_base_di
                   "export": {"time": "0:10:00", "mem": "2G", "cpus": 1, "gpus": 0},
                   "bench": {"time": "0:30:00", "mem": "6G", "cpus": 1, "gpus": 1}})
         r = subprocess.run([*CLI, "bench", "recipe", "submit", str(recipe), "--slurm", "local", "--wait",
-                            "--timeout", "1800", "--set-slurm", f"workdir={REPO_ROOT}",
+                            "--timeout", "1800", "--set-slurm", f"workdir={REPO}",
                             "--set-slurm", f"log_dir={tmp_path / 'logs'}"],
-                           capture_output=True, text=True, cwd=REPO_ROOT, env=slurm_cluster.env(), timeout=2000)
+                           capture_output=True, text=True, cwd=REPO, env=slurm_cluster.env(), timeout=2000)
         logs = sorted((tmp_path / "logs").glob("*.out")) if (tmp_path / "logs").exists() else []
         tails = "\n".join(f"== {p.name}\n{p.read_text()[-2000:]}" for p in logs)
         assert r.returncode == 0, f"{r.stderr[-3000:]}\n{tails}"

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.bench_config import load_bench_config
-from bench.protocol import BenchError, PairResult
-from bench.runner import BenchRun
-from data_gen.errors import EgressRefused
-from data_gen.scripted_server import ScriptedServer
+from verdict.bench.bench_config import load_bench_config
+from verdict.bench.protocol import BenchError, PairResult
+from verdict.bench.runner import BenchRun
+from verdict.data_gen.errors import EgressRefused
+from verdict.data_gen.scripted_server import ScriptedServer
 from tests.support import VERDICT
 
 from . import scenario
@@ -29,7 +29,7 @@ CLI = VERDICT
 
 def run(cfg_path, *sets, **kw):
     cfg = load_bench_config(str(cfg_path), list(sets))
-    return asyncio.run(BenchRun(cfg, progress=False, echo=lambda m: None, **kw).run())
+    return asyncio.run(BenchRun(cfg, progress_bar=False, progress=lambda m: None, **kw).run())
 
 
 def pair_results(run_dir: Path) -> list[PairResult]:

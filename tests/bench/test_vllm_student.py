@@ -15,12 +15,12 @@ from collections import Counter
 
 import pytest
 
-from bench import metrics as M
-from bench.bench_config import load_bench_config
-from bench.protocol import PairResult
-from bench.runner import BenchRun
-from data_gen.formalizer import REASONS
-from data_gen.scripted_server import ScriptedServer
+from verdict.bench import metrics as M
+from verdict.bench.bench_config import load_bench_config
+from verdict.bench.protocol import PairResult
+from verdict.bench.runner import BenchRun
+from verdict.data_gen.formalizer import REASONS
+from verdict.data_gen.scripted_server import ScriptedServer
 from tests.fixtures.vllm import STUDENT_MAX_TOKENS
 
 from . import scenario
@@ -45,7 +45,7 @@ def test_local_students_vs_the_api_teacher(vllm_server, tmp_path):
              "miner": student(vllm_server, "value_miner")},
             {"name": "base", "kind": "formalizer", "parser": base, "miner": base},
         ])
-        out = asyncio.run(BenchRun(load_bench_config(str(cfg)), progress=False, echo=lambda m: None).run())
+        out = asyncio.run(BenchRun(load_bench_config(str(cfg)), progress_bar=False, progress=lambda m: None).run())
     assert out.status == "complete", (out.message, (out.run_dir / "run.log").read_text()[-3000:])
     s = json.loads((out.run_dir / "results.json").read_text())
     pairs = [PairResult.model_validate_json(x) for x in (out.run_dir / "pairs.jsonl").read_text().splitlines()]

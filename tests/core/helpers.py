@@ -1,8 +1,8 @@
 """Small hand-written programs shared by the core tests."""
 
-from verdict_core.patient import MinedValue
-from verdict_core.policy import load_policy, resolve
-from verdict_core.program import load_program
+from verdict.core.patient import MinedValue
+from verdict.core.policy import load_policy, resolve
+from verdict.core.program import load_program
 
 
 def atom(name, domain="bool", kind="diagnosis", **kw):

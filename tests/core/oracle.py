@@ -7,9 +7,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from verdict_core.formula import evaluate
-from verdict_core.patient import Resolution
-from verdict_core.program import TrialProgram
+from verdict.core.formula import evaluate
+from verdict.core.patient import Resolution
+from verdict.core.program import TrialProgram
 
 INT_GRID = list(range(-1, 7))
 REAL_GRID = [x / 2 for x in range(-1, 12)]  # -0.5, 0, 0.5, ..., 5.5

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from verdict_core.patient import Bounds, Resolution, ResolvedPatient
-from verdict_core.program import TrialProgram, check_program
+from verdict.core.patient import Bounds, Resolution, ResolvedPatient
+from verdict.core.program import TrialProgram, check_program
 
 BOOLS = ["a", "b", "c", "d"]
 NUMS = {"n": "int", "x": "real"}

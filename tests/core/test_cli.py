@@ -129,7 +129,7 @@ class Block:
         if name == BLOCK or name.startswith(BLOCK + "."):
             raise ModuleNotFoundError(f"No module named '{name}'", name=name)
 sys.meta_path.insert(0, Block())
-from verdict_core.cli import main
+from verdict.cli import main
 main()
 """
 
@@ -153,9 +153,9 @@ def test_a_broken_transitive_import_is_named_as_a_broken_environment():
 
 
 def test_a_part_that_cannot_load_stays_listed_and_says_why():
-    r = run_without("bench.cli", "--help")
+    r = run_without("verdict.bench.cli", "--help")
     assert r.returncode == 0 and "UNAVAILABLE" in r.stdout and "bench" in r.stdout
-    r = run_without("bench.cli", "bench", "core", "--repeats", "1")
+    r = run_without("verdict.bench.cli", "bench", "core", "--repeats", "1")
     assert r.returncode == 2 and "No such command" not in r.stderr
-    assert "`verdict bench` cannot load: module 'bench.cli' is missing, a module of this project" in r.stderr
-    assert run_without("bench.cli", "policies").returncode == 0  # the rest of verdict still works
+    assert "`verdict bench` cannot load: module 'verdict.bench.cli' is missing, a module of this project" in r.stderr
+    assert run_without("verdict.bench.cli", "policies").returncode == 0  # the rest of verdict still works

@@ -1,4 +1,4 @@
-"""The one config loader (verdict_core.configs): strict models, dotted `--set` overrides, and a
+"""The one config loader (verdict.core.configs): strict models, dotted `--set` overrides, and a
 did-you-mean for every config kind the project ships."""
 
 import subprocess
@@ -10,10 +10,10 @@ import pytest
 import yaml
 from pydantic import Field
 
-from tests.support import run_verdict
-from verdict_core import configs
-from verdict_core.configs import REPO_ROOT, ConfigError, StrictModel
-from verdict_core.errors import VerdictError
+from tests.support import REPO, run_verdict
+from verdict.core import configs
+from verdict.core.configs import ConfigError, StrictModel
+from verdict.core.errors import VerdictError
 
 
 # ---- the loader itself ----------------------------------------------------------------------------
@@ -127,7 +127,7 @@ class Kind:
 
 
 def _prompt(f, tmp_path, monkeypatch):
-    from data_gen import prompt_templates
+    from verdict.data_gen import prompt_templates
 
     monkeypatch.setattr(prompt_templates, "PROMPTS_DIR", f.parent)
     prompt_templates._load.cache_clear()
@@ -138,7 +138,7 @@ def _prompt(f, tmp_path, monkeypatch):
 
 
 def _train_run_dir(f, tmp_path, monkeypatch):
-    from train.run_dir import open_run
+    from verdict.train.run_dir import open_run
 
     run = tmp_path / "run"
     run.mkdir()
@@ -147,14 +147,14 @@ def _train_run_dir(f, tmp_path, monkeypatch):
 
 
 def _train_run_dump(shipped, tmp_path):
-    from train.sft_config import load_train_config
+    from verdict.train.sft_config import load_train_config
 
     return load_train_config(shipped).model_dump(mode="json")  # what a run directory stores
 
 
 def _bench_run_dir(f, tmp_path, monkeypatch):
-    from bench.bench_config import load_bench_config
-    from bench.runner import BenchRun
+    from verdict.bench.bench_config import load_bench_config
+    from verdict.bench.runner import BenchRun
 
     cfg = load_bench_config("sigir-recorded", [f"out_dir={tmp_path / 'runs'}"])
     cfg.run_dir.mkdir(parents=True)
@@ -163,7 +163,7 @@ def _bench_run_dir(f, tmp_path, monkeypatch):
 
 
 def _bench_run_dump(shipped, tmp_path):
-    from bench.bench_config import load_bench_config
+    from verdict.bench.bench_config import load_bench_config
 
     return load_bench_config(shipped, [f"out_dir={tmp_path / 'runs'}"]).model_dump(mode="json")
 
@@ -184,29 +184,29 @@ KINDS = [
         "policy",
         "configs/policies/strict.yaml",
         ("rules", 0, "reason"),
-        _call("verdict_core.policy.load_policy"),
+        _call("verdict.core.policy.load_policy"),
     ),
     Kind(
         "teacher",
         "configs/teachers/gpt-5-mini.yaml",
         ("prices", "input_per_million"),
-        _call("data_gen.teacher_config.load_teacher"),
+        _call("verdict.data_gen.teacher_config.load_teacher"),
     ),
     Kind(
         "teacher run",
         "configs/teacher_runs/scripted-demo.yaml",
         ("budget_usd",),
-        _call("data_gen.teacher_config.load_run_config"),
+        _call("verdict.data_gen.teacher_config.load_run_config"),
     ),
     Kind("prompt", "data_gen/prompts/criterion_parser.v1.yaml", ("system",), _prompt),
     Kind(
         "scripted-server script",
         "examples/teacher/scripted-demo.yaml",
         ("rules", 0, "responses"),
-        _call("data_gen.scripted_server.Script:load"),
+        _call("verdict.data_gen.scripted_server.Script:load"),
     ),
-    Kind("train", "configs/train/parser.yaml", ("base_model",), _call("train.sft_config.load_train_config")),
-    Kind("eval", "configs/train/eval.yaml", ("batch_size",), _call("train.eval_config.load_eval_config")),
+    Kind("train", "configs/train/parser.yaml", ("base_model",), _call("verdict.train.sft_config.load_train_config")),
+    Kind("eval", "configs/train/eval.yaml", ("batch_size",), _call("verdict.train.eval_config.load_eval_config")),
     Kind(
         "train run directory",
         "configs/train/parser.yaml",
@@ -218,19 +218,19 @@ KINDS = [
         "slurm",
         "configs/slurm/default.yaml",
         ("jobs", "train", "signal_seconds"),
-        _call("slurm.job_config.load_slurm_config"),
+        _call("verdict.slurm.job_config.load_slurm_config"),
     ),
     Kind(
         "serve",
         "configs/serve/cpu-tiny.yaml",
         ("vllm", "served_model_name"),
-        _call("serve.config.load_serve_config"),
+        _call("verdict.serve.config.load_serve_config"),
     ),
     Kind(
         "bench",
         "configs/bench/sigir-recorded.yaml",
         ("repeats",),
-        _call("bench.bench_config.load_bench_config"),
+        _call("verdict.bench.bench_config.load_bench_config"),
     ),
     Kind(
         "bench run directory",
@@ -243,19 +243,19 @@ KINDS = [
         "bench recipe",
         "configs/bench/recipes/qwen2.5-7b-trec2021.yaml",
         ("teacher_budget_usd",),
-        _call("bench.recipe_config.load_recipe"),
+        _call("verdict.bench.recipe_config.load_recipe"),
     ),
     Kind(
         "limits",
         "configs/limits/paper.yaml",
         ("max_new_tokens",),
-        _call("data_gen.formalizer.budget.load_limits"),
+        _call("verdict.data_gen.formalizer.budget.load_limits"),
     ),
     Kind(
         "FHIR code map",
         "configs/fhir/codes.yaml",
         ("version",),
-        _call("data_gen.fhir.code_map.load_code_map"),
+        _call("verdict.data_gen.fhir.code_map.load_code_map"),
     ),
 ]
 
@@ -266,7 +266,7 @@ def _typo(key: str) -> str:
 
 @pytest.mark.parametrize("kind", KINDS, ids=[k.id for k in KINDS])
 def test_every_config_kind_refuses_a_misspelled_key_with_a_did_you_mean(kind, tmp_path, monkeypatch):
-    shipped = REPO_ROOT / kind.shipped
+    shipped = REPO / kind.shipped
     data = kind.data(shipped, tmp_path) if kind.data else yaml.safe_load(shipped.read_text())
     node = data
     for part in kind.key[:-1]:
@@ -287,7 +287,7 @@ def test_every_config_kind_refuses_a_misspelled_key_with_a_did_you_mean(kind, tm
 
 @pytest.mark.parametrize("kind", KINDS, ids=[k.id for k in KINDS])
 def test_the_shipped_config_of_every_kind_loads(kind, tmp_path, monkeypatch):
-    shipped = REPO_ROOT / kind.shipped
+    shipped = REPO / kind.shipped
     data = kind.data(shipped, tmp_path) if kind.data else yaml.safe_load(shipped.read_text())
     folder = tmp_path / "cfg"
     folder.mkdir()
@@ -351,10 +351,10 @@ def test_scripted_server_set_changes_the_script():
     import httpx
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "data_gen.scripted_server", "--set", "default={content: hello}"],
+        [sys.executable, "-m", "verdict.data_gen.scripted_server", "--set", "default={content: hello}"],
         stdout=subprocess.PIPE,
         text=True,
-        cwd=REPO_ROOT,
+        cwd=REPO,
     )
     try:
         url = proc.stdout.readline().split()[-1]

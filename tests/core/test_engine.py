@@ -2,9 +2,9 @@
 
 import pytest
 
-from verdict_core.counterfactual import apply_pivotal, pivotal_flip_rate
-from verdict_core.decision import Override
-from verdict_core.engine import Engine
+from verdict.core.counterfactual import apply_pivotal, pivotal_flip_rate
+from verdict.core.decision import Override
+from verdict.core.engine import Engine
 
 from .helpers import atom, patient, program
 
@@ -120,8 +120,8 @@ def test_pivotal_flip_rate_is_one_in_both_directions():
 # ---- threads: servers and benchmarks decide in worker threads ----------------------------------
 def _reference_cases(n: int):
     from tests.support import REFERENCE_V6, need
-    from verdict_core.cases import load_case
-    from verdict_core.policy import load_policy
+    from verdict.core.cases import load_case
+    from verdict.core.policy import load_policy
 
     need(REFERENCE_V6.is_dir(), f"reference corpus at {REFERENCE_V6}")
     policy = load_policy("prescreen")

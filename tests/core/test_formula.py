@@ -3,8 +3,8 @@ import json
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from verdict_core.formula import Formula, atoms_in, evaluate, polarities, render, simple_comparisons
-from verdict_core.schemas import SCHEMAS, json_schema
+from verdict.core.formula import Formula, atoms_in, evaluate, polarities, render, simple_comparisons
+from verdict.core.schemas import SCHEMAS, json_schema
 
 F = TypeAdapter(Formula)
 

@@ -6,7 +6,7 @@ import threading
 
 from pydantic import BaseModel
 
-from verdict_core.jsonl_store import JsonlStore
+from verdict.core.jsonl_store import JsonlStore
 
 
 class Rec(BaseModel):

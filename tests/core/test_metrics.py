@@ -2,7 +2,7 @@
 
 import pytest
 
-from verdict_core.metrics import format_rate, latency_summary, output_validity, percentile, rate, wilson_ci
+from verdict.core.metrics import format_rate, latency_summary, output_validity, percentile, rate, wilson_ci
 
 
 def test_p95_interpolates_between_order_statistics():

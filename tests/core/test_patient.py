@@ -1,8 +1,8 @@
 import pytest
 
-from verdict_core.errors import PatientError
-from verdict_core.patient import Bounds, ResolvedPatient, check_patient, load_patient
-from verdict_core.engine import Engine
+from verdict.core.errors import PatientError
+from verdict.core.patient import Bounds, ResolvedPatient, check_patient, load_patient
+from verdict.core.engine import Engine
 
 from .helpers import atom, patient, program
 
@@ -64,7 +64,7 @@ def test_resolution_consistency_rules():
 @pytest.mark.parametrize("value", [10**400, 10**15 + 1, -(10**16), float("inf"), float("nan")],
                          ids=["10**400", "10**15+1", "-10**16", "inf", "nan"])
 def test_numbers_beyond_the_range_are_a_type_problem_of_the_miner_output(value):
-    from verdict_core.patient import value_type_problems
+    from verdict.core.patient import value_type_problems
 
     (problem,) = value_type_problems("int" if isinstance(value, int) else "real", value, None)
     assert problem.startswith("value: ") and ("finite" in problem or "NaN" in problem)
@@ -76,7 +76,7 @@ def test_numbers_beyond_the_range_are_a_type_problem_of_the_miner_output(value):
 
 
 def test_numbers_at_the_edge_of_the_range_are_values():
-    from verdict_core.patient import value_type_problems
+    from verdict.core.patient import value_type_problems
 
     assert value_type_problems("int", 10**15, None) == [] and value_type_problems("real", -1e15, None) == []
     assert value_type_problems("real", None, Bounds(lo=-1e15, hi=1e15)) == []

@@ -1,8 +1,8 @@
 import pytest
 
-from verdict_core.engine import Engine
-from verdict_core.errors import PolicyError, VerdictError
-from verdict_core.policy import Policy, apply_policy, load_policy, resolve
+from verdict.core.engine import Engine
+from verdict.core.errors import PolicyError, VerdictError
+from verdict.core.policy import Policy, apply_policy, load_policy, resolve
 
 from .helpers import atom, patient, program
 

@@ -1,8 +1,8 @@
 import pytest
 
-from verdict_core.engine import Engine
-from verdict_core.errors import ProgramError
-from verdict_core.program import load_program
+from verdict.core.engine import Engine
+from verdict.core.errors import ProgramError
+from verdict.core.program import load_program
 
 from .helpers import atom, program
 
@@ -90,7 +90,7 @@ def test_time_scope_needs_amount_for_windows():
 
 
 # ---- bounded nesting and numbers (issue 11, items 4 and 5) ----------------------------------------
-from verdict_core.formula import MAX_DEPTH, MAX_MAGNITUDE, nesting_depth  # noqa: E402
+from verdict.core.formula import MAX_DEPTH, MAX_MAGNITUDE, nesting_depth  # noqa: E402
 
 LAB = [atom("a"), atom("x", "real", "lab_value")]
 

@@ -9,11 +9,11 @@ import random
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from verdict_core.counterfactual import apply_pivotal
-from verdict_core.engine import Engine
-from verdict_core.formula import rename
-from verdict_core.patient import ResolvedPatient
-from verdict_core.program import TrialProgram, check_program
+from verdict.core.counterfactual import apply_pivotal
+from verdict.core.engine import Engine
+from verdict.core.formula import rename
+from verdict.core.patient import ResolvedPatient
+from verdict.core.program import TrialProgram, check_program
 
 from .oracle import Oracle, snap
 from .strategies import patients, programs
@@ -61,7 +61,7 @@ def test_decision_labels_and_assumptions_match_brute_force(data):
             if table[a.atom].domain == "bool":
                 assert allowed == {a.value}
             else:  # the stated requirement is exactly the admissible region
-                from verdict_core.patient import in_interval
+                from verdict.core.patient import in_interval
 
                 for v in {w.env[a.atom] for w in oracle.worlds}:
                     assert (v in allowed) == any(in_interval(iv, v) for iv in a.requirement.intervals), (a, v)

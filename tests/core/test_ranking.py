@@ -1,9 +1,9 @@
-"""Screening order by formal distance (verdict_core.ranking), on real decisions of the real engine."""
+"""Screening order by formal distance (verdict.core.ranking), on real decisions of the real engine."""
 
 import random
 
-from verdict_core.engine import Engine
-from verdict_core.ranking import rank
+from verdict.core.engine import Engine
+from verdict.core.ranking import rank
 
 from .helpers import program, patient
 
@@ -43,8 +43,8 @@ def test_order_is_a_pure_function_of_the_decisions():
 
 def test_one_reference_patient_against_its_recorded_trials():
     from tests.support import REFERENCE_V6, need
-    from verdict_core.ranking import _TIER_ORDER
-    from verdict_core.reference import load_reference
+    from verdict.core.ranking import _TIER_ORDER
+    from verdict.core.reference import load_reference
 
     need(REFERENCE_V6.is_dir(), "shared reference data")
     files = sorted((REFERENCE_V6 / "sigir-20141").glob("*__full.json"))

@@ -1,5 +1,5 @@
-from verdict_core.engine import Engine
-from verdict_core.rationale import rationale_json, render_markdown
+from verdict.core.engine import Engine
+from verdict.core.rationale import rationale_json, render_markdown
 
 from .helpers import atom, patient, program
 
@@ -23,8 +23,8 @@ def test_rationale_restates_the_decision_with_evidence_and_requirements():
 
 
 def test_markup_from_criteria_definitions_and_notes_is_inert_in_the_markdown():
-    from verdict_core.patient import MinedValue
-    from verdict_core.policy import load_policy, resolve
+    from verdict.core.patient import MinedValue
+    from verdict.core.policy import load_policy, resolve
 
     atoms = [atom("dx"), atom("age", "int", "demographic")]
     atoms[0]["definition"] = "Has <b>dx</b>"

@@ -10,10 +10,10 @@ import pytest
 import z3
 
 from tests.support import REFERENCE_V6, need
-from verdict_core.cases import load_case
-from verdict_core.engine import Engine
-from verdict_core.policy import load_policy
-from verdict_core.reference import import_reference
+from verdict.core.cases import load_case
+from verdict.core.engine import Engine
+from verdict.core.policy import load_policy
+from verdict.core.reference import import_reference
 
 FILES = sorted(REFERENCE_V6.glob("*/*__full.json")) if REFERENCE_V6.is_dir() else []
 ENGINE = Engine()
@@ -46,7 +46,7 @@ def decide(path):
 def side_sat(case, patient, side: str, drop: set[str] = frozenset(), keep_conflicts=True) -> bool:
     """The side's satisfiability computed directly on the compiled program, facts as given."""
     cp = ENGINE.compiled(case.program)
-    from verdict_core.session import Session
+    from verdict.core.session import Session
 
     with ENGINE._lock:
         cp.solver.push()
@@ -156,7 +156,7 @@ def test_cross_check_decision_with_plain_z3():
 
 
 # ---- held-out recorded programs (tests/core/data/heldout, see its README) ----------------------
-from verdict_core.errors import ImportFormatError, UnsupportedConstructError  # noqa: E402
+from verdict.core.errors import ImportFormatError, UnsupportedConstructError  # noqa: E402
 
 HELDOUT = __import__("pathlib").Path(__file__).parent / "data" / "heldout"
 
@@ -225,7 +225,7 @@ def test_bound_variables_shadow_atoms_and_are_renamed_apart():
 
 
 def atoms_in_formula(f):
-    from verdict_core.formula import atoms_in
+    from verdict.core.formula import atoms_in
 
     return atoms_in(f)
 

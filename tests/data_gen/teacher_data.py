@@ -11,8 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from data_gen.protocol import PatientDoc, TrialDoc
-from data_gen.scripted_server import Match, Rule, Script, ScriptedResponse
+from verdict.data_gen.protocol import PatientDoc, TrialDoc
+from verdict.data_gen.scripted_server import Match, Rule, Script, ScriptedResponse
 
 
 def trial_id(i: int) -> str:
@@ -96,8 +96,8 @@ def criterion_prompt(side: str, text: str) -> str:
 def criterion_answers(i: int, bad: bool = False) -> list[tuple[str, dict]]:
     """(user turn, per-criterion answer) for each criterion of trial(i), from program(i) (the
     answer to inc-2, the trial's own criterion, uses an undeclared atom if `bad`)."""
-    from data_gen.formalizer import criterion_outputs
-    from verdict_core.program import TrialProgram
+    from verdict.data_gen.formalizer import criterion_outputs
+    from verdict.core.program import TrialProgram
 
     p = TrialProgram(trial_id=trial_id(i), **program(i))
     outs = criterion_outputs(p)

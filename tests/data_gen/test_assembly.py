@@ -3,12 +3,12 @@ unification with its report, trial-wide definitions, cohorts, failed criteria, c
 
 import pytest
 
-from data_gen.formalizer.assembly import assemble, criterion_outputs, unformalized_atom
-from data_gen.formalizer.criteria import CriterionText
-from data_gen.recorded import requirement_outputs
+from verdict.data_gen.formalizer.assembly import assemble, criterion_outputs, unformalized_atom
+from verdict.data_gen.formalizer.criteria import CriterionText
+from verdict.data_gen.recorded import requirement_outputs
 from tests.support import REFERENCE_V6, need
-from verdict_core.engine import Engine
-from verdict_core.program import ParsedCriterion
+from verdict.core.engine import Engine
+from verdict.core.program import ParsedCriterion
 
 ENGINE = Engine(alternatives=0)  # the caller's engine: assembly has no default one
 LARGEST = ["sigir-20147/NCT00602537a", "sigir-201411/NCT00350766"]
@@ -35,7 +35,7 @@ def crit(cid: str, text: str = "") -> CriterionText:
 
 def reference(name: str):
     need(REFERENCE_V6.is_dir(), "shared reference data")
-    from verdict_core.reference import load_reference
+    from verdict.core.reference import load_reference
 
     return load_reference(REFERENCE_V6 / f"{name}__full.json")
 

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import yaml
 
-from data_gen.formalizer.budget import (
+from verdict.data_gen.formalizer.budget import (
     QWEN25_SIZE,
     LimitsError,
     StudentLimits,
@@ -18,9 +18,10 @@ from data_gen.formalizer.budget import (
     qwen_tiktoken_ranks,
     render_chat,
 )
-from verdict_core.configs import REPO_ROOT
 
-SHARED = REPO_ROOT.parent / "shared" / "data"
+from tests.support import REPO
+
+SHARED = REPO.parent / "shared" / "data"
 needs_shared = pytest.mark.skipif(not (SHARED / "reference" / "v6").is_dir(), reason="shared corpora not here")
 
 
@@ -52,15 +53,15 @@ def test_limits_errors_name_the_field(tmp_path):
 
 
 def test_train_serve_and_teacher_configs_derive_from_limits():
-    from data_gen.teacher_config import load_teacher
-    from serve.config import load_serve_config
-    from train.eval_config import load_eval_config
-    from train.sft_config import load_train_config
+    from verdict.data_gen.teacher_config import load_teacher
+    from verdict.serve.config import load_serve_config
+    from verdict.train.eval_config import load_eval_config
+    from verdict.train.sft_config import load_train_config
 
     paper = load_limits("paper")
-    train = load_train_config(REPO_ROOT / "configs" / "train" / "parser.yaml")
+    train = load_train_config(REPO / "configs" / "train" / "parser.yaml")
     assert train.limits == "paper" and train.max_length == paper.max_length
-    assert load_eval_config(REPO_ROOT / "configs" / "train" / "eval.yaml").max_new_tokens == paper.max_new_tokens
+    assert load_eval_config(REPO / "configs" / "train" / "eval.yaml").max_new_tokens == paper.max_new_tokens
     assert load_eval_config(None, ["limits=paper"]).max_new_tokens == paper.max_new_tokens
     serve = load_serve_config("gpu-qwen7b")
     f = serve.api.formalizer
@@ -77,13 +78,13 @@ def test_train_serve_and_teacher_configs_derive_from_limits():
 
 
 def test_a_contradicting_value_is_an_error_naming_both(tmp_path):
-    from data_gen.teacher_config import load_teacher
-    from serve.config import load_serve_config
-    from train.sft_config import load_train_config
-    from verdict_core.configs import ConfigError
+    from verdict.data_gen.teacher_config import load_teacher
+    from verdict.serve.config import load_serve_config
+    from verdict.train.sft_config import load_train_config
+    from verdict.core.configs import ConfigError
 
     with pytest.raises(ConfigError, match=r"max_length: 8192 contradicts limits 'paper' \(4096\)"):
-        load_train_config(REPO_ROOT / "configs" / "train" / "parser.yaml", ["max_length=8192"])
+        load_train_config(REPO / "configs" / "train" / "parser.yaml", ["max_length=8192"])
     with pytest.raises(Exception, match=r"vllm.max_model_len: 16384 contradicts limits 'paper' \(4096\)"):
         load_serve_config("gpu-qwen7b", ["vllm.max_model_len=16384"])
     with pytest.raises(Exception, match=r"api.formalizer.max_tokens.parser: 4096 contradicts limits 'paper' \(2560\)"):
@@ -115,7 +116,7 @@ def _real_texts() -> list[str]:
 def test_qwen25_counter_matches_tiktoken_on_real_texts():
     import tiktoken
 
-    from data_gen.formalizer.budget import QWEN_SPLIT
+    from verdict.data_gen.formalizer.budget import QWEN_SPLIT
 
     counter = qwen25_counter()
     assert counter._tok.get_vocab_size() == QWEN25_SIZE
@@ -133,7 +134,7 @@ def test_chat_counts_equal_the_qwen25_template():
     from transformers import PreTrainedTokenizerFast
     from trl.chat_template_utils import qwen2_5_chat_template
 
-    from data_gen.formalizer.budget import qwen25_tokenizer_file
+    from verdict.data_gen.formalizer.budget import qwen25_tokenizer_file
 
     tok = PreTrainedTokenizerFast(tokenizer_file=str(qwen25_tokenizer_file()), eos_token="<|im_end|>",
                                   pad_token="<|endoftext|>")
@@ -152,7 +153,7 @@ def test_chat_counts_equal_the_qwen25_template():
 def test_budget_report_last_line_on_a_small_corpus(tmp_path):
     from typer.testing import CliRunner
 
-    from data_gen.cli import app
+    from verdict.data_gen.cli import app
 
     ref = tmp_path / "ref"
     for f in sorted((SHARED / "reference" / "v6").glob("*/*__full.json"))[:3]:

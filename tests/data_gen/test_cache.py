@@ -4,12 +4,12 @@ import sqlite3
 
 import pytest
 
-from data_gen.cache import CachedCall, CallCache, CallMeta, canonical_key
-from data_gen.errors import BudgetExhausted
-from data_gen.formalizer import Formalizer
-from data_gen.ledger import Ledger, estimate_prompt_tokens
-from data_gen.prompt_templates import PromptTemplate
-from data_gen.teacher_config import TeacherConfig
+from verdict.data_gen.cache import CachedCall, CallCache, CallMeta, canonical_key
+from verdict.data_gen.errors import BudgetExhausted
+from verdict.data_gen.formalizer import Formalizer
+from verdict.data_gen.ledger import Ledger, estimate_prompt_tokens
+from verdict.data_gen.prompt_templates import PromptTemplate
+from verdict.data_gen.teacher_config import TeacherConfig
 
 from .teacher_data import trial
 

@@ -5,11 +5,11 @@ import time
 
 import pytest
 
-from data_gen.client import EndpointClient, build_request, quotes_any
-from data_gen.errors import EndpointError, TeacherConfigError
-from data_gen.scripted_server import Rule, Script
-from data_gen.scripted_server import ScriptedResponse as R
-from data_gen.teacher_config import TeacherConfig
+from verdict.data_gen.client import EndpointClient, build_request, quotes_any
+from verdict.data_gen.errors import EndpointError, TeacherConfigError
+from verdict.data_gen.scripted_server import Rule, Script
+from verdict.data_gen.scripted_server import ScriptedResponse as R
+from verdict.data_gen.teacher_config import TeacherConfig
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 NOTE = "A 58-year-old woman presents with episodic pressing chest pain radiating to the back."

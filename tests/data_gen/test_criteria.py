@@ -2,8 +2,8 @@
 
 import pytest
 
-from data_gen.formalizer.criteria import CriterionText, normalize_criterion, split_trial
-from data_gen.protocol import TrialDoc
+from verdict.data_gen.formalizer.criteria import CriterionText, normalize_criterion, split_trial
+from verdict.data_gen.protocol import TrialDoc
 from tests.support import BENCHMARKS, need
 
 
@@ -14,7 +14,7 @@ def words(text: str) -> list[str]:
 @pytest.fixture(scope="module")
 def longest():
     need((BENCHMARKS / "trials.jsonl").exists(), "shared trials corpus")
-    from data_gen.sources import load_trials
+    from verdict.data_gen.sources import load_trials
 
     trials = load_trials(BENCHMARKS / "trials.jsonl").items
     return sorted(trials, key=lambda t: -len(t.criteria_text()))[:5]

@@ -6,12 +6,12 @@ import sys
 
 import pytest
 
-from data_gen.egress import EgressPolicy, is_loopback
-from data_gen.errors import EgressRefused
-from data_gen.formalizer import Formalizer
-from data_gen.scripted_server import Script, ScriptedResponse, ScriptedServer
-from data_gen.teacher_config import EgressConfig, TeacherConfig
-from verdict_core.program import TrialProgram, check_program
+from verdict.data_gen.egress import EgressPolicy, is_loopback
+from verdict.data_gen.errors import EgressRefused
+from verdict.data_gen.formalizer import Formalizer
+from verdict.data_gen.scripted_server import Script, ScriptedResponse, ScriptedServer
+from verdict.data_gen.teacher_config import EgressConfig, TeacherConfig
+from verdict.core.program import TrialProgram, check_program
 
 from .teacher_data import (
     leaks,
@@ -89,7 +89,7 @@ def test_run_with_private_notes_and_an_api_teacher_is_refused(tmp_path):
     inputs = write_inputs(tmp_path, 1, 2)
     teacher = write_teacher(tmp_path, "https://api.openai.com/v1")
     cfg = write_run(tmp_path, teacher, inputs, data_class="private")
-    r = subprocess.run([sys.executable, "-c", "from verdict_core.cli import main; main()", "teacher", "run", "-c",
+    r = subprocess.run([sys.executable, "-m", "verdict", "teacher", "run", "-c",
                         str(cfg)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.startswith("error: refused")
     assert "api.openai.com" in r.stderr and "Traceback" not in r.stderr

@@ -5,14 +5,14 @@ import time
 
 import pytest
 
-from data_gen.client import build_request
-from data_gen.egress import EgressPolicy
-from data_gen.errors import EgressRefused, EndpointError
-from data_gen.formalizer.endpoints import ERRORS_IN_A_ROW, EndpointPool
-from data_gen.scripted_server import Rule, Script, ScriptedServer
-from data_gen.scripted_server import ScriptedResponse as R
-from data_gen.teacher_config import TeacherConfig
-from serve.vllm_server import free_port
+from verdict.data_gen.client import build_request
+from verdict.data_gen.egress import EgressPolicy
+from verdict.data_gen.errors import EgressRefused, EndpointError
+from verdict.data_gen.formalizer.endpoints import ERRORS_IN_A_ROW, EndpointPool
+from verdict.data_gen.scripted_server import Rule, Script, ScriptedServer
+from verdict.data_gen.scripted_server import ScriptedResponse as R
+from verdict.data_gen.teacher_config import TeacherConfig
+from verdict.serve.vllm_server import free_port
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -246,7 +246,7 @@ def test_egress_is_checked_for_every_endpoint():
 
 
 def test_the_same_url_twice_is_refused():
-    from data_gen.errors import TeacherConfigError
+    from verdict.data_gen.errors import TeacherConfigError
 
     with pytest.raises(TeacherConfigError, match="twice"):
         pool(["http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1/"])

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from data_gen.export import assign_splits, export_datasets, split_counts
-from data_gen.protocol import StageResult
-from data_gen.records import RecordStore
+from verdict.data_gen.export import assign_splits, export_datasets, split_counts
+from verdict.data_gen.protocol import StageResult
+from verdict.data_gen.records import RecordStore
 
 SYSTEM = {"role": "system", "content": "sys"}
 
@@ -110,7 +110,7 @@ def test_split_counts():
 
 
 def test_export_cli_errors(tmp_path):
-    cli = [sys.executable, "-c", "from verdict_core.cli import main; main()", "teacher", "export"]
+    cli = [sys.executable, "-m", "verdict", "teacher", "export"]
     r = subprocess.run([*cli, str(tmp_path / "nothing"), "--out", str(tmp_path / "o")], capture_output=True, text=True)
     assert r.returncode == 2 and "no teacher run" in r.stderr
     run = make_run(tmp_path, n_trials=4)
@@ -124,7 +124,7 @@ def test_export_cli_errors(tmp_path):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_assignment_is_a_function_of_trial(tmp_path, seed):
-    from data_gen.records import Record
+    from verdict.data_gen.records import Record
 
     recs = [Record(record_id=f"r{i}", stage="parser", task="parser", trial_id=f"T{i % 9}", patient_id=None,
                    status="accepted", reason=None, problems=[], teacher="t", model="m", prompt_version="v",

@@ -46,7 +46,7 @@ def test_bad_date_and_source_are_one_line_errors(tmp_path):
 
 
 def test_missing_fhir_models_name_the_extra():
-    from verdict_core.cli import missing_dependency
+    from verdict.cli import missing_dependency
 
     message = missing_dependency(ModuleNotFoundError("No module named 'fhir'", name="fhir"), "fhir", "fhir")
     assert "needs the 'fhir' extra: package 'fhir.resources'" in message

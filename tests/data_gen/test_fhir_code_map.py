@@ -2,8 +2,8 @@
 
 import pytest
 
-from data_gen.fhir.code_map import load_code_map
-from data_gen.fhir.errors import CodeMapError
+from verdict.data_gen.fhir.code_map import load_code_map
+from verdict.data_gen.fhir.errors import CodeMapError
 
 
 def test_shipped_code_map_loads_and_looks_up():

@@ -1,6 +1,6 @@
 """HTML attachments as text: blocks become paragraphs, scripts vanish, the same input gives the same text."""
 
-from data_gen.fhir.html_text import html_to_text
+from verdict.data_gen.fhir.html_text import html_to_text
 
 
 def test_blocks_breaks_entities_and_scripts():

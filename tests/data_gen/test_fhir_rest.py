@@ -5,11 +5,11 @@ import logging
 
 import pytest
 
-from data_gen.egress import EgressPolicy
-from data_gen.errors import EgressRefused
-from data_gen.fhir.errors import FhirServerError
-from data_gen.fhir.rest import FhirRestClient, FhirRestConfig
-from data_gen.fhir.sources import load_source
+from verdict.data_gen.egress import EgressPolicy
+from verdict.data_gen.errors import EgressRefused
+from verdict.data_gen.fhir.errors import FhirServerError
+from verdict.data_gen.fhir.rest import FhirRestClient, FhirRestConfig
+from verdict.data_gen.fhir.sources import load_source
 from tests.fixtures.fhir_server.data import AT, TOKEN, write_bundle
 
 CODED = ["trec-202124", "trec-202129", "trec-202132"]

@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from data_gen.fhir.errors import FhirSourceError
-from data_gen.fhir.sources import load_source
+from verdict.data_gen.fhir.errors import FhirSourceError
+from verdict.data_gen.fhir.sources import load_source
 from tests.fixtures.fhir_server.data import AT, topic_resources, write_bundle, write_ndjson
 
 CODED = ["trec-202124", "trec-202129", "trec-202132"]

@@ -2,8 +2,8 @@
 
 import pytest
 
-from data_gen.fhir.errors import UnitConversionError
-from data_gen.fhir.units import convert, convertible, ucum_code
+from verdict.data_gen.fhir.errors import UnitConversionError
+from verdict.data_gen.fhir.units import convert, convertible, ucum_code
 
 
 def test_creatinine_umol_to_mg_by_molar_mass():

@@ -5,8 +5,8 @@ import base64
 
 import pytest
 
-from data_gen.fhir.errors import FhirSourceError
-from data_gen.fhir.validate import Validated, parse_json, validate_all, validate_resource
+from verdict.data_gen.fhir.errors import FhirSourceError
+from verdict.data_gen.fhir.validate import Validated, parse_json, validate_all, validate_resource
 
 SECRET = "Zanzibar-Quixote"  # stands for patient text: must never appear in a problem
 

@@ -5,14 +5,14 @@ import json
 
 import pytest
 
-from data_gen.cache import CallCache
-from data_gen.formalizer import Formalizer, quote_in_note, side_atoms
-from data_gen.protocol import PatientDoc, TrialDoc
-from data_gen.scripted_server import Match, Rule, Script
-from data_gen.scripted_server import ScriptedResponse as R
-from data_gen.teacher_config import TeacherConfig
-from verdict_core.patient import ValueMinerOutput
-from verdict_core.program import ParsedCriterion, TrialProgram, check_program
+from verdict.data_gen.cache import CallCache
+from verdict.data_gen.formalizer import Formalizer, quote_in_note, side_atoms
+from verdict.data_gen.protocol import PatientDoc, TrialDoc
+from verdict.data_gen.scripted_server import Match, Rule, Script
+from verdict.data_gen.scripted_server import ScriptedResponse as R
+from verdict.data_gen.teacher_config import TeacherConfig
+from verdict.core.patient import ValueMinerOutput
+from verdict.core.program import ParsedCriterion, TrialProgram, check_program
 
 from .teacher_data import criterion_answers, criterion_prompt, parser_rules, patient, program, trial, trial_id
 
@@ -118,8 +118,8 @@ def test_a_failing_criterion_is_reported_alone_and_the_rest_assembles(scripted_s
     (cr,) = res.output.cohorts[0].exclusion
     atom = res.output.atom_table()[cr.formula]
     assert cr.formula == "criterion_exc_1_unformalized" and atom.domain == "bool" and "Pregnancy" in atom.definition
-    from verdict_core.engine import Engine
-    from verdict_core.patient import ResolvedPatient, Resolution
+    from verdict.core.engine import Engine
+    from verdict.core.patient import ResolvedPatient, Resolution
 
     patient = ResolvedPatient(patient_id="p", trial_id=res.output.trial_id, program_hash=res.output.content_hash,
                               resolutions=[
@@ -198,7 +198,7 @@ def test_type_errors_in_formulas_are_rejected_per_call(scripted_server):
 
 
 def test_parser_key_follows_criteria_model_and_prompt_version(monkeypatch):
-    from data_gen.prompt_templates import PromptTemplate
+    from verdict.data_gen.prompt_templates import PromptTemplate
 
     def key(t=None, doc=None):
         return Formalizer(t or teacher("http://127.0.0.1:9/v1")).parser_key(doc or trial(0))
@@ -315,8 +315,8 @@ def test_quote_in_note(quote, ok):
 # ---- arbiter and verbalizer ---------------------------------------------------------------------------
 def conflicted():
     """A qualifier-implies-stem definition the 'mined' values violate."""
-    from verdict_core.engine import Engine
-    from verdict_core.patient import Resolution, ResolvedPatient
+    from verdict.core.engine import Engine
+    from verdict.core.patient import Resolution, ResolvedPatient
 
     p = program(2)
     p["atoms"].append({"name": "has_condition_2@@severe", "domain": "bool", "kind": "diagnosis",
@@ -353,7 +353,7 @@ def test_arbiter_override_is_checked(scripted_server):
 def test_checks_run_on_the_engine_passed_in(scripted_server):
     """The parser's satisfiability checks and the arbiter's consistency check use the caller's
     engine (its limit, its compiled programs), not a default or fresh one."""
-    from verdict_core.engine import Engine
+    from verdict.core.engine import Engine
 
     prog, note, pat, conflicts = conflicted()
     engine = Engine(timeout_ms=777, alternatives=0)
@@ -369,7 +369,7 @@ def test_checks_run_on_the_engine_passed_in(scripted_server):
 
 
 def test_verbalizer_may_only_restate(scripted_server):
-    from verdict_core.engine import Engine
+    from verdict.core.engine import Engine
 
     prog, note, pat, _ = conflicted()
     d = Engine().decide(prog, pat)
@@ -389,11 +389,11 @@ def test_verbalizer_may_only_restate(scripted_server):
 def test_schema_sent_for_decoding_keeps_the_identifier_language():
     import re
 
-    from data_gen.formalizer import core_schema
-    from verdict_core.errors import ProgramError
-    from verdict_core.formula import MAX_NAME
-    from verdict_core.program import load_program
-    from verdict_core.schemas import GRAMMAR_MAX_NAME, json_schema
+    from verdict.data_gen.formalizer import core_schema
+    from verdict.core.errors import ProgramError
+    from verdict.core.formula import MAX_NAME
+    from verdict.core.program import load_program
+    from verdict.core.schemas import GRAMMAR_MAX_NAME, json_schema
 
     text = json.dumps(core_schema("parsed-trial"))
     assert "maxLength" not in text  # vLLM refuses a pattern combined with a length bound

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from data_gen.formalizer import Formalizer
-from data_gen.formalizer.budget import TokenCounter, qwen25_counter
-from data_gen.formalizer.miner import (
+from verdict.data_gen.formalizer import Formalizer
+from verdict.data_gen.formalizer.budget import TokenCounter, qwen25_counter
+from verdict.data_gen.formalizer.miner import (
     MAX_ATOMS_PER_CALL,
     MinerBudgetError,
     atom_chunks,
@@ -19,14 +19,14 @@ from data_gen.formalizer.miner import (
     side_atoms,
     value_line_tokens,
 )
-from data_gen.formalizer.passages import split_document
-from data_gen.protocol import NoteDocument, PatientDoc
-from data_gen.scripted_server import Match, Rule, Script
-from data_gen.scripted_server import ScriptedResponse as R
-from data_gen.teacher_config import TeacherConfig
-from verdict_core.policy import load_policy, resolve
-from verdict_core.program import TrialProgram, check_program
-from verdict_core.reference import load_reference
+from verdict.data_gen.formalizer.passages import split_document
+from verdict.data_gen.protocol import NoteDocument, PatientDoc
+from verdict.data_gen.scripted_server import Match, Rule, Script
+from verdict.data_gen.scripted_server import ScriptedResponse as R
+from verdict.data_gen.teacher_config import TeacherConfig
+from verdict.core.policy import load_policy, resolve
+from verdict.core.program import TrialProgram, check_program
+from verdict.core.reference import load_reference
 
 from ..support import BENCHMARKS, REFERENCE_V6, need
 from .teacher_data import program, trial_id
@@ -167,7 +167,7 @@ def test_a_short_note_is_one_call_with_the_old_prompt(qwen):
         prompt_budget=None,
         completion_budget=2048,
     )
-    from data_gen.formalizer import miner_messages
+    from verdict.data_gen.formalizer import miner_messages
 
     assert len(calls) == 1 and calls[0].messages == miner_messages(
         prog, "A 37-year-old man.", "inclusion", ["age_years", "has_condition_1"]
@@ -208,8 +208,8 @@ def teacher(url, **over):
 def one_call_per_document(prog, docs: list[NoteDocument], side="inclusion", max_tokens=2048) -> int:
     """A context that holds any one of these documents beside the prompt, never two (the byte
     estimate counts: the test teachers name no tokenizer)."""
-    from data_gen.formalizer import miner_messages
-    from data_gen.formalizer.budget import ByteEstimate
+    from verdict.data_gen.formalizer import miner_messages
+    from verdict.data_gen.formalizer.budget import ByteEstimate
 
     c = ByteEstimate()
     frame = c.count_messages(miner_messages(prog, "", side, side_atoms(prog, side)))
@@ -300,7 +300,7 @@ def test_conflicting_documents_are_a_conflict_with_both_quotes_and_the_atom_stay
     # the policy does not impute over it; the observed value carries its document
     policy = load_policy("strict")
     patient = resolve(
-        prog, "p1", list(mined), policy, conflicts=mined.conflict_notes(), sources=mined.sources
+        prog, "p1", list(mined), policy, held_open=mined.held_open(), sources=mined.sources
     )
     r = patient.by_atom()
     assert r["has_condition_1"].status == "unresolved" and "'fu' gives false" in r["has_condition_1"].note
@@ -360,7 +360,7 @@ def test_evidence_is_checked_against_its_own_passage_and_a_rejected_call_keeps_t
     assert set(unread) == {"age_years", "has_condition_1"} and [mv.value for mv in res.output] == [None, None]
     assert all("document 'fu', atoms chunk 1/1 failed validation after one repair (evidence)" in w
                for w in unread.values())
-    assert res.output.conflict_notes() == unread  # resolve() keeps them unresolved, never imputed
+    assert res.output.held_open() == unread  # resolve() keeps them unresolved, never imputed
     assert res.assembly["unread"] == ["age_years", "has_condition_1"]
 
 
@@ -373,7 +373,7 @@ def test_a_side_whose_every_call_fails_is_rejected(scripted_server, prog):
 
 
 def test_sides_merge_with_the_same_rule():
-    from data_gen.formalizer.miner import Finding, MinedValues, merge_findings
+    from verdict.data_gen.formalizer.miner import Finding, MinedValues, merge_findings
 
     inc = merge_findings(
         ["a"], {"a": [Finding(value=5, evidence="x", document="d1", passage="d1#1/c1")]}, "inclusion"
@@ -390,8 +390,8 @@ def test_sides_merge_with_the_same_rule():
 
 
 def test_numbers_and_bounds_that_can_both_hold_are_no_conflict():
-    from data_gen.formalizer.miner import Finding, merge_findings
-    from verdict_core.patient import Bounds
+    from verdict.data_gen.formalizer.miner import Finding, merge_findings
+    from verdict.core.patient import Bounds
 
     fs = [
         Finding(bounds=Bounds(lo=100), evidence="platelets above 100", document="d1", passage="p1"),
@@ -498,7 +498,7 @@ def test_a_side_that_cannot_fit_the_limits_is_rejected_without_a_call(scripted_s
 def test_old_patients_keep_their_content_hash():
     import hashlib
 
-    from verdict_core.patient import Resolution, ResolvedPatient
+    from verdict.core.patient import Resolution, ResolvedPatient
 
     old = ResolvedPatient(
         patient_id="p",

@@ -2,8 +2,8 @@
 
 import pytest
 
-from data_gen.errors import TeacherConfigError
-from data_gen.prompt_templates import (
+from verdict.data_gen.errors import TeacherConfigError
+from verdict.data_gen.prompt_templates import (
     STAGE_TEMPLATE,
     available,
     current_hashes,

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from data_gen.export import export_datasets
-from data_gen.formalizer import check_miner_output, quote_in_note
-from data_gen.recorded import import_recorded, recorded_evidence, requirement_outputs
-from verdict_core.program import ParsedCriterion
-from data_gen.records import RecordStore
+from verdict.data_gen.export import export_datasets
+from verdict.data_gen.formalizer import check_miner_output, quote_in_note
+from verdict.data_gen.recorded import import_recorded, recorded_evidence, requirement_outputs
+from verdict.core.program import ParsedCriterion
+from verdict.data_gen.records import RecordStore
 from tests.support import BENCHMARKS, REFERENCE_V6, need
 
 
@@ -72,7 +72,7 @@ def test_every_imported_record_names_atoms_the_parser_grammar_can_write(recorded
     GRAMMAR_MAX_NAME, so the import renames the longer ones in program and values alike."""
     import re
 
-    from data_gen.formalizer import core_schema
+    from verdict.data_gen.formalizer import core_schema
 
     out, _ = recorded
     pattern = core_schema("parsed-criterion")["$defs"]["Atom"]["properties"]["name"]["pattern"]
@@ -87,10 +87,10 @@ def test_every_imported_record_names_atoms_the_parser_grammar_can_write(recorded
 
 
 def test_renaming_long_names_keeps_every_decision():
-    from data_gen.recorded import fit_to_grammar
-    from verdict_core.engine import Engine
-    from verdict_core.reference import load_reference
-    from verdict_core.schemas import GRAMMAR_MAX_NAME
+    from verdict.data_gen.recorded import fit_to_grammar
+    from verdict.core.engine import Engine
+    from verdict.core.reference import load_reference
+    from verdict.core.schemas import GRAMMAR_MAX_NAME
 
     need(REFERENCE_V6.is_dir(), "shared reference data")
     engine, renamed = Engine(), 0
@@ -110,7 +110,7 @@ def test_renaming_long_names_keeps_every_decision():
 
 def test_requirement_outputs_re_express_every_recorded_requirement():
     need(REFERENCE_V6.is_dir(), "shared reference data")
-    from verdict_core.reference import load_reference
+    from verdict.core.reference import load_reference
 
     p = load_reference(REFERENCE_V6 / "sigir-20147" / "NCT00602537a__full.json").program
     reqs = requirement_outputs(p)
@@ -140,7 +140,7 @@ def test_quoted_parts_become_the_evidence():
 
 def test_check_is_the_formalizers_check():
     # the same function validates live teacher outputs and recorded ones
-    from verdict_core.program import TrialProgram, check_program
+    from verdict.core.program import TrialProgram, check_program
 
     from .teacher_data import program, trial_id
 
@@ -154,13 +154,13 @@ def test_import_recorded_command(recorded, tmp_path):
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-c", "from verdict_core.cli import main; main()", "teacher", "import-recorded",
+    r = subprocess.run([sys.executable, "-m", "verdict", "teacher", "import-recorded",
                         "--reference", str(REFERENCE_V6), "--patients", str(BENCHMARKS / "patients_sigir.jsonl"),
                         "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     _, s = recorded
     assert f"{s.accepted} accepted, {s.rejected} rejected" in r.stdout
-    r = subprocess.run([sys.executable, "-c", "from verdict_core.cli import main; main()", "teacher", "import-recorded",
+    r = subprocess.run([sys.executable, "-m", "verdict", "teacher", "import-recorded",
                         "--reference", str(tmp_path / "nothing"), "--out-dir", str(tmp_path)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "no reference files" in r.stderr

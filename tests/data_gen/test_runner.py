@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from data_gen.scripted_server import Match, Rule, Script, ScriptedServer
-from data_gen.scripted_server import ScriptedResponse as R
+from verdict.data_gen.scripted_server import Match, Rule, Script, ScriptedServer
+from verdict.data_gen.scripted_server import ScriptedResponse as R
 from tests.support import VERDICT
 
 from .teacher_data import (
@@ -88,7 +88,7 @@ def test_run_records_every_item_and_a_rerun_pays_nothing(setup):
     assert sent == (2 + 3 + 1) + 9 + 3
     assert len(set(x.request_id for x in srv.requests)) == sent
 
-    from data_gen.export import export_datasets
+    from verdict.data_gen.export import export_datasets
 
     cards = export_datasets([tmp / "runs" / "test-run"], tmp / "ds")
     # one SFT row per criterion call; a recurring criterion is one prompt, exported once

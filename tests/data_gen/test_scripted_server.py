@@ -4,8 +4,8 @@ import json
 
 import httpx
 
-from data_gen.scripted_server import Match, Rule, Script, ScriptedServer, auto_nulls
-from data_gen.scripted_server import ScriptedResponse as R
+from verdict.data_gen.scripted_server import Match, Rule, Script, ScriptedServer, auto_nulls
+from verdict.data_gen.scripted_server import ScriptedResponse as R
 
 
 def post(srv, body):

@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from data_gen.sft_record import TASKS, SftRecord, features, target
+from verdict.data_gen.sft_record import TASKS, SftRecord, features, target
 
 PROMPT = [{"role": "system", "content": "You translate criteria."}, {"role": "user", "content": "Age >= 18"}]
 
@@ -40,10 +40,10 @@ def test_a_malformed_record_is_refused_naming_the_field(bad):
 
 
 def test_one_task_list_everywhere():
-    from bench import recipe
-    from data_gen import export
-    from serve import students
-    from train import sft_config
+    from verdict.bench import recipe
+    from verdict.data_gen import export
+    from verdict.serve import students
+    from verdict.train import sft_config
 
     assert TASKS == ("parser", "value_miner")
     assert export.TASKS is TASKS and students.TASKS is TASKS and sft_config.TASKS is TASKS

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from data_gen.errors import SourceError
-from data_gen.sources import load_pairs, load_patients, load_trials, split_criteria
+from verdict.data_gen.errors import SourceError
+from verdict.data_gen.sources import load_pairs, load_patients, load_trials, split_criteria
 from tests.support import BENCHMARKS, need
 
 

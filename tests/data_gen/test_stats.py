@@ -3,10 +3,10 @@
 import subprocess
 import sys
 
-from data_gen.cache import CachedCall, CallCache, CallMeta
-from data_gen.protocol import StageResult
-from data_gen.records import RecordStore
-from data_gen.stats import render_stats, run_stats
+from verdict.data_gen.cache import CachedCall, CallCache, CallMeta
+from verdict.data_gen.protocol import StageResult
+from verdict.data_gen.records import RecordStore
+from verdict.data_gen.stats import render_stats, run_stats
 
 
 def test_stats_join_records_and_ledger(tmp_path):
@@ -37,7 +37,7 @@ def test_stats_join_records_and_ledger(tmp_path):
 
 
 def test_unknown_run_is_a_clear_error(tmp_path):
-    r = subprocess.run([sys.executable, "-c", "from verdict_core.cli import main; main()", "teacher", "stats",
+    r = subprocess.run([sys.executable, "-m", "verdict", "teacher", "stats",
                         "nope", "--runs-dir", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 2 and "no teacher run 'nope'" in r.stderr
 
@@ -45,7 +45,7 @@ def test_unknown_run_is_a_clear_error(tmp_path):
 def test_criteria_figures_count_what_the_criterion_cache_saves(tmp_path):
     import json
 
-    from data_gen.stats import criteria_figures
+    from verdict.data_gen.stats import criteria_figures
 
     rows = [{"nct_id": "NCT1", "inclusion": "Inclusion Criteria:\n\n- Age 18 or older\n\n- Diabetes",
              "exclusion": "Exclusion Criteria:\n\n- Pregnancy"},
@@ -60,7 +60,7 @@ def test_criteria_figures_count_what_the_criterion_cache_saves(tmp_path):
     assert f["distinct"] == 6 and f["cache_saves"] == 0.25
     assert f["distinct_case_folded"] == 5 and f["distinct_texts_any_side"] == 5
     assert f["most_repeated"][0] == {"side": "exclusion", "text": "Pregnancy", "trials": 3}
-    r = subprocess.run([sys.executable, "-c", "from verdict_core.cli import main; main()", "teacher", "criteria",
+    r = subprocess.run([sys.executable, "-m", "verdict", "teacher", "criteria",
                         "--trials", str(path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1] == "criteria: trials=3 total=8 distinct=6 saved=0.2500 headings_dropped=4"

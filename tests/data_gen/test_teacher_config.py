@@ -2,9 +2,9 @@
 
 import pytest
 
-from data_gen.errors import TeacherConfigError
-from data_gen.teacher_config import load_run_config, load_teacher
-from verdict_core.configs import available
+from verdict.data_gen.errors import TeacherConfigError
+from verdict.data_gen.teacher_config import load_run_config, load_teacher
+from verdict.core.configs import available
 
 
 @pytest.mark.parametrize("name", available("teachers"))

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 
-from data_gen.formalizer import Formalizer
-from data_gen.formalizer.value_reuse import ValueReuse
-from data_gen.protocol import PatientDoc
-from data_gen.scripted_server import Match, Rule, Script, ScriptedServer
-from data_gen.scripted_server import ScriptedResponse as R
-from data_gen.teacher_config import TeacherConfig
-from verdict_core.program import load_program
+from verdict.data_gen.formalizer import Formalizer
+from verdict.data_gen.formalizer.value_reuse import ValueReuse
+from verdict.data_gen.protocol import PatientDoc
+from verdict.data_gen.scripted_server import Match, Rule, Script, ScriptedServer
+from verdict.data_gen.scripted_server import ScriptedResponse as R
+from verdict.data_gen.teacher_config import TeacherConfig
+from verdict.core.program import load_program
 
 NOTE = "A 58-year-old man with type 2 diabetes, HbA1c 8.1%, no chest pain."
 VALUES = {"age_years": {"value": 58, "evidence": "58-year-old"},

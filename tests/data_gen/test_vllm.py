@@ -11,11 +11,11 @@ import sys
 import pytest
 import yaml
 
-from data_gen.cache import CallCache
-from data_gen.client import EndpointClient, build_request
-from data_gen.formalizer import Formalizer
-from data_gen.protocol import PatientDoc
-from data_gen.teacher_config import TeacherConfig
+from verdict.data_gen.cache import CallCache
+from verdict.data_gen.client import EndpointClient, build_request
+from verdict.data_gen.formalizer import Formalizer
+from verdict.data_gen.protocol import PatientDoc
+from verdict.data_gen.teacher_config import TeacherConfig
 from tests.fixtures.vllm import STUDENT_MAX_TOKENS, teacher_programs
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -54,7 +54,7 @@ def test_value_miner_student_through_the_formalizer(vllm_server, student_records
     it like a teacher's; a repeated request is served from the cache."""
     import jsonschema
 
-    from data_gen.formalizer import core_schema, side_atoms, with_atom_enum
+    from verdict.data_gen.formalizer import core_schema, side_atoms, with_atom_enum
 
     programs = teacher_programs(student_records)
     p = student_records["patients"][0]
@@ -102,7 +102,7 @@ def test_teacher_run_with_local_students(vllm_server, student_records, tmp_path)
         "name": "local-students", "out_dir": str(tmp_path / "runs"), "cache": str(tmp_path / "runs" / "c.sqlite"),
         "teachers": {"parser": teachers["parser"], "miner": teachers["value_miner"]},
         "trials": {"path": str(trials)}, "patients": {"path": str(patients), "data_class": "private"}}))
-    cli = [sys.executable, "-c", "from verdict_core.cli import main; main()", "teacher"]
+    cli = [sys.executable, "-m", "verdict", "teacher"]
     r = subprocess.run([*cli, "run", "-c", str(cfg), "--no-progress"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     stats = json.loads(subprocess.run([*cli, "stats", str(tmp_path / "runs" / "local-students"), "--json"],
@@ -113,9 +113,9 @@ def test_teacher_run_with_local_students(vllm_server, student_records, tmp_path)
     n_criteria = sum(len(t["parsed"]["cohorts"][0]["inclusion"]) + len(t["parsed"]["cohorts"][0]["exclusion"])
                      for t in student_records["trials"])
     assert calls["accepted"] == n_criteria and calls["rejected"] == 0  # one call per criterion
-    from data_gen.formalizer import side_atoms
-    from data_gen.records import RecordStore
-    from verdict_core.program import TrialProgram
+    from verdict.data_gen.formalizer import side_atoms
+    from verdict.data_gen.records import RecordStore
+    from verdict.core.program import TrialProgram
 
     store = RecordStore(tmp_path / "runs" / "local-students" / "records.sqlite")
     programs = [TrialProgram.model_validate_json(x) for x in store.programs().values()]

@@ -97,13 +97,13 @@ def write_service_config(folder: Path, formalizer_url: str, api: dict | None = N
 
 def verdict_command() -> list[str]:
     exe = Path(sys.executable).with_name("verdict")
-    return [str(exe)] if exe.exists() else [sys.executable, "-c", "from verdict_core.cli import main; main()"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "verdict"]
 
 
 def start_service(
     folder: Path, formalizer_url: str, api: dict | None = None, wait: bool = True
 ) -> RunningService:
-    from serve.api_keys import KeyStore
+    from verdict.serve.api_keys import KeyStore
 
     folder.mkdir(parents=True, exist_ok=True)
     store = KeyStore(folder / "keys.json")
@@ -146,7 +146,7 @@ def start_service(
 @pytest.fixture(scope="module")
 def scripted(request):
     """The scripted formalizer (real HTTP) answering the test module's `SCRIPT`."""
-    from data_gen.scripted_server import Script, ScriptedServer
+    from verdict.data_gen.scripted_server import Script, ScriptedServer
 
     srv = ScriptedServer(Script.model_validate(request.module.SCRIPT)).start()
     yield srv

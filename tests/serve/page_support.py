@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from data_gen.formalizer import quote_in_note
-from data_gen.recorded import recorded_evidence
+from verdict.data_gen.formalizer import quote_in_note
+from verdict.data_gen.recorded import recorded_evidence
 from tests.support import REFERENCE_V6, SHARED_DATA, need
 
 LARGEST = "sigir-20154/NCT01458405a"  # the reference program with the most criteria (67, 166 atoms)
@@ -29,7 +29,7 @@ def reference_pair(stem: str = LARGEST) -> ReferencePair:
     """A recorded pair: its program, the patient's note, and the recorded observed values whose
     quotes the note holds (the rest the miner leaves null, as a checked miner would)."""
     need(REFERENCE_V6.exists(), f"shared reference corpus missing: {REFERENCE_V6}")
-    from verdict_core.reference import load_reference
+    from verdict.core.reference import load_reference
 
     pid, trial = stem.split("/")
     case = load_reference(REFERENCE_V6 / pid / f"{trial}__full.json")

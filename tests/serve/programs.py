@@ -96,7 +96,7 @@ def teacher_output(c, names: set[str]):
     """The test teacher's formalization of one criterion (its last line: the lead-in is shared): out
     of scope for consent, willingness and headings; `age_years >= N` for an inclusion age bound; else one
     chart-checkable bool atom named from its first words (`names`: those taken, kept unique)."""
-    from verdict_core.program import Atom, ParsedCriterion
+    from verdict.core.program import Atom, ParsedCriterion
 
     line = c.text.strip().splitlines()[-1].lstrip("- ").strip()
     if OUT_OF_SCOPE.search(line):

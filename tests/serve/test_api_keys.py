@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from serve.api_keys import KeyStore
-from serve.errors import ServeConfigError
+from verdict.serve.api_keys import KeyStore
+from verdict.serve.errors import ServeConfigError
 
 
 def test_keys_are_stored_hashed_with_roles(tmp_path):

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from data_gen.client import quotes_any
+from verdict.data_gen.client import quotes_any
 from tests.fixtures.vllm import teacher_programs, teacher_values, trial_text
 from tests.serve.conftest import CHROMIUM, RunningService, launch_chromium, start_service
 from tests.support import need
@@ -57,9 +57,9 @@ def trials(svc, student_records) -> dict[str, dict]:
 
 def core_decision(records: dict, trial_id: str, patient: dict, policy_name: str = "prescreen"):
     """What the core decides from the teacher records alone (no model, no service)."""
-    from verdict_core.engine import Engine
-    from verdict_core.policy import load_policy, resolve
-    from verdict_core.rationale import render_markdown
+    from verdict.core.engine import Engine
+    from verdict.core.policy import load_policy, resolve
+    from verdict.core.rationale import render_markdown
 
     program = teacher_programs(records)[trial_id]
     values = teacher_values(records, program, patient, "inclusion") + teacher_values(
@@ -327,7 +327,7 @@ def _audit_counts(folder: Path) -> tuple[int, int]:
 
 
 def test_formalizer_down_is_503_with_retry_after_and_nothing_written(tmp_path, student_records):
-    from serve.vllm_server import free_port
+    from verdict.serve.vllm_server import free_port
 
     s = start_service(tmp_path / "down", f"http://127.0.0.1:{free_port()}/v1", {"retry_after_s": 7})
     SERVICES.append(s)

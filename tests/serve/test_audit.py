@@ -15,8 +15,8 @@ import subprocess
 
 import pytest
 
-from serve.audit import AuditStore
-from serve.errors import ServeConfigError
+from verdict.serve.audit import AuditStore
+from verdict.serve.errors import ServeConfigError
 from tests.fixtures.postgres import ADMIN_PASSWORD_ENV, PASSWORD_ENV, WRITER
 from tests.serve.conftest import start_service, verdict_command
 from tests.support import REPO, run_together
@@ -30,7 +30,7 @@ def location(request, tmp_path) -> str:
     (schema owned by the administrator, the service's role with SELECT and INSERT only)."""
     if request.param == "sqlite":
         return str(tmp_path / "a" / "audit.sqlite")
-    from serve.audit.postgres import setup_schema
+    from verdict.serve.audit.postgres import setup_schema
 
     db = request.getfixturevalue("postgres_db")
     setup_schema(db.admin_url, WRITER, password_env=ADMIN_PASSWORD_ENV)
@@ -277,7 +277,7 @@ def test_updates_deletes_and_replace_are_refused_by_the_database(sqlite_store):
 
 def _tampered(path, tmp_path, name: str, *sql: str):
     """A copy of the store, changed through sqlite3 after dropping the triggers."""
-    from serve.audit.sqlite import TRIGGERS
+    from verdict.serve.audit.sqlite import TRIGGERS
 
     copy = tmp_path / f"{name}.sqlite"
     shutil.copy(path, copy)
@@ -339,7 +339,7 @@ def test_verify_reads_the_store_a_serve_config_names(sqlite_store, tmp_path):
 def test_postgres_refuses_changes_from_the_service_role_and_from_the_owner(postgres_db):
     import psycopg
 
-    from serve.audit.postgres import setup_schema
+    from verdict.serve.audit.postgres import setup_schema
 
     setup_schema(postgres_db.admin_url, WRITER, password_env=ADMIN_PASSWORD_ENV)
     store = open_store(postgres_db.writer_url)
@@ -374,7 +374,7 @@ def test_postgres_refuses_changes_from_the_service_role_and_from_the_owner(postg
 
 
 def test_postgres_verify_names_a_row_rewritten_by_a_superuser(postgres_db):
-    from serve.audit.postgres import setup_schema
+    from verdict.serve.audit.postgres import setup_schema
 
     setup_schema(postgres_db.admin_url, WRITER, password_env=ADMIN_PASSWORD_ENV)
     store = open_store(postgres_db.writer_url)
@@ -393,7 +393,7 @@ def test_postgres_verify_names_a_row_rewritten_by_a_superuser(postgres_db):
 
 
 def test_postgres_url_with_a_password_is_refused_and_an_owner_role_is_warned(postgres_db):
-    from serve.api_config import ApiConfig
+    from verdict.serve.api_config import ApiConfig
 
     with_password = postgres_db.writer_url.replace(f"{WRITER}@", f"{WRITER}:hunter2@")
     with pytest.raises(ServeConfigError, match="carries a password"):
@@ -459,11 +459,11 @@ SCRIPT = {
 def test_a_match_key_cannot_replace_a_reviewed_program(backend, request, tmp_path):
     """Issue 11, item 1: admin uploads; a match key re-parses the trial id (POST /v1/trials, inline
     in /v1/match); every match, batch included, still uses the reviewed program."""
-    from data_gen.scripted_server import Script, ScriptedServer
+    from verdict.data_gen.scripted_server import Script, ScriptedServer
 
     api = {"formalizer": {"parser_model": "scripted", "value_miner_model": "scripted"}}
     if backend == "postgresql":
-        from serve.audit.postgres import setup_schema
+        from verdict.serve.audit.postgres import setup_schema
 
         db = request.getfixturevalue("postgres_db")
         setup_schema(db.admin_url, WRITER, password_env=ADMIN_PASSWORD_ENV)
@@ -512,8 +512,8 @@ def test_a_match_key_cannot_replace_a_reviewed_program(backend, request, tmp_pat
 
 
 def test_postgres_reconnects_after_a_dropped_connection_and_errors_are_503(postgres_db):
-    from serve.audit.postgres import setup_schema
-    from serve.errors import AuditUnavailable
+    from verdict.serve.audit.postgres import setup_schema
+    from verdict.serve.errors import AuditUnavailable
     from tests.fixtures.postgres import free_port
 
     setup_schema(postgres_db.admin_url, WRITER, password_env=ADMIN_PASSWORD_ENV)
@@ -540,7 +540,7 @@ def test_a_store_whose_protection_was_removed_is_refused_for_writing(sqlite_stor
     with pytest.raises(ServeConfigError, match="trigger trials_no_update is missing.*refusing to write"):
         AuditStore(copy)
     assert AuditStore(copy, read_only=True).verify().problems[0].startswith("trigger ")  # verify still reads
-    from serve.audit.postgres import setup_schema
+    from verdict.serve.audit.postgres import setup_schema
 
     setup_schema(postgres_db.admin_url, WRITER, password_env=ADMIN_PASSWORD_ENV)
     with postgres_db.cluster.admin(postgres_db.name) as a:
@@ -553,9 +553,9 @@ def test_a_store_whose_protection_was_removed_is_refused_for_writing(sqlite_stor
 def make_schema_3_store(path) -> str:
     """A schema-3 SQLite store as the previous release wrote it (no screenings table), with a trial and
     a decision; returns the head's hash."""
-    from serve.audit.chain import link
-    from serve.audit.sqlite import _SCHEMA, TRIGGERS
-    from serve.audit.store import COLUMNS
+    from verdict.serve.audit.chain import link
+    from verdict.serve.audit.sqlite import _SCHEMA, TRIGGERS
+    from verdict.serve.audit.store import COLUMNS
 
     db = sqlite3.connect(path, isolation_level=None)
     schema = _SCHEMA.split("CREATE TABLE IF NOT EXISTS screenings")[0]
@@ -584,7 +584,7 @@ def make_schema_3_store(path) -> str:
 
 
 def test_a_schema_3_store_is_verified_as_is_then_upgraded_in_place(tmp_path):
-    from serve.audit.sqlite import TRIGGERS, TRIGGERS_4
+    from verdict.serve.audit.sqlite import TRIGGERS, TRIGGERS_4
 
     path = tmp_path / "v3.sqlite"
     head = make_schema_3_store(path)
@@ -615,7 +615,7 @@ def test_a_schema_3_store_is_verified_as_is_then_upgraded_in_place(tmp_path):
 def test_a_postgres_schema_3_store_is_upgraded_by_its_owner_only(postgres_db):
     import psycopg
 
-    from serve.audit.postgres import setup_schema
+    from verdict.serve.audit.postgres import setup_schema
 
     setup_schema(postgres_db.admin_url, WRITER, password_env=ADMIN_PASSWORD_ENV)
     store = open_store(postgres_db.writer_url)

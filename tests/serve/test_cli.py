@@ -12,8 +12,8 @@ import httpx
 import pytest
 import yaml
 
-from serve.api_keys import KeyStore
-from serve.vllm_server import _group_alive
+from verdict.serve.api_keys import KeyStore
+from verdict.serve.vllm_server import _group_alive
 from tests.fixtures.vllm import (
     STUDENT_MAX_TOKENS,
     student_vllm_config,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from data_gen.scripted_server import Script, ScriptedServer
-from serve.api_keys import KeyStore
+from verdict.data_gen.scripted_server import Script, ScriptedServer
+from verdict.serve.api_keys import KeyStore
 from tests.serve.conftest import CHROMEDRIVER, CHROMIUM, selenium_chromium, start_service
 from tests.serve.page_support import (
     LARGEST,

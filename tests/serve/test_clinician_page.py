@@ -12,8 +12,8 @@ from html.parser import HTMLParser
 
 import pytest
 
-from serve.audit import DecisionRow
-from serve.clinician_page import (
+from verdict.serve.audit import DecisionRow
+from verdict.serve.clinician_page import (
     _CSS,
     PAGE_CSP,
     PageViewer,
@@ -23,9 +23,9 @@ from serve.clinician_page import (
     render_page,
 )
 from tests.support import REFERENCE_V6, REPO, SHARED_DATA, need
-from verdict_core.cases import load_case
-from verdict_core.engine import Engine
-from verdict_core.policy import load_policy
+from verdict.core.cases import load_case
+from verdict.core.engine import Engine
+from verdict.core.policy import load_policy
 
 
 def test_quotes_are_found_across_whitespace_and_ellipses():
@@ -72,7 +72,7 @@ def demo_case(name: str = "01_t2d_eligible.json"):
 
 def reference_case(stem: str = LARGEST):
     need(REFERENCE_V6.exists(), f"shared reference corpus missing: {REFERENCE_V6}")
-    from verdict_core.reference import load_reference
+    from verdict.core.reference import load_reference
 
     pid, trial = stem.split("/")
     case = load_reference(REFERENCE_V6 / pid / f"{trial}__full.json")

@@ -24,7 +24,7 @@ def test_demo_runs_the_whole_story(tmp_path, student_base_dir, student_adapters)
         (work / f"tiny-{task}").mkdir()
         (work / f"tiny-{task}" / "adapter").symlink_to(adapter)
     r = subprocess.run(
-        [sys.executable, "-c", "from verdict_core.cli import main; main()", "demo", "--work", str(work)],
+        [sys.executable, "-m", "verdict", "demo", "--work", str(work)],
         capture_output=True, text=True, cwd=REPO, timeout=900,
     )
     assert r.returncode == 0, r.stderr[-3000:]

@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 
-from data_gen.scripted_server import Script, ScriptedServer
-from data_gen.scripted_server import ScriptedResponse as R
-from serve.api_config import ApiConfig
-from serve.serving import MatchingService
+from verdict.data_gen.scripted_server import Script, ScriptedServer
+from verdict.data_gen.scripted_server import ScriptedResponse as R
+from verdict.serve.api_config import ApiConfig
+from verdict.serve.serving import MatchingService
 
 
 def _service(tmp_path, url: str, warm: bool = True) -> MatchingService:

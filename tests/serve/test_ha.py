@@ -19,10 +19,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from data_gen.formalizer.endpoints import ERRORS_IN_A_ROW
-from data_gen.scripted_server import Script, ScriptedServer
-from data_gen.scripted_server import ScriptedResponse as R
-from serve.vllm_server import free_port
+from verdict.data_gen.formalizer.endpoints import ERRORS_IN_A_ROW
+from verdict.data_gen.scripted_server import Script, ScriptedServer
+from verdict.data_gen.scripted_server import ScriptedResponse as R
+from verdict.serve.vllm_server import free_port
 from tests.fixtures.vllm import teacher_programs
 from tests.serve.conftest import RunningService, start_service, verdict_command
 from tests.support import REPO
@@ -126,7 +126,7 @@ def test_refuses_to_start_when_any_endpoint_is_off_the_allowlist(tmp_path):
 
 
 def test_base_url_and_base_urls_together_is_a_config_error():
-    from serve.api_config import ApiConfig
+    from verdict.serve.api_config import ApiConfig
 
     with pytest.raises(ValueError, match="either base_url or base_urls"):
         ApiConfig.model_validate({"formalizer": {"base_url": "http://a/v1", "base_urls": ["http://b/v1"]}})
@@ -160,7 +160,7 @@ def test_two_replicas_on_postgres_scripted_formalizer_and_replica_killed_mid_loa
 def test_two_replicas_two_vllms_one_of_each_killed_mid_load(
     tmp_path, vllm_server, student_records, postgres_db
 ):
-    from serve.vllm_server import VLLMServer
+    from verdict.serve.vllm_server import VLLMServer
     from tests.serve.test_app import core_decision
 
     t0 = time.monotonic()
@@ -187,7 +187,7 @@ def test_two_replicas_two_vllms_one_of_each_killed_mid_load(
 def _scripted_process(log: Path) -> tuple[subprocess.Popen, str]:
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "data_gen.scripted_server", "--latency", "0.05", "--log",
+    proc = subprocess.Popen([sys.executable, "-m", "verdict.data_gen.scripted_server", "--latency", "0.05", "--log",
                              str(log)], stdout=subprocess.PIPE, text=True, cwd=REPO)
     line = proc.stdout.readline()
     assert line.startswith("READY "), line
@@ -199,8 +199,8 @@ def ha_load(tmp_path: Path, postgres_db, urls: list[str], kill_formalizer, progr
     """Two API replicas (the same serve config) on one PostgreSQL store in front of ``urls``; a bounded
     load over both; after KILL_AFTER answers, kill -9 replica 2 and ``kill_formalizer()``. Asserts the
     HA guarantees and returns the observed numbers."""
-    from serve.api_config import ApiConfig
-    from serve.audit.store import open_store
+    from verdict.serve.api_config import ApiConfig
+    from verdict.serve.audit.store import open_store
     from tests.fixtures.postgres import ADMIN_PASSWORD_ENV, PASSWORD_ENV, WRITER
 
     t_start = time.monotonic()

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from tests.serve.conftest import start_service
-from verdict_core.formula import MAX_DEPTH, MAX_MAGNITUDE
+from verdict.core.formula import MAX_DEPTH, MAX_MAGNITUDE
 
 ATOMS = [
     {"name": "age_years", "domain": "int", "kind": "demographic", "unit": "years", "definition": "Age in years."},

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serve.errors import BatchError
-from serve.match_batch import (
+from verdict.serve.errors import BatchError
+from verdict.serve.match_batch import (
     load_plan,
     merge_results,
     plan_batch,
@@ -113,7 +113,7 @@ def test_a_result_line_torn_by_a_kill_is_redone_and_nothing_is_lost(tmp_path):
     formalizer (real HTTP): the resumed shard redoes r2 and r3, every line of its own."""
     import asyncio
 
-    from data_gen.scripted_server import Script, ScriptedServer
+    from verdict.data_gen.scripted_server import Script, ScriptedServer
     from tests.serve.test_serving import SCRIPT
 
     scripted_serve_config(tmp_path)
@@ -149,10 +149,10 @@ def test_fhir_records_go_through_the_batch_with_their_coded_facts(tmp_path):
     birth date (no miner call asks it), the rest from the documents; a broken record is named by id."""
     import asyncio
 
-    from data_gen.fhir.models import FhirPatientRecord
-    from data_gen.protocol import NoteDocument
-    from data_gen.scripted_server import Script, ScriptedServer
-    from data_gen.sources import load_patients
+    from verdict.data_gen.fhir.models import FhirPatientRecord
+    from verdict.data_gen.protocol import NoteDocument
+    from verdict.data_gen.scripted_server import Script, ScriptedServer
+    from verdict.data_gen.sources import load_patients
     from tests.serve.test_screen import asked as screen_asked
     from tests.serve.test_serving import SCRIPT
 

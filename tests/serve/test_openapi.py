@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from data_gen.scripted_server import Script, ScriptedServer
+from verdict.data_gen.scripted_server import Script, ScriptedServer
 from tests.serve.conftest import start_service
 from tests.serve.test_serving import EXCLUSION, INCLUSION  # the scripted per-criterion parser answers
 

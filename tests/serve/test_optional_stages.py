@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from data_gen.client import quotes_any
+from verdict.data_gen.client import quotes_any
 from tests.serve.conftest import start_service
 
 ARBITER = "values it reported contradict definitional"  # the arbiter prompt (arbiter.v1)

@@ -9,9 +9,9 @@ import re
 import httpx
 import pytest
 
-from data_gen.scripted_server import Script, ScriptedServer
-from serve.api_keys import KeyStore
-from serve.pages.session import LOGIN_COOKIE, SESSION_COOKIE
+from verdict.data_gen.scripted_server import Script, ScriptedServer
+from verdict.serve.api_keys import KeyStore
+from verdict.serve.pages.session import LOGIN_COOKIE, SESSION_COOKIE
 from tests.serve.conftest import start_service
 from tests.serve.page_support import SCRIPTED_MODELS, csrf_of, decide, login, miner_script, reference_pair
 

@@ -45,21 +45,21 @@ FINDINGS = ("common variable immunodeficiency",)  # facts of the note the teache
 
 
 def _limits(tokenizer: str | None = None):
-    from serve.api_config import FormalizerConfig
+    from verdict.serve.api_config import FormalizerConfig
 
     # CPU decoding of 32 criteria at once: slower than a GPU, so a generous call time limit
     return FormalizerConfig(max_tokens=MAX_TOKENS, context_tokens=CONTEXT, tokenizer=tokenizer, timeout_s=900)
 
 
 def teacher_records(limits) -> dict:
-    """Student records (serve.students' layout) for the trial and its patient, split as the service
+    """Student records (verdict.serve.students' layout) for the trial and its patient, split as the service
     splits the trial under `limits`."""
-    from data_gen.formalizer import Formalizer
-    from data_gen.formalizer.assembly import assemble
-    from data_gen.sources import load_patients, load_trials
-    from serve.protocol import TrialText
-    from serve.serving import trial_doc
-    from verdict_core.engine import Engine
+    from verdict.data_gen.formalizer import Formalizer
+    from verdict.data_gen.formalizer.assembly import assemble
+    from verdict.data_gen.sources import load_patients, load_trials
+    from verdict.serve.protocol import TrialText
+    from verdict.serve.serving import trial_doc
+    from verdict.core.engine import Engine
 
     doc = load_trials(TRIALS, ids=[TRIAL]).items[0]
     note = load_patients(PATIENTS, ids=[PATIENT], data_class="public").items[0]
@@ -95,15 +95,15 @@ def student(tmp_path_factory):
 
     need(vllm_available(), f"vLLM environment missing ({vllm_python()}): run scripts/setup.sh")
     pytest.importorskip("trl")
-    from serve.students import (
+    from verdict.serve.students import (
         prompt_corpus,
         sft_rows,
         student_vllm_config,
         train_student,
         write_student_export,
     )
-    from serve.vllm_server import VLLMServer
-    from train.tiny import build_tiny_student
+    from verdict.serve.vllm_server import VLLMServer
+    from verdict.train.tiny import build_tiny_student
 
     work = tmp_path_factory.mktemp("real-size")
     draft = sft_rows(teacher_records(_limits()), _limits())
@@ -128,13 +128,13 @@ def _rows(export: Path, task: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def path(student):
     """The trial and the patient through parser, assembly, miner, core and rationale."""
-    from data_gen.formalizer import Formalizer, merge_sides
-    from data_gen.protocol import PatientDoc
-    from serve.serving import trial_doc
-    from serve.students import trial_text
-    from verdict_core.engine import Engine
-    from verdict_core.policy import load_policy, resolve
-    from verdict_core.rationale import render_markdown
+    from verdict.data_gen.formalizer import Formalizer, merge_sides
+    from verdict.data_gen.protocol import PatientDoc
+    from verdict.serve.serving import trial_doc
+    from verdict.serve.students import trial_text
+    from verdict.core.engine import Engine
+    from verdict.core.policy import load_policy, resolve
+    from verdict.core.rationale import render_markdown
 
     limits, url = student["limits"], student["server"].base_url
     trial, patient = student["records"]["trials"][0], student["records"]["patients"][0]
@@ -152,7 +152,7 @@ def path(student):
     assert inc.accepted and exc.accepted, (inc.reason, inc.problems[:3], exc.reason, exc.problems[:3])
     mined = merge_sides(inc.output, exc.output)
     resolved = resolve(program, record.patient_id, list(mined), load_policy("prescreen"),
-                       conflicts=mined.conflict_notes(), sources=mined.sources)
+                       held_open=mined.held_open(), sources=mined.sources)
     decision = Engine(timeout_ms=20_000, alternatives=2).decide(program, resolved)
     return {"parsed": parsed, "program": program, "miners": [inc, exc], "mined": mined, "resolved": resolved,
             "decision": decision, "rationale": render_markdown(program, resolved, decision),
@@ -185,7 +185,7 @@ def _over_budget(calls, limits, counter) -> list[str]:
 
 
 def test_no_stage_call_exceeds_its_budget(student, path):
-    from data_gen.formalizer.budget import counter_for
+    from verdict.data_gen.formalizer.budget import counter_for
 
     counter = counter_for(str(student["base"]))  # the student's tokenizer: what vLLM counts
     parser_calls = path["parsed"].calls
@@ -201,7 +201,7 @@ def test_no_stage_call_exceeds_its_budget(student, path):
 def test_every_call_also_fits_the_paper_limits_with_the_real_qwen_tokenizer(student):
     """The same prompts, and the teacher's targets as completions, counted with the real Qwen2.5
     vocabulary at the paper's limits (4,096 context, per-stage max_tokens)."""
-    from data_gen.formalizer.budget import load_limits
+    from verdict.data_gen.formalizer.budget import load_limits
 
     paper = load_limits("paper")
     counter = paper.counter()

@@ -33,7 +33,7 @@ rules:
 def core_patient(case, policy):
     """The core's own resolution of a recorded pair: the policy over the open atoms, except atoms the
     import set aside (contradicting records: no policy imputes over them)."""
-    from verdict_core.policy import apply_policy
+    from verdict.core.policy import apply_policy
 
     aside = {a for c in case.conflicts for a in c.set_aside}
     patient = apply_policy(case.program, case.patient, policy)
@@ -71,10 +71,10 @@ def run_rescreen(db, config_dir, *args):
 
 def test_rescreen_after_a_policy_change_on_the_reference_corpus(tmp_path):
     need(REFERENCE_V6.is_dir(), f"reference corpus missing: {REFERENCE_V6}")
-    from serve.audit import AuditStore
-    from verdict_core.engine import Engine
-    from verdict_core.policy import load_policy
-    from verdict_core.reference import load_reference
+    from verdict.serve.audit import AuditStore
+    from verdict.core.engine import Engine
+    from verdict.core.policy import load_policy
+    from verdict.core.reference import load_reference
 
     (tmp_path / "configs" / "policies").mkdir(parents=True)
     policy_file = tmp_path / "configs" / "policies" / "site-policy.yaml"
@@ -155,12 +155,12 @@ def test_rescreen_after_a_policy_change_on_the_reference_corpus(tmp_path):
 
 
 def test_rescreen_for_a_new_program_version_reuses_values_only_when_the_atoms_are_unchanged(tmp_path):
-    from serve.audit import AuditStore
+    from verdict.serve.audit import AuditStore
     from tests.serve.test_reviews import atom, program
-    from verdict_core.engine import Engine
-    from verdict_core.patient import Resolution, ResolvedPatient
-    from verdict_core.policy import load_policy
-    from verdict_core.program import TrialProgram, check_program
+    from verdict.core.engine import Engine
+    from verdict.core.patient import Resolution, ResolvedPatient
+    from verdict.core.policy import load_policy
+    from verdict.core.program import TrialProgram, check_program
 
     def checked(data):
         return check_program(TrialProgram.model_validate(data))
@@ -188,7 +188,7 @@ def test_rescreen_for_a_new_program_version_reuses_values_only_when_the_atoms_ar
                 Resolution(atom="pregnant", status="observed", value=False, evidence="not pregnant"),
             ],
         )
-        from verdict_core.policy import apply_policy
+        from verdict.core.policy import apply_policy
 
         rows[tid] = store_decision(store, engine, v1, apply_policy(v1, patient, prescreen), prescreen)
         assert rows[tid].decision == "eligible"
@@ -209,6 +209,7 @@ def test_rescreen_for_a_new_program_version_reuses_values_only_when_the_atoms_ar
         )
     store.close()
     config_dir = tmp_path / "configs"
+    config_dir.mkdir(exist_ok=True)  # no site policy: the shipped ones decide
     r = run_rescreen(
         tmp_path / "audit.sqlite", config_dir, "--trial", "T-SAME", "--out", str(tmp_path / "a.json")
     )
@@ -243,10 +244,10 @@ def test_the_call_counter_counts_a_real_formalizer_call():
     """The 0 above means something: a call sent inside the counter is counted (scripted server)."""
     import asyncio
 
-    from data_gen.client import EndpointClient, build_request
-    from data_gen.scripted_server import Script, ScriptedServer
-    from data_gen.teacher_config import TeacherConfig
-    from serve.reviews.rescreen import count_llm_calls
+    from verdict.data_gen.client import EndpointClient, build_request
+    from verdict.data_gen.scripted_server import Script, ScriptedServer
+    from verdict.data_gen.teacher_config import TeacherConfig
+    from verdict.serve.reviews.rescreen import count_llm_calls
 
     srv = ScriptedServer(Script.model_validate({"default": {"content": {"ok": True}}})).start()
     try:

@@ -71,7 +71,7 @@ def program(trial_id=TRIAL, age_min=18, extra_inclusion=()):
 
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory, scripted):
-    from serve.api_keys import KeyStore
+    from verdict.serve.api_keys import KeyStore
 
     s = start_service(tmp_path_factory.mktemp("reviews"), scripted.url, CONFIG)
     store = KeyStore(s.folder / "keys.json")
@@ -316,7 +316,7 @@ def _decision(store, parent=None, decision="eligible"):
 def location(request, tmp_path):
     if request.param == "sqlite":
         return str(tmp_path / "audit.sqlite")
-    from serve.audit.postgres import setup_schema
+    from verdict.serve.audit.postgres import setup_schema
     from tests.serve.test_audit import ADMIN_PASSWORD_ENV, WRITER
 
     db = request.getfixturevalue("postgres_db")
@@ -325,8 +325,8 @@ def location(request, tmp_path):
 
 
 def test_one_successor_per_decision_in_both_backends(location, monkeypatch, request):
-    from serve.audit import AuditStore
-    from serve.audit.store import Superseded
+    from verdict.serve.audit import AuditStore
+    from verdict.serve.audit.store import Superseded
 
     if location.startswith("postgresql"):
         from tests.fixtures.postgres import PASSWORD_ENV
@@ -364,9 +364,9 @@ V2_DECISIONS = """CREATE TABLE decisions (seq INTEGER PRIMARY KEY, decision_id T
 
 def make_schema_2_store(path) -> str:
     """A schema-2 SQLite store as the previous release wrote it (no lineage columns), with two rows."""
-    from serve.audit.chain import link
-    from serve.audit.sqlite import _SCHEMA, TRIGGERS
-    from serve.audit.store import COLUMNS, LINEAGE_COLUMNS
+    from verdict.serve.audit.chain import link
+    from verdict.serve.audit.sqlite import _SCHEMA, TRIGGERS
+    from verdict.serve.audit.store import COLUMNS, LINEAGE_COLUMNS
 
     db = sqlite3.connect(path, isolation_level=None)
     schema = _SCHEMA.split("CREATE TABLE IF NOT EXISTS decisions")[0]
@@ -422,7 +422,7 @@ def make_schema_2_store(path) -> str:
 
 
 def test_a_schema_2_store_is_verified_as_is_then_upgraded_in_place(tmp_path):
-    from serve.audit import AuditStore
+    from verdict.serve.audit import AuditStore
 
     path = tmp_path / "v2.sqlite"
     head = make_schema_2_store(path)
@@ -444,9 +444,9 @@ def test_a_schema_2_store_is_verified_as_is_then_upgraded_in_place(tmp_path):
 
 
 def test_a_postgres_schema_2_store_is_upgraded_by_its_owner_only(postgres_db):
-    from serve.audit import AuditStore
-    from serve.audit.postgres import setup_schema
-    from serve.errors import ServeConfigError
+    from verdict.serve.audit import AuditStore
+    from verdict.serve.audit.postgres import setup_schema
+    from verdict.serve.errors import ServeConfigError
     from tests.fixtures.postgres import ADMIN_PASSWORD_ENV, PASSWORD_ENV, WRITER
 
     setup_schema(postgres_db.admin_url, WRITER, password_env=ADMIN_PASSWORD_ENV)
@@ -473,7 +473,7 @@ def test_a_postgres_schema_2_store_is_upgraded_by_its_owner_only(postgres_db):
 
 
 def test_store_notes_off_keeps_no_reviewer_evidence_text(tmp_path, scripted):
-    from serve.api_keys import KeyStore
+    from verdict.serve.api_keys import KeyStore
 
     s = start_service(tmp_path / "no-notes", scripted.url, {**CONFIG, "store_notes": False})
     try:
@@ -496,9 +496,9 @@ def test_store_notes_off_keeps_no_reviewer_evidence_text(tmp_path, scripted):
 
 
 def test_a_revision_is_refused_in_its_transaction_when_the_active_version_moved(location):
-    from serve.audit import AuditStore
-    from serve.audit.store import Superseded
-    from serve.reviews.serving import active_version_guard
+    from verdict.serve.audit import AuditStore
+    from verdict.serve.audit.store import Superseded
+    from verdict.serve.reviews.serving import active_version_guard
 
     kwargs = {}
     if location.startswith("postgresql"):

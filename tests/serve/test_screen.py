@@ -1,5 +1,5 @@
 """`POST /v1/screen`: one patient against the registered trials, or one trial against patients,
-ranked by formal distance (verdict_core.ranking) over the real API, with the scripted formalizer
+ranked by formal distance (verdict.core.ranking) over the real API, with the scripted formalizer
 (real HTTP) answering the value miner."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from data_gen.scripted_server import Script, ScriptedServer
+from verdict.data_gen.scripted_server import Script, ScriptedServer
 from tests.serve.conftest import start_service
 
 AGE = {"name": "age_years", "domain": "int", "kind": "demographic", "unit": "years", "definition": "Age in years."}
@@ -65,7 +65,7 @@ def service(tmp_path_factory):
 
 def asked(srv, note: str) -> list[str]:
     """The atoms every value-miner call about this note asked for."""
-    from data_gen.scripted_server import _find_atom_enum
+    from verdict.data_gen.scripted_server import _find_atom_enum
 
     return [a for r in srv.requests if note in json.dumps(r.body)
             for a in _find_atom_enum(r.body.get("structured_outputs") or r.body.get("response_format") or {}) or []]
@@ -222,8 +222,8 @@ def _copy_of_store(svc, tmp_path):
 def test_a_screen_is_recorded_as_one_run_in_the_chain(service, tmp_path):
     import sqlite3
 
-    from serve.audit import AuditStore
-    from serve.audit.sqlite import TRIGGERS_4
+    from verdict.serve.audit import AuditStore
+    from verdict.serve.audit.sqlite import TRIGGERS_4
     from tests.serve.test_audit import verify_cli
 
     svc, _ = service
@@ -282,7 +282,7 @@ def test_a_bad_source_is_refused_naming_it(service, source, field):
 
 
 def test_the_cli_records_a_fhir_server_by_its_base_url_only():
-    from serve.screen.cli import _server_label
+    from verdict.serve.screen.cli import _server_label
 
     got = _server_label("https://user:pw@fhir.site.example:8443/r4/?_count=5#x")
     assert got == "https://fhir.site.example:8443/r4"

@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from data_gen.scripted_server import _find_atom_enum
+from verdict.data_gen.scripted_server import _find_atom_enum
 from tests.fixtures.fhir_server.data import AT, TOKEN, topic_resources, topics, write_bundle, write_ndjson
 from tests.serve.conftest import start_service, verdict_command
 from tests.serve.test_screen import recorded_source
@@ -293,7 +293,7 @@ def test_a_fhir_host_off_the_allowlist_is_refused_before_any_request(
 
 
 def test_fhir_patient_input_is_checked(service, texts, tmp_path):
-    from data_gen.fhir.sources import load_source
+    from verdict.data_gen.fhir.sources import load_source
 
     path = write_bundle(tmp_path / "one.json", topic_resources(["trec-202124"]))
     rec = load_source(str(path), AT).records[0].model_dump(mode="json")

@@ -5,7 +5,7 @@ The topic is a real one (`patients_trec2021.jsonl`) and so are its judged trials
 a double of the API teacher: one chart-checkable atom per criterion, `age_years >= N` for an age
 bound) and are uploaded by an admin; the scripted value miner reads the topic's age from its text and
 leaves every other atom open, so trials rank by how much is left to confirm at the visit. The answer must be ranked by the accountability artifacts
-(verdict_core.ranking), every row explained, and the CLI must print the same order.
+(verdict.core.ranking), every row explained, and the CLI must print the same order.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from data_gen.scripted_server import Script, ScriptedServer
+from verdict.data_gen.scripted_server import Script, ScriptedServer
 from tests.serve.conftest import start_service
 from tests.serve.test_screen import _cli
 from tests.support import BENCHMARKS, need
@@ -25,7 +25,7 @@ ORDER = ["eligible", "eligible_to_confirm", "near_miss", "ineligible", "undeterm
 
 
 def _topic():
-    from data_gen.sources import load_patients, load_trials
+    from verdict.data_gen.sources import load_patients, load_trials
 
     need((BENCHMARKS / "pairs_trec2021.jsonl").exists(), "shared TREC 2021 data missing")
     judged = sorted({json.loads(line)["nct_id"] for line in (BENCHMARKS / "pairs_trec2021.jsonl").open()
@@ -37,9 +37,9 @@ def _topic():
 
 def _program(trial) -> dict | None:
     """The test teacher's program for a trial, as an upload body (None: nothing chart-checkable)."""
-    from data_gen.formalizer.assembly import assemble
-    from data_gen.formalizer.criteria import split_trial
-    from verdict_core.engine import Engine
+    from verdict.data_gen.formalizer.assembly import assemble
+    from verdict.data_gen.formalizer.criteria import split_trial
+    from verdict.core.engine import Engine
 
     from tests.serve.programs import teacher_output
 

@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from data_gen.scripted_server import Script, ScriptedServer
+from verdict.data_gen.scripted_server import Script, ScriptedServer
 from tests.serve.conftest import start_service
 from tests.serve.programs import cubes, fermat, program
 from tests.support import run_together
@@ -238,7 +238,7 @@ def test_a_truncated_key_file_keeps_the_last_good_keys(tmp_path, scripted):
 
 # ---- item 6: TCP_NODELAY --------------------------------------------------------------------------
 def test_the_service_socket_is_tcp_so_asyncio_sets_nodelay(svc):
-    from serve.api_server import bind_socket
+    from verdict.serve.api_server import bind_socket
 
     sock = bind_socket("127.0.0.1", 0)
     try:
@@ -336,7 +336,7 @@ def test_wrong_keys_are_locked_out_logged_and_refused_before_the_body(tmp_path, 
 
 
 def test_keys_can_expire(tmp_path):
-    from serve.api_keys import KeyStore
+    from verdict.serve.api_keys import KeyStore
 
     store = KeyStore(tmp_path / "keys.json")
     key, entry = store.add("short", ["match"], expires_days=1.5 / 86400)
@@ -392,7 +392,7 @@ def test_a_warning_when_bound_beyond_loopback_without_tls(tmp_path, scripted):
 
 
 def test_the_demo_key_goes_to_a_private_file(tmp_path):
-    from serve.demo import write_key_file
+    from verdict.serve.demo import write_key_file
 
     path = tmp_path / "demo-api-key"
     write_key_file(path, "vk_abcdefgh_secret")

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from data_gen.scripted_server import ScriptedServer
+from verdict.data_gen.scripted_server import ScriptedServer
 from tests.serve.conftest import CHROMIUM, launch_chromium, start_service
 from tests.serve.programs import fermat
 from tests.support import need, run_together
@@ -228,11 +228,11 @@ def test_parsed_programs_are_checked_by_the_services_own_engine_and_compiled_onc
     cache): the program compiled for the satisfiability check is the one every decision uses."""
     import asyncio
 
-    import verdict_core.engine as core_engine
-    from serve.api_config import ApiConfig
-    from serve.audit import AuditStore
-    from serve.protocol import MatchRequest, PatientInput, TrialText
-    from serve.serving import MatchingService, trial_doc
+    import verdict.core.engine as core_engine
+    from verdict.serve.api_config import ApiConfig
+    from verdict.serve.audit import AuditStore
+    from verdict.serve.protocol import MatchRequest, PatientInput, TrialText
+    from verdict.serve.serving import MatchingService, trial_doc
 
     default = core_engine._default_engine
     default_cached = set(default._cache) if default is not None else None

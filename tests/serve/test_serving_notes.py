@@ -74,9 +74,9 @@ SCRIPT = {
 def one_document_per_call() -> int:
     """A students' context that holds any one of the test documents beside the prompt, never two
     (counted with the byte estimate: the test config names no tokenizer)."""
-    from data_gen.formalizer import miner_messages, side_atoms
-    from data_gen.formalizer.budget import ByteEstimate
-    from verdict_core.program import TrialProgram, check_program
+    from verdict.data_gen.formalizer import miner_messages, side_atoms
+    from verdict.data_gen.formalizer.budget import ByteEstimate
+    from verdict.core.program import TrialProgram, check_program
 
     prog = check_program(TrialProgram(trial_id="T-NOTES", **PROGRAM))
     c = ByteEstimate()
@@ -198,8 +198,8 @@ def test_invalid_notes_are_422(svc, patient, expect):
 def test_batch_patients_with_documents_become_notes(tmp_path):
     import json
 
-    from data_gen.sources import load_patients
-    from serve.match_batch import patient_input
+    from verdict.data_gen.sources import load_patients
+    from verdict.serve.match_batch import patient_input
 
     rows = [
         {"_id": "P1", "documents": NOTES},

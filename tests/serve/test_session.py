@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from serve.api_keys import KeyStore
-from serve.pages.session import (
+from verdict.serve.api_keys import KeyStore
+from verdict.serve.pages.session import (
     SESSION_COOKIE,
     SessionConfig,
     SessionStore,

@@ -19,12 +19,12 @@ import time
 import httpx
 import pytest
 
-from data_gen.client import EndpointClient, build_request
-from data_gen.formalizer import core_schema, with_atom_enum
-from data_gen.formalizer.budget import qwen25_counter, render_chat
-from data_gen.formalizer.criteria import CriterionText
-from data_gen.formalizer.parser import criterion_messages
-from data_gen.teacher_config import TeacherConfig
+from verdict.data_gen.client import EndpointClient, build_request
+from verdict.data_gen.formalizer import core_schema, with_atom_enum
+from verdict.data_gen.formalizer.budget import qwen25_counter, render_chat
+from verdict.data_gen.formalizer.criteria import CriterionText
+from verdict.data_gen.formalizer.parser import criterion_messages
+from verdict.data_gen.teacher_config import TeacherConfig
 from tests.fixtures.vllm import vllm_available, vllm_python
 from tests.support import need
 
@@ -36,8 +36,8 @@ CLOSERS = ['"', '"}', '"]', '"}]', "}", "]", "}]", "]}", '"},', "},", "false", "
 @pytest.fixture(scope="module")
 def real_vocab_server(tmp_path_factory, qwen25_model_dir):
     need(vllm_available(), f"vLLM environment missing ({vllm_python()}): run scripts/setup.sh")
-    from serve.vllm_config import VLLMConfig
-    from serve.vllm_server import VLLMServer
+    from verdict.serve.vllm_config import VLLMConfig
+    from verdict.serve.vllm_server import VLLMServer
 
     log = tmp_path_factory.mktemp("vllm-real-vocab") / "vllm.log"
     server = VLLMServer(VLLMConfig(model=str(qwen25_model_dir), dtype="float32", max_model_len=4096,
@@ -84,8 +84,8 @@ def test_chat_template_and_prompt_tokens_equal_our_count(real_vocab_server):
 
 
 def test_warm_up_precedes_readiness_and_the_first_request_is_cheap(real_vocab_server, tmp_path):
-    from serve.api_config import ApiConfig
-    from serve.serving import MatchingService
+    from verdict.serve.api_config import ApiConfig
+    from verdict.serve.serving import MatchingService
 
     cfg = ApiConfig.model_validate({
         "formalizer": {"base_url": real_vocab_server.base_url, "parser_model": "base", "value_miner_model": "base",
@@ -159,7 +159,7 @@ def test_the_schema_bounds_an_atom_name_so_a_looping_model_must_close_it(real_vo
     model pushed to extend the name forever (logit_bias on 'aaaaaaaa') is made to close it at
     GRAMMAR_MAX_NAME characters, well before max_tokens; with an unbounded pattern it loops until
     max_tokens ('length'). The full parser schema compiles too (the structured-outputs test)."""
-    from verdict_core.schemas import GRAMMAR_MAX_NAME as MAX_NAME
+    from verdict.core.schemas import GRAMMAR_MAX_NAME as MAX_NAME
 
     name_schema = core_schema("parsed-criterion")["$defs"]["Atom"]["properties"]["name"]
     schema = {"type": "object", "properties": {"name": name_schema}, "required": ["name"],

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from serve.errors import VLLMServerError
-from serve.vllm_config import VLLMConfig
-from serve.vllm_server import VLLMServer, _group_alive
+from verdict.serve.errors import VLLMServerError
+from verdict.serve.vllm_config import VLLMConfig
+from verdict.serve.vllm_server import VLLMServer, _group_alive
 from tests.fixtures.vllm import vllm_available, vllm_python
 from tests.serve.test_vllm_config import write_adapter
 from tests.support import REPO, need
@@ -230,7 +230,7 @@ def test_supervisor_cleans_up_after_a_sigkilled_leader(tmp_path):
     import signal
     import threading
 
-    from serve.vllm_server import exit_note
+    from verdict.serve.vllm_server import exit_note
 
     py = executable(tmp_path / "python", FORKING_STANDIN.format(python=sys.executable))
     cfg = VLLMConfig(model=str(tiny_model_folder(tmp_path)), python=str(py), ready_timeout_s=30)
@@ -275,7 +275,7 @@ def test_real_vllm_killed_under_serve_up_leaves_nothing_behind(tmp_path, student
     import httpx
     import yaml
 
-    from serve.students import STUDENT_MAX_TOKENS, student_vllm_config
+    from verdict.serve.students import STUDENT_MAX_TOKENS, student_vllm_config
 
     need(vllm_available(), f"vLLM environment missing ({vllm_python()})")
     adapters = {name: random_adapter(student_base_dir, tmp_path / name) for name in ("parser", "value_miner")}

@@ -1,11 +1,12 @@
-"""Cluster configs (slurm.job_config): shipped configs load, bad values are refused by name."""
+"""Cluster configs (verdict.slurm.job_config): shipped configs load, bad values are refused by name."""
 
 import pytest
 
-from slurm.job_config import load_slurm_config
-from verdict_core.configs import REPO_ROOT, ConfigError
+from verdict.slurm.job_config import load_slurm_config
+from verdict.core.configs import ConfigError
+from tests.support import REPO
 
-SLURM = REPO_ROOT / "configs" / "slurm"
+SLURM = REPO / "configs" / "slurm"
 
 
 def test_shipped_configs_are_single_gpu_jobs_with_limits():

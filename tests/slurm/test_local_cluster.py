@@ -1,4 +1,4 @@
-"""The local one-node cluster (slurm.local_cluster): GPU GRES, PIDs, stopping by PID."""
+"""The local one-node cluster (verdict.slurm.local_cluster): GPU GRES, PIDs, stopping by PID."""
 
 import os
 import shutil
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from slurm.submit import wait_for
+from verdict.slurm.submit import wait_for
 
 
 @pytest.mark.slurm
@@ -34,7 +34,7 @@ def test_gpu_jobs_get_a_device_and_logs_follow_the_pattern(slurm_cluster, tmp_pa
 
 @pytest.mark.slurm
 def test_a_cluster_is_stopped_by_its_recorded_pids(slurm_cluster):
-    from slurm.local_cluster import LocalCluster
+    from verdict.slurm.local_cluster import LocalCluster
 
     # a second, independent cluster (free ports, own folder): cheap to start, then stopped
     root = tempfile.mkdtemp(prefix="vslurm2-")

@@ -1,4 +1,4 @@
-"""Rendering job scripts (slurm.render): literal #SBATCH values, chains, arrays, serve jobs."""
+"""Rendering job scripts (verdict.slurm.render): literal #SBATCH values, chains, arrays, serve jobs."""
 
 import re
 import shlex
@@ -6,12 +6,13 @@ import subprocess
 
 import pytest
 
-from slurm.job_config import load_slurm_config
-from slurm.render import RenderError, render_job, render_train_chain
-from verdict_core.configs import REPO_ROOT, ConfigError
+from verdict.slurm.job_config import load_slurm_config
+from verdict.slurm.render import RenderError, render_job, render_train_chain
+from verdict.core.configs import ConfigError
+from tests.support import REPO
 
-SLURM = REPO_ROOT / "configs" / "slurm"
-TRAIN = REPO_ROOT / "configs" / "train" / "value_miner.yaml"
+SLURM = REPO / "configs" / "slurm"
+TRAIN = REPO / "configs" / "train" / "value_miner.yaml"
 
 
 def sbatch_lines(path):
@@ -45,7 +46,7 @@ def test_chain_scripts_have_every_value_rendered_in(tmp_path):
         "#SBATCH --account=trials",
         "#SBATCH --constraint=a6000",
         "#SBATCH --signal=B:TERM@300",
-        f"#SBATCH --chdir={REPO_ROOT}",
+        f"#SBATCH --chdir={REPO}",
     } <= set(train)
     assert not any("--array" in line for line in train)
     text = s.train.read_text()
@@ -113,7 +114,7 @@ def test_cli_render_prints_the_scripts(tmp_path):
         [
             sys.executable,
             "-c",
-            "from verdict_core.cli import main; main()",
+            "from verdict.cli import main; main()",
             "slurm",
             "render",
             "--train",
@@ -127,7 +128,7 @@ def test_cli_render_prints_the_scripts(tmp_path):
         ],
         capture_output=True,
         text=True,
-        cwd=REPO_ROOT,
+        cwd=REPO,
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
@@ -137,7 +138,7 @@ def test_cli_render_prints_the_scripts(tmp_path):
         [
             sys.executable,
             "-c",
-            "from verdict_core.cli import main; main()",
+            "from verdict.cli import main; main()",
             "slurm",
             "render",
             "--train",
@@ -147,7 +148,7 @@ def test_cli_render_prints_the_scripts(tmp_path):
         ],
         capture_output=True,
         text=True,
-        cwd=REPO_ROOT,
+        cwd=REPO,
         timeout=120,
     )
     assert bad.returncode == 2 and bad.stderr.startswith("error: no slurm config named 'nope'")

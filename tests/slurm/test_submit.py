@@ -1,4 +1,4 @@
-"""On a real SLURM cluster: the rendered train -> eval chain of a tiny student (slurm.submit)."""
+"""On a real SLURM cluster: the rendered train -> eval chain of a tiny student (verdict.slurm.submit)."""
 
 import json
 import subprocess
@@ -7,16 +7,16 @@ import sys
 import pytest
 
 from tests.fixtures.sft import TINY_OVERRIDES
-from train.run_dir import RunDir
-from verdict_core.configs import REPO_ROOT
+from verdict.train.run_dir import RunDir
+from tests.support import REPO
 
 
 def verdict(*args, env):
     return subprocess.run(
-        [sys.executable, "-c", "from verdict_core.cli import main; main()", *args],
+        [sys.executable, "-m", "verdict", *args],
         capture_output=True,
         text=True,
-        cwd=REPO_ROOT,
+        cwd=REPO,
         env=env,
         timeout=1500,
     )
@@ -42,7 +42,7 @@ def test_train_then_sharded_eval_chain_completes(slurm_cluster, tiny_model_dir, 
         "--timeout",
         "1200",
         "--set",
-        f"workdir={REPO_ROOT}",
+        f"workdir={REPO}",
         "--set",
         f"log_dir={tmp_path / 'logs'}",
         "--set-eval",
@@ -87,13 +87,13 @@ def test_train_then_sharded_eval_chain_completes(slurm_cluster, tiny_model_dir, 
 
 @pytest.mark.slurm
 def test_eval_never_runs_after_a_failed_train(slurm_cluster, tmp_path):
-    from slurm.job_config import load_slurm_config
-    from slurm.render import render_train_chain
-    from slurm.submit import submit_chain, wait_for
+    from verdict.slurm.job_config import load_slurm_config
+    from verdict.slurm.render import render_train_chain
+    from verdict.slurm.submit import submit_chain, wait_for
 
     slurm = load_slurm_config(
-        REPO_ROOT / "configs" / "slurm" / "local.yaml",
-        [f"workdir={REPO_ROOT}", f"log_dir={tmp_path / 'logs'}", "jobs.eval.shards=1"],
+        REPO / "configs" / "slurm" / "local.yaml",
+        [f"workdir={REPO}", f"log_dir={tmp_path / 'logs'}", "jobs.eval.shards=1"],
     )
     scripts = render_train_chain(
         slurm,
@@ -118,7 +118,7 @@ def test_eval_never_runs_after_a_failed_train(slurm_cluster, tmp_path):
 
 
 def test_overall_state_of_a_job_or_array():
-    from slurm.submit import overall
+    from verdict.slurm.submit import overall
 
     assert overall([]) == "UNKNOWN"
     assert overall(["COMPLETED", "COMPLETED"]) == "COMPLETED"
@@ -129,7 +129,7 @@ def test_overall_state_of_a_job_or_array():
 
 
 def test_a_job_depending_on_one_not_submitted_before_it_is_refused_before_any_sbatch(tmp_path):
-    from slurm.submit import Job, SubmitError, submit_jobs
+    from verdict.slurm.submit import Job, SubmitError, submit_jobs
 
     with pytest.raises(SubmitError, match="'report' depends on eval, not submitted before it"):
         submit_jobs([Job("report", tmp_path / "report.sbatch", after=["eval"]), Job("eval", tmp_path / "e.sbatch")])

@@ -1,4 +1,4 @@
-"""Scoring a student (train.eval): output checks, atom agreement, the core's decision agreement,
+"""Scoring a student (verdict.train.eval): output checks, atom agreement, the core's decision agreement,
 resumable sharded generation, and the end-to-end report of a trained tiny student."""
 
 import json
@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.sft import compact, parsed_trial
-from train.eval import EvalError, Target, check_output, compare, evaluate, same_value, score
-from train.eval_config import EvalConfig
-from train.run_dir import RunDir
-from train.sft_config import TrainConfig
-from verdict_core.configs import REPO_ROOT
+from verdict.train.eval import EvalError, Target, check_output, compare, evaluate, same_value, score
+from verdict.train.eval_config import EvalConfig
+from verdict.train.run_dir import RunDir
+from verdict.train.sft_config import TrainConfig
+from tests.support import REPO
 
 
 def test_check_output_grades_json_and_schema_validity():
@@ -33,8 +33,8 @@ def test_check_output_grades_json_and_schema_validity():
 def test_schema_valid_means_what_the_formalizer_checks():
     """One meaning of schema_valid: an output the formalizer rejects as "schema" is not schema-valid
     here either (an empty interval passes the raw JSON-Schema check, not the output model)."""
-    from data_gen.formalizer import check_miner_output
-    from verdict_core.program import load_program
+    from verdict.data_gen.formalizer import check_miner_output
+    from verdict.core.program import load_program
 
     text = '{"values":[{"atom":"age_years","value":null,"bounds":{"lo":80,"hi":18},"evidence":"age"}]}'
     c = check_output("value_miner", text)
@@ -169,7 +169,7 @@ def test_report_p95_and_rates_are_the_shared_definitions(sft_export_dir, tmp_pat
 def test_predictions_torn_by_a_kill_are_resumed_without_losing_a_record(sft_export_dir, tmp_path):
     """Killed between two writes: r1 complete, r2 half-written. The resumed run appends r2 and the
     rest; every record has its prediction (the old reader lost r2 to the glued line)."""
-    from train.eval import Prediction, prediction_file, prediction_store, read_predictions
+    from verdict.train.eval import Prediction, prediction_file, prediction_store, read_predictions
 
     t = _target(tmp_path, sft_export_dir, "value_miner")
     spec = t.cfg.datasets[0]
@@ -217,7 +217,7 @@ def test_sharded_generation_resumes_and_reports_once_complete(tiny_value_miner_r
         shard=1,
         num_shards=2,
         do_report=False,
-        log=lines.append,
+        progress=lines.append,
     )
     assert "2 to generate" in lines[0]
     with pytest.raises(EvalError, match="2 of 4 records have no prediction yet"):
@@ -230,10 +230,10 @@ def test_sharded_generation_resumes_and_reports_once_complete(tiny_value_miner_r
         shard=0,
         num_shards=2,
         do_report=False,
-        log=lines.append,
+        progress=lines.append,
     )
     lines.clear()
-    reports = evaluate(tiny_value_miner_run, "test", cfg, datasets=[ds], log=lines.append)  # unsharded rerun
+    reports = evaluate(tiny_value_miner_run, "test", cfg, datasets=[ds], progress=lines.append)  # unsharded rerun
     assert "4 of 4 records already done, 0 to generate" in lines[0]
     out = RunDir(tiny_value_miner_run).eval_dir("public/value_miner", "test")
     assert sorted(p.name for p in out.glob("predictions*")) == [
@@ -259,12 +259,12 @@ def test_generation_killed_between_two_writes_resumes_with_every_record(tiny_val
     cfg = EvalConfig(max_new_tokens=128, batch_size=4)
     ds = str(sft_export_dir / "value_miner")
     evaluate(tiny_value_miner_run, "test", cfg, datasets=[ds], do_report=False, fresh=True,
-             log=lambda m: None)
+             progress=lambda m: None)
     path = RunDir(tiny_value_miner_run).eval_dir("public/value_miner", "test") / "predictions.jsonl"
     r1, r2 = path.read_text().splitlines(keepends=True)[:2]
     path.write_text(r1 + r2[: len(r2) // 2])
     lines: list[str] = []
-    reports = evaluate(tiny_value_miner_run, "test", cfg, datasets=[ds], log=lines.append)
+    reports = evaluate(tiny_value_miner_run, "test", cfg, datasets=[ds], progress=lines.append)
     assert "1 of 4 records already done, 3 to generate" in lines[0]
     assert reports[0]["records"] == 4
     assert len(path.read_text().splitlines()) == 4
@@ -277,7 +277,7 @@ def test_trained_tiny_student_reproduces_its_teacher_end_to_end(tiny_value_miner
     cli = [
         sys.executable,
         "-c",
-        "from verdict_core.cli import main; main()",
+        "from verdict.cli import main; main()",
         "train",
         "eval",
         "--run",
@@ -288,7 +288,7 @@ def test_trained_tiny_student_reproduces_its_teacher_end_to_end(tiny_value_miner
         "batch_size=8",
     ]
     out = subprocess.run(
-        cli + ["--split", "train"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=600
+        cli + ["--split", "train"], capture_output=True, text=True, cwd=REPO, timeout=600
     )
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
@@ -300,7 +300,7 @@ def test_trained_tiny_student_reproduces_its_teacher_end_to_end(tiny_value_miner
     assert "year-old" not in out.stderr and "year-old" not in out.stdout
 
     test = subprocess.run(
-        cli + ["--split", "test"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=600
+        cli + ["--split", "test"], capture_output=True, text=True, cwd=REPO, timeout=600
     )
     assert test.returncode == 0, test.stderr[-2000:]
     report_dir = RunDir(tiny_value_miner_run).eval_dir("public/value_miner", "test")
@@ -313,14 +313,14 @@ def test_trained_tiny_student_reproduces_its_teacher_end_to_end(tiny_value_miner
 
 
 def test_eval_refuses_a_run_without_adapter(tmp_path):
-    from train.eval import open_target
-    from train.run_dir import RunError
+    from verdict.train.eval import open_target
+    from verdict.train.run_dir import RunError
 
     with pytest.raises(RunError, match="does not exist"):
         open_target(tmp_path / "nope")
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "config.yaml").write_text(
-        Path(REPO_ROOT / "configs/train/parser.yaml").read_text() + "name: r\n"
+        Path(REPO / "configs/train/parser.yaml").read_text() + "name: r\n"
     )
     with pytest.raises(RunError, match="has no adapter yet"):
         open_target(tmp_path / "r")

@@ -1,11 +1,12 @@
-"""Eval settings (train.eval_config): the paper's decoding by default, strict keys."""
+"""Eval settings (verdict.train.eval_config): the paper's decoding by default, strict keys."""
 
 import pytest
 
-from train.eval_config import load_eval_config
-from verdict_core.configs import REPO_ROOT, ConfigError
+from verdict.train.eval_config import load_eval_config
+from verdict.core.configs import ConfigError
+from tests.support import REPO
 
-EVAL = REPO_ROOT / "configs" / "train" / "eval.yaml"
+EVAL = REPO / "configs" / "train" / "eval.yaml"
 
 
 def test_shipped_eval_config_is_the_papers_decoding():

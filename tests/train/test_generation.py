@@ -1,10 +1,10 @@
-"""Batched greedy generation (train.generation): left padding must not change any output."""
+"""Batched greedy generation (verdict.train.generation): left padding must not change any output."""
 
 import pytest
 
-from train.generation import Generator
-from train.run_dir import RunDir
-from train.sft_config import TrainConfig
+from verdict.train.generation import Generator
+from verdict.train.run_dir import RunDir
+from verdict.train.sft_config import TrainConfig
 
 
 @pytest.mark.slow

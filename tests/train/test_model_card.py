@@ -1,9 +1,9 @@
-"""The model card written next to every adapter (train.model_card)."""
+"""The model card written next to every adapter (verdict.train.model_card)."""
 
 import yaml
 
-from train.model_card import render_model_card
-from train.sft_config import TrainConfig
+from verdict.train.model_card import render_model_card
+from verdict.train.sft_config import TrainConfig
 
 
 def test_card_has_front_matter_data_recipe_results_and_provenance():

@@ -1,8 +1,8 @@
-"""Run directory helpers (train.run_dir)."""
+"""Run directory helpers (verdict.train.run_dir)."""
 
 import pytest
 
-from train.run_dir import RunDir, RunError, code_version, open_run, write_atomic
+from verdict.train.run_dir import RunDir, RunError, code_version, open_run, write_atomic
 
 
 def test_info_updates_merge_and_writes_are_atomic(tmp_path):

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from train.sft_config import TrainConfig, load_train_config
-from verdict_core.configs import REPO_ROOT, ConfigError
+from verdict.train.sft_config import TrainConfig, load_train_config
+from verdict.core.configs import ConfigError
+from tests.support import REPO
 
 
 def test_defaults_are_the_papers_recipe():
@@ -20,7 +21,7 @@ def test_defaults_are_the_papers_recipe():
 
 @pytest.mark.parametrize("name, task", [("parser", "parser"), ("value_miner", "value_miner")])
 def test_shipped_configs_load(name, task):
-    cfg = load_train_config(REPO_ROOT / "configs" / "train" / f"{name}.yaml")
+    cfg = load_train_config(REPO / "configs" / "train" / f"{name}.yaml")
     assert cfg.task == task and cfg.name == name  # the name defaults to the file name
     assert not Path(cfg.base_model).is_absolute()  # no machine paths in the repo
     assert cfg.datasets[0].path.endswith(task)
@@ -41,6 +42,6 @@ def test_bad_names_and_tasks_are_refused():
     with pytest.raises(ValueError, match="plain folder name"):
         TrainConfig(name="../x", task="parser", base_model="m", datasets=[{"path": "d"}])
     with pytest.raises(ConfigError, match="task: Input should be 'parser' or 'value_miner'"):
-        load_train_config(REPO_ROOT / "configs" / "train" / "parser.yaml", ["task=miner"])
+        load_train_config(REPO / "configs" / "train" / "parser.yaml", ["task=miner"])
     with pytest.raises(ConfigError, match="datasets: List should have at least 1 item"):
-        load_train_config(REPO_ROOT / "configs" / "train" / "parser.yaml", ["datasets=[]"])
+        load_train_config(REPO / "configs" / "train" / "parser.yaml", ["datasets=[]"])

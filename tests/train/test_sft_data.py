@@ -1,12 +1,12 @@
-"""SFT dataset checks, fingerprints and weighted mixing (train.sft_data) on export-format fixtures."""
+"""SFT dataset checks, fingerprints and weighted mixing (verdict.train.sft_data) on export-format fixtures."""
 
 import shutil
 
 import pytest
 
 from tests.fixtures.sft import compact, miner_rows, parser_row, write_task
-from train import sft_data
-from train.sft_data import DatasetError
+from verdict.train import sft_data
+from verdict.train.sft_data import DatasetError
 
 
 def test_checked_load_of_a_good_export(sft_export_dir):

@@ -3,8 +3,8 @@
 import json
 import subprocess
 import sys
+from tests.support import REPO
 
-from verdict_core.configs import REPO_ROOT
 
 
 def test_benchmark_runs_on_cpu_with_tiny_flag(tmp_path, sft_export_dir, tiny_model_dir):
@@ -28,7 +28,7 @@ def test_benchmark_runs_on_cpu_with_tiny_flag(tmp_path, sft_export_dir, tiny_mod
         ],
         capture_output=True,
         text=True,
-        cwd=REPO_ROOT,
+        cwd=REPO,
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-2000:]
@@ -50,7 +50,7 @@ def test_benchmark_runs_on_cpu_with_tiny_flag(tmp_path, sft_export_dir, tiny_mod
 
 
 def test_architecture_is_qwen2_5_7b_instruct():
-    sys.path.insert(0, str(REPO_ROOT))
+    sys.path.insert(0, str(REPO))
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 

@@ -1,4 +1,4 @@
-"""The trainer (train.sft_trainer): refusals before any step, the loss mask, the run directory,
+"""The trainer (verdict.train.sft_trainer): refusals before any step, the loss mask, the run directory,
 resuming a killed run, continuing an adapter on mixed data, merging."""
 
 import json
@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.sft import TINY_OVERRIDES
-from train.run_dir import RunDir, RunError
-from train.sft_config import TrainConfig, load_train_config
-from train.sft_data import DatasetError
-from train.sft_trainer import TrainError, build_trainer, merge, prepare, train
-from verdict_core.configs import REPO_ROOT
+from verdict.train.run_dir import RunDir, RunError
+from verdict.train.sft_config import TrainConfig, load_train_config
+from verdict.train.sft_data import DatasetError
+from verdict.train.sft_trainer import TrainError, build_trainer, merge, prepare, train
+from tests.support import REPO
 
-VM_CONFIG = REPO_ROOT / "configs" / "train" / "value_miner.yaml"
+VM_CONFIG = REPO / "configs" / "train" / "value_miner.yaml"
 CHATML_WITHOUT_MARKERS = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
@@ -78,7 +78,7 @@ def test_wrong_task_dataset_and_bf16_on_cpu_are_refused(tiny_model_dir, sft_expo
 
 
 def test_overlong_records_are_dropped_or_refused(tiny_model_dir, sft_export_dir, tmp_path):
-    from train.sft_trainer import token_lengths
+    from verdict.train.sft_trainer import token_lengths
 
     prep = prepare(tiny_cfg(tiny_model_dir, sft_export_dir / "value_miner", tmp_path))
     lengths = sorted(token_lengths(prep.tokenizer, prep.train_set))
@@ -188,14 +188,14 @@ def _spawn_training(cfg_path: Path, *sets: str) -> subprocess.Popen:
     args = [
         sys.executable,
         "-c",
-        "from verdict_core.cli import main; main()",
+        "from verdict.cli import main; main()",
         "train",
         "--config",
         str(cfg_path),
     ]
     for s in sets:
         args += ["--set", s]
-    return subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
@@ -306,11 +306,11 @@ def test_site_fine_tuning_continues_an_adapter_on_mixed_data(
 
 @pytest.mark.slow  # trains the tiny student once per session (about 20 s)
 def test_merge_gives_the_same_greedy_output(tiny_value_miner_run, sft_export_dir, tmp_path):
-    from train.generation import Generator
+    from verdict.train.generation import Generator
 
     run = RunDir(tiny_value_miner_run)
     base = TrainConfig.model_validate(run.read_config()).base_model
-    dest = merge(run.path, tmp_path / "merged", log=lambda m: None)
+    dest = merge(run.path, tmp_path / "merged", progress=lambda m: None)
     assert (dest / "config.json").is_file() and not (dest / "adapter_config.json").exists()
     from datasets import load_from_disk
 

@@ -10,7 +10,7 @@ export -> fine-tune -> the student gives the reviewer's value.
    names (data/sft, data/site-reviews, runs/students/value_miner/adapter): it continues the session
    adapter on the public set mixed with the review records at the recipe's weights. Only what a
    tiny model on 2 CPU cores needs is overridden (base model, learning rate, batch, device).
-5. `verdict train eval` (train.eval.evaluate, greedy transformers decoding) of the fine-tuned run on
+5. `verdict train eval` (verdict.train.eval.evaluate, greedy transformers decoding) of the fine-tuned run on
    its training sets: the reviewed prompt now gives the corrected value, and the other public
    records are still reproduced (forgetting check).
 
@@ -52,7 +52,7 @@ TINY = ["lr=5e-4", "epochs=12", "batch_size=8", "grad_accum=1", "bf16=false", "d
 
 def miner_values(audit_db, decision_id: str, side: str) -> dict[str, dict]:
     """The value miner's answer as the service stored it (atom -> {value, evidence})."""
-    from serve.audit.store import AuditStore
+    from verdict.serve.audit.store import AuditStore
 
     audit = AuditStore(audit_db, read_only=True)
     try:
@@ -77,13 +77,13 @@ def test_the_site_fine_tune_learns_a_reviewed_correction(
     vllm_server,
 ):
     pytest.importorskip("trl")
-    from serve.api_keys import KeyStore
-    from train.eval import evaluate, read_predictions
-    from train.eval_config import EvalConfig
-    from train.run_dir import RunDir
-    from train.sft_config import load_train_config
-    from train.sft_trainer import train
-    from verdict_core.configs import find_config
+    from verdict.serve.api_keys import KeyStore
+    from verdict.train.eval import evaluate, read_predictions
+    from verdict.train.eval_config import EvalConfig
+    from verdict.train.run_dir import RunDir
+    from verdict.train.sft_config import load_train_config
+    from verdict.train.sft_trainer import train
+    from verdict.core.configs import find_config
 
     trial = next(t for t in student_records["trials"] if t["trial_id"] == TRIAL)
     patient = next(p for p in student_records["patients"] if p["patient_id"] == PATIENT)
@@ -145,7 +145,7 @@ def test_the_site_fine_tune_learns_a_reviewed_correction(
     cfg = load_train_config(find_config("train", str(RECIPE)), [f"base_model={student_base_dir}", *TINY])
     assert cfg.init_adapter and [(d.name, d.weight) for d in cfg.datasets] == MIX
     t0 = time.perf_counter()
-    result = train(cfg, log=lambda m: None)
+    result = train(cfg, progress=lambda m: None)
     train_s = time.perf_counter() - t0
     assert result.status == "completed"
     ran = RunDir(result.run_dir).read_config()  # the run records what it continued and mixed
@@ -155,7 +155,7 @@ def test_the_site_fine_tune_learns_a_reviewed_correction(
     # 5. the fine-tuned student on its training sets (public, site-reviews)
     t0 = time.perf_counter()
     reports = evaluate(result.run_dir, "train", EvalConfig(max_new_tokens=256, device="cpu", dtype="float32"),
-                       log=lambda m: None)  # fmt: skip
+                       progress=lambda m: None)  # fmt: skip
     eval_s = time.perf_counter() - t0
     by_label = {rep["dataset"]: rep for rep in reports}
     preds = read_predictions(RunDir(result.run_dir).eval_dir("site-reviews", "train"))

@@ -1,10 +1,10 @@
-"""The offline tiny student (train.tiny) and `verdict train make-tiny`."""
+"""The offline tiny student (verdict.train.tiny) and `verdict train make-tiny`."""
 
 import json
 import subprocess
 import sys
+from tests.support import REPO
 
-from verdict_core.configs import REPO_ROOT
 
 
 def test_make_tiny_builds_a_loadable_qwen2_with_the_official_template(tmp_path):
@@ -12,14 +12,14 @@ def test_make_tiny_builds_a_loadable_qwen2_with_the_official_template(tmp_path):
         [
             sys.executable,
             "-c",
-            "from verdict_core.cli import main; main()",
+            "from verdict.cli import main; main()",
             "train",
             "make-tiny",
             str(tmp_path / "tiny"),
         ],
         capture_output=True,
         text=True,
-        cwd=REPO_ROOT,
+        cwd=REPO,
         timeout=300,
     )
     assert out.returncode == 0, out.stderr[-2000:]
@@ -46,7 +46,7 @@ def test_make_tiny_builds_a_loadable_qwen2_with_the_official_template(tmp_path):
 def test_same_seed_same_weights(tmp_path):
     from safetensors.torch import load_file
 
-    from train.tiny import build_tiny_student
+    from verdict.train.tiny import build_tiny_student
 
     a = load_file(build_tiny_student(tmp_path / "a") / "model.safetensors")
     b = load_file(build_tiny_student(tmp_path / "b") / "model.safetensors")

@@ -5,7 +5,7 @@ From the audit store of a running service (serve/audit, schema 3):
 - a reviewed decision (lineage kind `review`: `correct` / `confirm` changes) becomes value-miner
   records. For the newest decision of each lineage, the value miner's stored output is overlaid with
   every change of the chain (oldest first); the note is planned into calls exactly as the service
-  plans them (`serve.students.miner_rows`: atom chunks x passages under the service's limits), and
+  plans them (`serve/students.py` `miner_rows`: atom chunks x passages under the service's limits), and
   each call that asks a changed atom is one record: the passage(s) + the side's atoms -> the values
   with the reviewer's value, the reviewer's evidence quote as evidence. Each passes
   `check_miner_output`, as any teacher record must.
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from verdict_core.errors import VerdictError
+from verdict.core.errors import VerdictError
 
 DATA_CLASS = "private"
 TEACHER = "site-review"
@@ -60,7 +60,7 @@ class ReviewExportSummary:
 
 def check_destination(out: str | Path, egress=None) -> Path:
     """The output folder, or EgressRefused/VerdictError: private records are written to local disk only."""
-    from .egress import EgressPolicy
+    from verdict.data_gen.egress import EgressPolicy
 
     text = str(out)
     if "://" in text:
@@ -96,12 +96,12 @@ def _provenance(reviews: list, changes: list[dict]) -> dict:
 
 def miner_results(audit, row, limits, summary: ReviewExportSummary, prompt_version: str = "v1"):
     """[(StageResult, provenance)] for the newest decision `row` of a reviewed lineage."""
-    from serve.students import miner_rows, teacher_programs
-    from verdict_core.program import load_program
+    from ..students import miner_rows, teacher_programs
+    from verdict.core.program import load_program
 
-    from .formalizer import check_miner_output, quote_in_note, side_atoms
-    from .protocol import StageResult
-    from .sft_record import target
+    from verdict.data_gen.formalizer import check_miner_output, quote_in_note, side_atoms
+    from verdict.data_gen.protocol import StageResult
+    from verdict.data_gen.sft_record import target
 
     chain = _chain(audit, row)
     reviews = [r for r in chain if (r.lineage or {}).get("kind") == "review"]
@@ -161,14 +161,14 @@ def miner_results(audit, row, limits, summary: ReviewExportSummary, prompt_versi
 
 def parser_results(audit, trial, summary: ReviewExportSummary, prompt_version: str = "v1"):
     """[(StageResult, provenance)]: the criteria a revision changed, as per-criterion parser records."""
-    from verdict_core.program import load_program
+    from verdict.core.program import load_program
 
-    from .formalizer import compact
-    from .formalizer.assembly import criterion_outputs
-    from .formalizer.criteria import CriterionText
-    from .formalizer.parser import check_criterion_output, criterion_messages
-    from .protocol import StageResult
-    from .recorded import _engine
+    from verdict.data_gen.formalizer import compact
+    from verdict.data_gen.formalizer.assembly import criterion_outputs
+    from verdict.data_gen.formalizer.criteria import CriterionText
+    from verdict.data_gen.formalizer.parser import check_criterion_output, criterion_messages
+    from verdict.data_gen.protocol import StageResult
+    from verdict.data_gen.recorded import _engine
 
     ident = f"{trial.trial_id}@{trial.program_hash}"
     program = load_program(json.loads(trial.program_json))
@@ -203,11 +203,11 @@ def export_reviews(audit_db: str, out: str | Path, *, limits=None, seed: int = 0
                    egress=None) -> tuple[dict[str, dict], ReviewExportSummary]:
     """Write `<out>/value_miner` and `<out>/parser` from an audit store's reviews (export.py's writer:
     split by trial, dataset card); return (cards, summary)."""
-    from serve.api_config import FormalizerConfig
-    from serve.audit.store import AuditStore
+    from ..api_config import FormalizerConfig
+    from ..audit.store import AuditStore
 
-    from .export import export_datasets
-    from .records import RecordStore
+    from verdict.data_gen.export import export_datasets
+    from verdict.data_gen.records import RecordStore
 
     out = check_destination(out, egress)
     limits = limits or FormalizerConfig()  # the service's defaults: plan calls as it does

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from data_gen.scripted_server import Script, ScriptedServer
+from verdict.data_gen.scripted_server import Script, ScriptedServer
 from tests.serve.conftest import start_service, verdict_command
 from tests.serve.test_reviews import CONFIG, program
 from tests.support import REPO
@@ -44,7 +44,7 @@ def scripted():
 
 
 def service(folder, scripted, **api):
-    from serve.api_keys import KeyStore
+    from verdict.serve.api_keys import KeyStore
 
     s = start_service(folder, scripted.url, {**CONFIG, **api})
     store = KeyStore(s.folder / "keys.json")
@@ -117,7 +117,7 @@ def test_reviews_export_as_checked_private_records_with_provenance(reviewed, tmp
     assert card["review_export"]["skipped"]["evidence_not_in_note"]["ids"] == [ids["not_in_note"][1]]
     assert "Data class: `private`" in (out / "value_miner" / "README.md").read_text()
     # the records load as a training set (train/'s checks)
-    from train.sft_data import load_checked
+    from verdict.train.sft_data import load_checked
 
     assert len(load_checked(out / "value_miner", "value_miner", ["train"])["train"]) == len(miner)
 

@@ -1,0 +1,1 @@
+"""`/healthz`, `/readyz` (no key) and `/metrics` (audit role): `router.py`."""
