@@ -159,13 +159,19 @@ def weighted_indices(n: int, weight: float, seed: int) -> list[int]:
     return idx
 
 
+def mixed_indices(sizes: list[tuple[int, float]], seed: int) -> list[list[int]]:
+    """The rows of each (size, weight) dataset that every epoch of `mix` trains on: dataset k is
+    sampled with seed + k, so a fractional weight replays the same seeded subset each epoch (the
+    rows it leaves out are the ones a fine-tune may forget: check them with `verdict train eval`)."""
+    return [weighted_indices(n, w, seed + k) for k, (n, w) in enumerate(sizes)]
+
+
 def mix(parts: list[tuple["Dataset", float]], seed: int) -> "Dataset":
     """One training set from several (dataset, weight) pairs; only ``messages`` is kept."""
     from datasets import concatenate_datasets
 
     pieces = []
-    for k, (ds, w) in enumerate(parts):
-        idx = weighted_indices(len(ds), w, seed + k)
+    for (ds, _), idx in zip(parts, mixed_indices([(len(ds), w) for ds, w in parts], seed)):
         if idx:
             pieces.append(ds.select_columns(["messages"]).select(idx))
     if not pieces:

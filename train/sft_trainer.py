@@ -261,7 +261,17 @@ def prepare(cfg: TrainConfig, progress: Progress = to_stderr) -> Prepared:
 
 # ---- the run directory ---------------------------------------------------------------------------
 def _config_dump(cfg: TrainConfig) -> dict:
-    return cfg.model_dump(mode="json")
+    """The run's config.yaml. A run that continues an adapter without 'lora' settings trains that
+    adapter as it is, so its LoRA settings are recorded, not the defaults: the file describes the
+    run and trains it again as given."""
+    dump = cfg.model_dump(mode="json")
+    if cfg.init_adapter and "lora" not in cfg.model_fields_set:
+        import json
+
+        ac = json.loads((Path(cfg.init_adapter) / "adapter_config.json").read_text())
+        dump["lora"] = {"r": ac["r"], "alpha": ac["lora_alpha"], "dropout": ac.get("lora_dropout", 0.0),
+                        "target_modules": sorted(ac["target_modules"])}
+    return dump
 
 
 def _differences(old: dict, new: dict) -> list[str]:

@@ -75,12 +75,11 @@ class Policy(StrictModel):
         return PolicyRef(name=self.name, version=self.version)
 
 
-def load_policy(name_or_path: str | Path, overrides: list[str] | None = None) -> Policy:
-    """A policy by name (configs/policies/NAME.yaml) or path; ``overrides`` as ``--set key=value``.
-    Unknown keys are errors with a did-you-mean."""
+def load_policy(name_or_path: str | Path) -> Policy:
+    """A policy by name (configs/policies/NAME.yaml) or path. Unknown keys are errors with a
+    did-you-mean. No ``--set``: a decision names its policy by name and version, so the rules that
+    decided it are always those of one file."""
     path = find_config("policies", name_or_path, PolicyError)
-    if overrides:  # not cached: the same file gives another policy
-        return configs.load(Policy, path, overrides, f"policy file {path.name}", PolicyError)
     return _load_policy_file(str(path.resolve()), path.stat().st_mtime_ns)
 
 

@@ -304,6 +304,28 @@ def test_site_fine_tuning_continues_an_adapter_on_mixed_data(
     assert "initialized from adapter" in (result.adapter_dir / "README.md").read_text()
 
 
+def test_a_continued_run_records_the_adapters_lora_settings_and_trains_again_from_its_config(
+    tiny_model_dir, sft_export_dir, tmp_path
+):
+    """A run that continues an adapter without 'lora' settings trains that adapter as it is: its
+    config.yaml says so (not the defaults), and prepares the same run again as given."""
+    from verdict.train.sft_trainer import open_for_training
+
+    adapter = tmp_path / "adapter"  # a site's adapter, LoRA settings other than the defaults
+    adapter.mkdir()
+    lora = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": ["v_proj", "q_proj", "up_proj"]}
+    (adapter / "adapter_config.json").write_text(json.dumps(lora))
+    cfg = tiny_cfg(tiny_model_dir, sft_export_dir / "value_miner", tmp_path / "runs", f"init_adapter={adapter}")
+    run, state = open_for_training(prepare(cfg), overwrite=False)
+    assert state == "new"
+    recorded = load_train_config(run.config)
+    assert recorded.lora.model_dump() == {"r": 16, "alpha": 32, "dropout": 0.0,
+                                          "target_modules": ["q_proj", "up_proj", "v_proj"]}  # fmt: skip
+    again = prepare(recorded.model_copy(update={"output_dir": str(tmp_path / "again")}))
+    assert again.cfg.lora == recorded.lora
+    assert open_for_training(prepare(cfg), overwrite=False)[1] == "resume"  # the same run, not "different"
+
+
 @pytest.mark.slow  # trains the tiny student once per session (about 20 s)
 def test_merge_gives_the_same_greedy_output(tiny_value_miner_run, sft_export_dir, tmp_path):
     from verdict.train.generation import Generator

@@ -20,6 +20,7 @@ The figures of the closing note are printed (`pytest -s`).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 
@@ -44,9 +45,10 @@ CORRECTION = {
 # What a tiny random Qwen2 on 2 CPU cores needs instead of the 7B settings (lr 1e-4, batch 2 x 8,
 # bf16, 2 epochs): the weights, datasets and init_adapter are the recipe's. Measured: lr 1e-3 or
 # more makes the student forget public records (it copies the new quote's digits into other
-# creatinine quotes); 5e-4 for 12 epochs (24 steps) learns the correction and keeps the rest.
+# creatinine quotes); at 5e-4, 12 epochs learned the correction on one machine and not on another
+# (CPU numerics differ), 16 and 20 learned it for seeds 0, 1 and 2: 20 epochs (40 steps) for margin.
 MIX = [("public", 0.5), ("site-reviews", 4)]  # the recipe's datasets: (name, weight)
-TINY = ["lr=5e-4", "epochs=12", "batch_size=8", "grad_accum=1", "bf16=false", "device=cpu",
+TINY = ["lr=5e-4", "epochs=20", "batch_size=8", "grad_accum=1", "bf16=false", "device=cpu",
         "gradient_checkpointing=false", "warmup_ratio=0", "logging_steps=1", "save_steps=1000"]  # fmt: skip
 
 
@@ -80,6 +82,7 @@ def test_the_site_fine_tune_learns_a_reviewed_correction(
     from verdict.serve.api_keys import KeyStore
     from verdict.train.eval import evaluate, read_predictions
     from verdict.train.eval_config import EvalConfig
+    from verdict.train import sft_data
     from verdict.train.run_dir import RunDir
     from verdict.train.sft_config import load_train_config
     from verdict.train.sft_trainer import train
@@ -152,24 +155,45 @@ def test_the_site_fine_tune_learns_a_reviewed_correction(
     assert ran.init_adapter == str(student_adapters["value_miner"].resolve())
     assert [(d.name, d.weight) for d in ran.datasets] == MIX
 
-    # 5. the fine-tuned student on its training sets (public, site-reviews)
+    # 5. the fine-tuned student on its training sets (public, site-reviews), and the session student
+    # before it on the same public records: "forgotten" is measured against what it reproduced then
+    eval_cfg = EvalConfig(max_new_tokens=256, device="cpu", dtype="float32")
     t0 = time.perf_counter()
-    reports = evaluate(result.run_dir, "train", EvalConfig(max_new_tokens=256, device="cpu", dtype="float32"),
-                       progress=lambda m: None)  # fmt: skip
+    reports = evaluate(result.run_dir, "train", eval_cfg, progress=lambda m: None)
     eval_s = time.perf_counter() - t0
     by_label = {rep["dataset"]: rep for rep in reports}
     preds = read_predictions(RunDir(result.run_dir).eval_dir("site-reviews", "train"))
     after = answer(preds[reviewed_row["record_id"]].output)[ATOM]
-    public_preds = read_predictions(RunDir(result.run_dir).eval_dir("public", "train"))
-    others = [x for x in public if x["record_id"] != old["record_id"]]
-    kept = sum(public_preds[x["record_id"]].output == x["messages"][-1]["content"] for x in others)
+    public_after = read_predictions(RunDir(result.run_dir).eval_dir("public", "train"))
+    session_run = tmp_path / "session-run"  # a copy: the session fixture's run folder stays as it is
+    shutil.copytree(student_adapters["value_miner"].parent, session_run, symlinks=True)
+    public_dir = student_export_dir / "value_miner"
+    evaluate(session_run, "train", eval_cfg, datasets=[str(public_dir)], progress=lambda m: None)
+    public_label = f"{student_export_dir.name}/value_miner"  # how eval names a dataset given by path
+    public_before = read_predictions(RunDir(session_run).eval_dir(public_label, "train"))
+
+    def reproduced(preds) -> set[str]:
+        return {x["record_id"] for x in public if preds[x["record_id"]].output == x["messages"][-1]["content"]}
+
+    # the public records the fine-tune replayed: a weight of 0.5 replays the same seeded half each
+    # epoch, and the other half is what a fine-tune may forget (docs/train.md: check it with eval)
+    public_rows = sft_data.load_dataset_dict(public_dir)["train"]
+    sizes = [(len(public_rows), MIX[0][1]), (len(review_rows), MIX[1][1])]
+    replayed = {public_rows[i]["record_id"] for i in sft_data.mixed_indices(sizes, cfg.seed)[0]}
+    others = {x["record_id"] for x in public} - {old["record_id"]}
+    known, kept = reproduced(public_before) & others, reproduced(public_after) & others
     print(
         f"\nsite fine-tune loop (tiny student): review records exported {len(review_rows)}; "
         f"fine-tune {result.global_step} steps in {train_s:.1f} s "
         f"(public x0.5 + site-reviews x4, {cfg.epochs:g} epochs, {cfg.lr:g} lr); "
         f"{ATOM} before {before['value']!r} -> after {after['value']!r} (reviewer: False); "
-        f"other public records reproduced {kept}/{len(others)}; "
+        f"other public records reproduced before / after the fine-tune: replayed "
+        f"{len(known & replayed)} / {len(kept & replayed)} of {len(others & replayed)}, left out by the "
+        f"weight {len(known - replayed)} / {len(kept - replayed)} of {len(others - replayed)}; "
         f"site-reviews exact {by_label['site-reviews']['exact_match']}; eval {eval_s:.1f} s"
     )
     assert after == corrected
-    assert kept == len(others)  # the public set mixed in: nothing else forgotten
+    assert len(known) >= len(others) - 1  # the session student did learn its public set
+    assert len(others & replayed) >= 4  # the check below has records to check
+    forgotten = (known & replayed) - kept
+    assert not forgotten, f"replayed public records forgotten by the fine-tune: {sorted(forgotten)}"
