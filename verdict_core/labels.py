@@ -96,7 +96,9 @@ def _citation(sess: Session, cc: CompiledCriterion, label: str, hint: list[FactL
             return (v if cc.side == "inclusion" else not v) == want
         return not sess.check(guard, *sess.lits(subset))
 
-    if hint == [] or (hint is None and sess.cp.settled_by_definitions(cc, want, sess.check)):
+    # Asked even when the solver named a fact: its antecedents need not be minimal, and a label
+    # the definitions alone settle cites no fact, whatever the solver's search (cached per program).
+    if hint == [] or sess.cp.settled_by_definitions(cc, want, sess.check):
         return []  # the definitions alone settle it
     if len(cone_facts) == 1:
         return cone_facts

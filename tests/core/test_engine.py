@@ -250,3 +250,24 @@ def test_a_collection_never_waits_for_a_solver_call():
     with engine._lock:  # the deferred releases run here
         pass
     assert engine._lock._pending == []
+
+
+def test_a_label_the_definitions_alone_settle_cites_no_fact():
+    """Found by the renaming property test in CI: the solver's consequences named the observed n
+    as the reason a tautology holds, so the citation depended on its search. The label cites no
+    fact under any naming of the atoms."""
+    from verdict.core.patient import Resolution, ResolvedPatient
+
+    le4 = {"op": "cmp", "lhs": "x", "rel": "le", "rhs": 4}
+    either_way = {"op": "at_least", "k": 1, "args": [  # (a -> x <= 4) or (x <= 4 -> a) always holds
+        {"op": "and", "args": [{"op": "cmp", "lhs": "n", "rel": "gt", "rhs": 0}, "d"]},
+        {"op": "implies", "if": "a", "then": le4}, {"op": "implies", "if": le4, "then": "a"}]}
+    atoms = [atom("a"), atom("d"), atom("n", domain="int", kind="lab_value", unit="u"),
+             atom("x", domain="real", kind="lab_value", unit="u")]
+    prog = program([either_way], atoms=atoms)
+    open_ = [Resolution(atom=a, status="unresolved") for a in ("a", "d", "x")]
+    n = Resolution(atom="n", status="observed", value=0, evidence="n is 0")
+    d = Engine().decide(prog, ResolvedPatient(patient_id="p", trial_id="T1", program_hash=prog.content_hash,
+                                              resolutions=[*open_, n]))
+    assert [(lb.criterion, lb.label, lb.facts) for lb in d.labels] == [("inc0", "satisfied", [])]
+    assert d.decision == "eligible"
