@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SerializeAsAny, field_validator, model_validator
-
-from verdict.data_gen.teacher_config import EgressConfig
-from verdict.serve.vllm_config import VLLMConfig
 from verdict.core.configs import StrictModel
 from verdict.core.program import Id
+from verdict.data_gen.teacher_config import EgressConfig
+from verdict.serve.vllm_config import VLLMConfig
 
 from .backends import BackendConfig, backend_config
 from .datasets import DatasetConfig
@@ -35,8 +34,10 @@ class ScoringConfig(StrictModel):
     bootstrap_b: int = Field(2000, ge=100, description="bootstrap resamples for the 95% CIs")
     seed: int = Field(0, description="seed of the bootstrap")
     failed_as: Literal["ineligible", "excluded"] = Field(
-        "ineligible", description="a pair a backend could not decide (output invalid after the repair, solver limit) "
-        "counts as not eligible, or is left out of that backend's scores (coverage is reported either way)")
+        "ineligible",
+        description="a pair a backend could not decide (output invalid after the repair, solver limit) "
+        "counts as not eligible, or is left out of that backend's scores (coverage is reported either way)",
+    )
 
 
 class ReferencePoint(StrictModel):
@@ -53,18 +54,28 @@ class BenchConfig(StrictModel):
     name: Id
     description: str = ""
     out_dir: str = Field("runs/bench", description="the run is written to OUT_DIR/NAME/")
-    cache: str = Field("runs/teacher-cache.sqlite", description="call cache shared with teacher runs: answers "
-                       "already paid for are reused, none is paid twice")
+    cache: str = Field(
+        "runs/teacher-cache.sqlite",
+        description="call cache shared with teacher runs: answers "
+        "already paid for are reused, none is paid twice",
+    )
     dataset: DatasetConfig
     backends: list[SerializeAsAny[BackendConfig]] = Field(min_length=1)
-    policy: str = Field("prescreen", description="missingness policy (configs/policies) for the formal backends")
-    repeats: int = Field(1, ge=1, le=20, description="runs of every backend over the pairs (policy consistency)")
+    policy: str = Field(
+        "prescreen", description="missingness policy (configs/policies) for the formal backends"
+    )
+    repeats: int = Field(
+        1, ge=1, le=20, description="runs of every backend over the pairs (policy consistency)"
+    )
     concurrency: int = Field(8, ge=1, le=256, description="pairs in flight per backend")
     solver_timeout_ms: int = Field(5000, ge=100)
     budget_usd: float | None = Field(None, ge=0, description="stop before the run's paid calls exceed this")
     egress: EgressConfig = Field(default_factory=EgressConfig)
-    vllm: VLLMConfig | None = Field(None, description="start this vLLM server for the run (backends with "
-                                    "local_vllm: true send their calls to it)")
+    vllm: VLLMConfig | None = Field(
+        None,
+        description="start this vLLM server for the run (backends with "
+        "local_vllm: true send their calls to it)",
+    )
     scoring: ScoringConfig = Field(default_factory=ScoringConfig)
     reference_points: list[ReferencePoint] = Field(default_factory=list)
 
@@ -83,16 +94,26 @@ class BenchConfig(StrictModel):
             raise ValueError(f"backend names must be unique (repeated: {', '.join(dup)})")
         local = [b.name for b in self.backends if getattr(b, "local_vllm", False)]
         if local and self.vllm is None:
-            raise ValueError(f"backends {', '.join(local)} use local_vllm: add a 'vllm' block (the server to start)")
+            raise ValueError(
+                f"backends {', '.join(local)} use local_vllm: add a 'vllm' block (the server to start)"
+            )
         return self
 
     # -- what the results depend on (a resumed run must not mix configs) ---------------------------
     def work_identity(self) -> dict:
-        return {"dataset": self.dataset.model_dump(mode="json"),
-                "backends": [b.model_dump(mode="json") for b in self.backends],
-                "policy": self.policy, "solver_timeout_ms": self.solver_timeout_ms,
-                "vllm": None if self.vllm is None else {"model": self.vllm.model, "adapters": self.vllm.adapters,
-                                                        "served_model_name": self.vllm.served_model_name}}
+        return {
+            "dataset": self.dataset.model_dump(mode="json"),
+            "backends": [b.model_dump(mode="json") for b in self.backends],
+            "policy": self.policy,
+            "solver_timeout_ms": self.solver_timeout_ms,
+            "vllm": None
+            if self.vllm is None
+            else {
+                "model": self.vllm.model,
+                "adapters": self.vllm.adapters,
+                "served_model_name": self.vllm.served_model_name,
+            },
+        }
 
     @property
     def run_dir(self) -> Path:

@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import z3
-
 from verdict.core.cases import load_case
 from verdict.core.counterfactual import pivotal_flip_rate
 from verdict.core.engine import Engine
 from verdict.core.policy import Policy
-from verdict.core.session import Session
 from verdict.core.progress import Progress
+from verdict.core.session import Session
 
 
 @dataclass
@@ -42,8 +41,10 @@ class Stats:
 
     def row(self) -> str:
         per_s = 1000 / statistics.mean(self.ms)
-        return (f"{self.name:<6} n={len(self.ms):<4} median={self.median:7.2f}  p95={self.q(.95):7.2f}  "
-                f"p99={self.q(.99):7.2f}  max={max(self.ms):7.2f} ms   {per_s:6.1f} pairs/s")
+        return (
+            f"{self.name:<6} n={len(self.ms):<4} median={self.median:7.2f}  p95={self.q(0.95):7.2f}  "
+            f"p99={self.q(0.99):7.2f}  max={max(self.ms):7.2f} ms   {per_s:6.1f} pairs/s"
+        )
 
 
 def pin_one_core() -> str:
@@ -105,7 +106,12 @@ def naive_decide(path: Path, policy: Policy, timeout_ms: int):
         patient = case.patient_under(policy)
         eng = Engine(timeout_ms=timeout_ms)
         cp = eng.compiled(case.program)
-        return NaiveSession(cp, [r for r in patient.resolutions if r.atom not in aside], timeout_ms), eng, case, patient
+        return (
+            NaiveSession(cp, [r for r in patient.resolutions if r.atom not in aside], timeout_ms),
+            eng,
+            case,
+            patient,
+        )
 
     sess, eng, case, patient = fresh()
     eng._consistent_facts(sess, case.program, patient, None)  # conflicts set aside, as the engine does
@@ -134,8 +140,14 @@ def naive_decide(path: Path, policy: Policy, timeout_ms: int):
         T.ineligible_trace(sess, labels, support)
 
 
-def run(directory: Path, policy: Policy, repeats: int = 3, naive: bool = True, timeout_ms: int = 5000,
-        progress: Progress = print) -> dict:
+def run(
+    directory: Path,
+    policy: Policy,
+    repeats: int = 3,
+    naive: bool = True,
+    timeout_ms: int = 5000,
+    progress: Progress = print,
+) -> dict:
     files = sorted(Path(directory).glob("*/*.json"))
     if not files:
         raise FileNotFoundError(f"no reference files (*/*.json) under {directory}")
@@ -163,7 +175,13 @@ def run(directory: Path, policy: Policy, repeats: int = 3, naive: bool = True, t
         if (i + 1) % 10 == 0 or i + 1 == len(files):
             progress(f"  {i + 1}/{len(files)} pairs")
     rates, _ = pivotal_flip_rate(engine, decided)
-    result = {"pairs": len(files), "cold": cold, "warm": warm, "naive": base if naive else None, "flip_rates": rates}
+    result = {
+        "pairs": len(files),
+        "cold": cold,
+        "warm": warm,
+        "naive": base if naive else None,
+        "flip_rates": rates,
+    }
     return result
 
 
@@ -174,6 +192,8 @@ def report(result: dict) -> list[str]:
         lines.append(f"PivotalFlipRate {r.direction}: {rate} ({r.flipped}/{r.cases})")
     cold, warm, naive = result["cold"], result["warm"], result["naive"]
     speedup = naive.median / cold.median if naive else float("nan")
-    lines.append(f"core: cold_median_ms={cold.median:.2f} warm_median_ms={warm.median:.2f} "
-                 f"cold_p99_ms={cold.q(.99):.2f} speedup_vs_naive={speedup:.1f}")
+    lines.append(
+        f"core: cold_median_ms={cold.median:.2f} warm_median_ms={warm.median:.2f} "
+        f"cold_p99_ms={cold.q(0.99):.2f} speedup_vs_naive={speedup:.1f}"
+    )
     return lines

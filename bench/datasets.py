@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
-
-from verdict.data_gen.protocol import PatientDoc, TrialDoc
 from verdict.core.configs import StrictModel
+from verdict.data_gen.protocol import PatientDoc, TrialDoc
 
 from .protocol import PAIR_SEP, BenchError, LabeledPair, pair_id
 
@@ -45,14 +45,23 @@ class SampleConfig(StrictModel):
 
 class DatasetConfig(StrictModel):
     kind: Literal["trec2021", "sigir", "jsonl"]
-    pairs: str = Field(description="trec2021: pairs JSONL (patient_id, nct_id, score); sigir: the gold labels "
-                       "JSON; jsonl: the site's labelled pairs")
+    pairs: str = Field(
+        description="trec2021: pairs JSONL (patient_id, nct_id, score); sigir: the gold labels "
+        "JSON; jsonl: the site's labelled pairs"
+    )
     patients: str | None = Field(None, description="notes JSONL {_id, text}")
-    trials: list[str] = Field(default_factory=list, description="criteria: trials JSONL files (benchmarks layout) "
-                              "or ClinicalTrials.gov study JSON files/folders; the first holding an id wins")
+    trials: list[str] = Field(
+        default_factory=list,
+        description="criteria: trials JSONL files (benchmarks layout) "
+        "or ClinicalTrials.gov study JSON files/folders; the first holding an id wins",
+    )
     data_class: Literal["private", "public", "synthetic"] = Field(
-        "private", description="public/synthetic notes may go to API endpoints; private ones only to allowed hosts")
-    require_text: bool = Field(True, description="skip (and report) pairs whose note or criteria text is missing")
+        "private",
+        description="public/synthetic notes may go to API endpoints; private ones only to allowed hosts",
+    )
+    require_text: bool = Field(
+        True, description="skip (and report) pairs whose note or criteria text is missing"
+    )
     patient_ids: list[str] | None = Field(None, description="keep only these patients (e.g. held-out topics)")
     sample: SampleConfig | None = None
 
@@ -81,10 +90,18 @@ class BenchDataset:
         return out
 
     def summary(self) -> dict:
-        return {"kind": self.kind, "data_class": self.data_class, "pairs": len(self.pairs), "labels": self.counts(),
-                "before_sampling": self.before_sampling, "dropped": dict(self.dropped),
-                "skipped": len(self.problems), "problems": list(self.problems),
-                "patients": len({p.patient_id for p in self.pairs}), "trials": len({p.trial_id for p in self.pairs})}
+        return {
+            "kind": self.kind,
+            "data_class": self.data_class,
+            "pairs": len(self.pairs),
+            "labels": self.counts(),
+            "before_sampling": self.before_sampling,
+            "dropped": dict(self.dropped),
+            "skipped": len(self.problems),
+            "problems": list(self.problems),
+            "patients": len({p.patient_id for p in self.pairs}),
+            "trials": len({p.trial_id for p in self.pairs}),
+        }
 
 
 Loader = Callable[[DatasetConfig, list[str], dict[str, int]], list[LabeledPair]]
@@ -95,6 +112,7 @@ def register_dataset(kind: str):
     def deco(fn: Loader) -> Loader:
         DATASETS[kind] = fn
         return fn
+
     return deco
 
 
@@ -151,8 +169,15 @@ def _trec(cfg: DatasetConfig, problems: list[str], dropped: dict[str, int]) -> l
         if isinstance(score, bool) or score not in (1, 2):
             problems.append(f"{where}: 'score' must be 0, 1 or 2 (got {json.dumps(score)[:20]})")
             continue
-        out.append(LabeledPair(pair_id=pair_id(pid, tid), patient_id=pid, trial_id=tid,
-                               label="eligible" if score == 2 else "ineligible", source=where))
+        out.append(
+            LabeledPair(
+                pair_id=pair_id(pid, tid),
+                patient_id=pid,
+                trial_id=tid,
+                label="eligible" if score == 2 else "ineligible",
+                source=where,
+            )
+        )
     return out
 
 
@@ -167,7 +192,7 @@ def _sigir(cfg: DatasetConfig, problems: list[str], dropped: dict[str, int]) -> 
         raise BenchError(f"{path}: not valid JSON ({e})") from None
     gold = data.get("gold") if isinstance(data, dict) else None
     if not isinstance(gold, dict):
-        raise BenchError(f"{path}: expected {{\"gold\": {{\"<patient>__<trial>\": true|false, ...}}}}")
+        raise BenchError(f'{path}: expected {{"gold": {{"<patient>__<trial>": true|false, ...}}}}')
     out = []
     for key, value in gold.items():
         where = f"{path.name}#{key}"
@@ -191,7 +216,9 @@ def _site(cfg: DatasetConfig, problems: list[str], dropped: dict[str, int]) -> l
         if label is None:
             problems.append(f"{where}: 'label' must be eligible/ineligible (or true/false)")
             continue
-        out.append(LabeledPair(pair_id=pair_id(pid, tid), patient_id=pid, trial_id=tid, label=label, source=where))
+        out.append(
+            LabeledPair(pair_id=pair_id(pid, tid), patient_id=pid, trial_id=tid, label=label, source=where)
+        )
     return out
 
 
@@ -247,11 +274,15 @@ def load_dataset(cfg: DatasetConfig) -> BenchDataset:
         kept = []
         for p in pairs:
             if p.patient_id not in patients:
-                problems.append(f"{p.source}: pair '{p.pair_id}': no note for patient '{p.patient_id}' in "
-                                f"{Path(cfg.patients).name}")
+                problems.append(
+                    f"{p.source}: pair '{p.pair_id}': no note for patient '{p.patient_id}' in "
+                    f"{Path(cfg.patients).name}"
+                )
             elif p.trial_id not in trials:
-                problems.append(f"{p.source}: pair '{p.pair_id}': no criteria text for trial '{p.trial_id}' in the "
-                                "trials files")
+                problems.append(
+                    f"{p.source}: pair '{p.pair_id}': no criteria text for trial '{p.trial_id}' in the "
+                    "trials files"
+                )
             else:
                 kept.append(p)
         pairs = kept
@@ -260,10 +291,19 @@ def load_dataset(cfg: DatasetConfig) -> BenchDataset:
         before = len(pairs)
         pairs = sample_pairs(pairs, cfg.sample)
     if not pairs:
-        raise BenchError(f"the dataset has no usable pairs ({cfg.kind}: {cfg.pairs})"
-                         + (": " + "; ".join(problems[:5]) if problems else ""))
+        raise BenchError(
+            f"the dataset has no usable pairs ({cfg.kind}: {cfg.pairs})"
+            + (": " + "; ".join(problems[:5]) if problems else "")
+        )
     used_p = {p.patient_id for p in pairs}
     used_t = {p.trial_id for p in pairs}
-    return BenchDataset(kind=cfg.kind, pairs=pairs, patients={k: v for k, v in patients.items() if k in used_p},
-                        trials={k: v for k, v in trials.items() if k in used_t}, problems=problems, dropped=dropped,
-                        before_sampling=before, data_class=cfg.data_class)
+    return BenchDataset(
+        kind=cfg.kind,
+        pairs=pairs,
+        patients={k: v for k, v in patients.items() if k in used_p},
+        trials={k: v for k, v in trials.items() if k in used_t},
+        problems=problems,
+        dropped=dropped,
+        before_sampling=before,
+        data_class=cfg.data_class,
+    )

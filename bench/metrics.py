@@ -12,8 +12,8 @@ precision/recall/F1, as scikit-learn's ``zero_division=0``, and None elsewhere.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
 
 # The shared definitions (one p95, one schema_valid, rates with Wilson intervals): re-exported here
 # so the bench's scoring reads as one vocabulary.
@@ -66,12 +66,17 @@ def accuracy(c: Confusion) -> float:
     return _ratio(c.tp + c.tn, c.n)
 
 
-SCORES: dict[str, Callable[[Confusion], float]] = {"f1": f1, "precision": precision, "recall": recall,
-                                                   "accuracy": accuracy}
+SCORES: dict[str, Callable[[Confusion], float]] = {
+    "f1": f1,
+    "precision": precision,
+    "recall": recall,
+    "accuracy": accuracy,
+}
 
 
-def bootstrap_ci(y_true: Sequence[bool], y_pred: Sequence[bool], b: int = BOOTSTRAP_B, seed: int = 0,
-                 level: float = 0.95) -> dict[str, tuple[float, float] | None]:
+def bootstrap_ci(
+    y_true: Sequence[bool], y_pred: Sequence[bool], b: int = BOOTSTRAP_B, seed: int = 0, level: float = 0.95
+) -> dict[str, tuple[float, float] | None]:
     """Percentile bootstrap CIs of every score in SCORES: resample the pairs with replacement b
     times (one seeded generator, the same resamples for every score). None with no pairs."""
     n = len(y_true)
@@ -91,13 +96,19 @@ def bootstrap_ci(y_true: Sequence[bool], y_pred: Sequence[bool], b: int = BOOTST
     def div(a, d):
         return np.divide(a, d, out=np.zeros(b, dtype=float), where=d > 0)
 
-    samples = {"f1": div(2 * tp, 2 * tp + fp + fn), "precision": div(tp, tp + fp), "recall": div(tp, tp + fn),
-               "accuracy": (tp + tn) / n}
+    samples = {
+        "f1": div(2 * tp, 2 * tp + fp + fn),
+        "precision": div(tp, tp + fp),
+        "recall": div(tp, tp + fn),
+        "accuracy": (tp + tn) / n,
+    }
     lo_q, hi_q = (1 - level) / 2, 1 - (1 - level) / 2
     return {k: (float(np.quantile(v, lo_q)), float(np.quantile(v, hi_q))) for k, v in samples.items()}
 
 
-def binary_scores(y_true: Sequence[bool], y_pred: Sequence[bool], b: int = BOOTSTRAP_B, seed: int = 0) -> dict:
+def binary_scores(
+    y_true: Sequence[bool], y_pred: Sequence[bool], b: int = BOOTSTRAP_B, seed: int = 0
+) -> dict:
     """Confusion counts, F1/precision/recall/accuracy and their bootstrap 95% CIs."""
     c = confusion(y_true, y_pred)
     cis = bootstrap_ci(y_true, y_pred, b=b, seed=seed)
@@ -115,7 +126,7 @@ def mcnemar_exact(b: int, c: int) -> float:
     if n == 0:
         return 1.0
     k = min(b, c)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
     return min(1.0, 2 * tail)
 
 
@@ -135,8 +146,16 @@ def agreement(a: Sequence[bool], b: Sequence[bool]) -> dict:
         pa, pb = (both + a_only) / n, (both + b_only) / n
         expected = pa * pb + (1 - pa) * (1 - pb)
         kappa = (rate - expected) / (1 - expected) if expected < 1 else 1.0
-    return {"n": n, "both": both, "a_only": a_only, "b_only": b_only, "neither": neither, "rate": rate,
-            "kappa": kappa, "mcnemar_p": mcnemar_exact(a_only, b_only)}
+    return {
+        "n": n,
+        "both": both,
+        "a_only": a_only,
+        "b_only": b_only,
+        "neither": neither,
+        "rate": rate,
+        "kappa": kappa,
+        "mcnemar_p": mcnemar_exact(a_only, b_only),
+    }
 
 
 def validity(first_reasons: Sequence[str | None], final_ok: Sequence[bool]) -> dict:

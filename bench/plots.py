@@ -31,7 +31,15 @@ def write_plots(summary: dict, out_dir: Path) -> list[Path]:
     for p in summary.get("reference_points", []):
         if p.get("f1") is not None:
             ax.axhline(p["f1"], ls="--", lw=1, color="#C44E52")
-            ax.text(len(names) - 0.5, p["f1"], f" {p['label']}", va="bottom", ha="right", fontsize=7, color="#C44E52")
+            ax.text(
+                len(names) - 0.5,
+                p["f1"],
+                f" {p['label']}",
+                va="bottom",
+                ha="right",
+                fontsize=7,
+                color="#C44E52",
+            )
     ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("F1 (95% bootstrap CI)")
@@ -43,8 +51,13 @@ def write_plots(summary: dict, out_dir: Path) -> list[Path]:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(max(6.0, 2.0 * len(names) + 3), 3.6))
     p50 = [backends[n]["latency_ms"]["pair"]["p50"] or 0.0 for n in names]
     p95 = [backends[n]["latency_ms"]["pair"]["p95"] or 0.0 for n in names]
-    a1.bar(range(len(names)), p50, yerr=[[0] * len(names), [max(0.0, b - a) for a, b in zip(p50, p95)]], capsize=4,
-           color="#55A868")
+    a1.bar(
+        range(len(names)),
+        p50,
+        yerr=[[0] * len(names), [max(0.0, b - a) for a, b in zip(p50, p95)]],
+        capsize=4,
+        color="#55A868",
+    )
     a1.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
     a1.set_ylabel("ms per pair (p50, whisker to p95)")
     a1.set_title("latency per pair", fontsize=9)
@@ -65,8 +78,15 @@ def write_plots(summary: dict, out_dir: Path) -> list[Path]:
         top = max(1, max(max(row) for row in grid))
         for i in range(2):
             for j in range(2):
-                ax.text(j, i, str(grid[i][j]), ha="center", va="center", fontsize=11,
-                        color="white" if grid[i][j] > top / 2 else "black")
+                ax.text(
+                    j,
+                    i,
+                    str(grid[i][j]),
+                    ha="center",
+                    va="center",
+                    fontsize=11,
+                    color="white" if grid[i][j] > top / 2 else "black",
+                )
         ax.set_xticks([0, 1], ["pred. elig.", "pred. inel."], fontsize=7)
         ax.set_yticks([0, 1], ["eligible", "ineligible"], fontsize=7)
         ax.set_title(n, fontsize=8)

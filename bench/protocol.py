@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field
-
 from verdict.core.configs import StrictModel
 from verdict.core.errors import VerdictError
 
@@ -43,15 +42,20 @@ class StageStat(StrictModel):
     stage: str
     status: Literal["accepted", "rejected"]
     reason: str | None = Field(None, description="rejection category after the repair")
-    first_reason: str | None = Field(None, description="rejection category of the first attempt (None: valid)")
+    first_reason: str | None = Field(
+        None, description="rejection category of the first attempt (None: valid)"
+    )
     attempts: int = 0
     cached_calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
     paid_usd: float = 0.0
-    model_ms: float = Field(0.0, description="latency of the calls behind the result, as recorded when they were "
-                            "answered (stable across resumed runs and cache hits)")
+    model_ms: float = Field(
+        0.0,
+        description="latency of the calls behind the result, as recorded when they were "
+        "answered (stable across resumed runs and cache hits)",
+    )
     shared: bool = Field(False, description="one result for every pair of the trial (the trial parser)")
 
 
@@ -75,8 +79,11 @@ class PairResult(StrictModel):
     reason: str | None = Field(None, description="why failed or unavailable (ids and categories only)")
     stages: dict[str, StageStat] = Field(default_factory=dict)
     solve_ms: float | None = None
-    latency_ms: float | None = Field(None, description="the pair's own critical path: the value-miner passes "
-                                     "(concurrent) or the direct matcher's call, plus resolving and solving")
+    latency_ms: float | None = Field(
+        None,
+        description="the pair's own critical path: the value-miner passes "
+        "(concurrent) or the direct matcher's call, plus resolving and solving",
+    )
     flips: list[Flip] = Field(default_factory=list)
     program_hash: str | None = None
     patient_hash: str | None = None

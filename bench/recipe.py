@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-
-from verdict.data_gen.sft_record import TASKS
 from verdict.core.progress import Progress
+from verdict.data_gen.sft_record import TASKS
 
 from .protocol import BenchError
 from .recipe_config import RecipeConfig
@@ -79,8 +78,16 @@ def split_pairs(recipe: RecipeConfig) -> dict:
     c = recipe.corpus
     s = recipe.split
     # The paper's split is over every judged pair: a test trial without criteria text is parse-limited.
-    ds = load_dataset(DatasetConfig(kind="trec2021", pairs=c.pairs, patients=c.patients, trials=c.trials,
-                                    data_class="public", require_text=s.method != "paper"))
+    ds = load_dataset(
+        DatasetConfig(
+            kind="trec2021",
+            pairs=c.pairs,
+            patients=c.patients,
+            trials=c.trials,
+            data_class="public",
+            require_text=s.method != "paper",
+        )
+    )
     extra: dict = {}
     if s.method == "paper":
         ps = paper_split(ds, s.test_every, parse_limited_reason(recipe))
@@ -97,8 +104,10 @@ def split_pairs(recipe: RecipeConfig) -> dict:
     keep = set(train_trials)
     train = [p for p in usable if p.trial_id in keep]
     if not train:
-        raise BenchError("no training pairs left after holding out the evaluation trials: lower "
-                         "split.heldout_per_class or use a larger corpus")
+        raise BenchError(
+            "no training pairs left after holding out the evaluation trials: lower "
+            "split.heldout_per_class or use a larger corpus"
+        )
     return {"heldout": heldout, "train": train, "train_trials": train_trials, "dataset": ds, **extra}
 
 
@@ -121,15 +130,27 @@ def paper_split(ds, every: int, limited) -> dict:
             no_note += 1
         else:
             heldout.append(p)
-    return {"heldout": heldout, "test_trials": test_trials,
-            "paper_split": {"trials": len(ids), "test_trials": len(test_trials), "test_pairs": _label_counts(test),
-                            "parse_limited": sum(parse_limited.values()), "parse_limited_reasons": parse_limited,
-                            "no_note": no_note, "heldout": _label_counts(heldout)}}
+    return {
+        "heldout": heldout,
+        "test_trials": test_trials,
+        "paper_split": {
+            "trials": len(ids),
+            "test_trials": len(test_trials),
+            "test_pairs": _label_counts(test),
+            "parse_limited": sum(parse_limited.values()),
+            "parse_limited_reasons": parse_limited,
+            "no_note": no_note,
+            "heldout": _label_counts(heldout),
+        },
+    }
 
 
 def _label_counts(pairs) -> dict:
-    return {"pairs": len(pairs), "eligible": sum(p.label == "eligible" for p in pairs),
-            "ineligible": sum(p.label == "ineligible" for p in pairs)}
+    return {
+        "pairs": len(pairs),
+        "eligible": sum(p.label == "eligible" for p in pairs),
+        "ineligible": sum(p.label == "ineligible" for p in pairs),
+    }
 
 
 def parse_limited_reason(recipe: RecipeConfig):
@@ -177,10 +198,14 @@ def prepare(recipe: RecipeConfig) -> dict:
     for d in (lay.data, lay.configs):
         d.mkdir(parents=True, exist_ok=True)
     sp = split_pairs(recipe)
-    _write_jsonl(lay.data / "heldout_pairs.jsonl", [{"patient_id": p.patient_id, "nct_id": p.trial_id,
-                                                      "score": _score(p.label)} for p in sp["heldout"]])
-    _write_jsonl(lay.data / "train_pairs.jsonl", [{"patient_id": p.patient_id, "nct_id": p.trial_id,
-                                                    "score": _score(p.label)} for p in sp["train"]])
+    _write_jsonl(
+        lay.data / "heldout_pairs.jsonl",
+        [{"patient_id": p.patient_id, "nct_id": p.trial_id, "score": _score(p.label)} for p in sp["heldout"]],
+    )
+    _write_jsonl(
+        lay.data / "train_pairs.jsonl",
+        [{"patient_id": p.patient_id, "nct_id": p.trial_id, "score": _score(p.label)} for p in sp["train"]],
+    )
     wanted = set(sp["train_trials"])
     rows: dict[str, str] = {}
     for path in recipe.corpus.trials:  # the training trials' rows, verbatim (first file holding an id wins)
@@ -192,31 +217,54 @@ def prepare(recipe: RecipeConfig) -> dict:
                 if tid in wanted and tid not in rows:
                     rows[tid] = line if line.endswith("\n") else line + "\n"
     (lay.data / "train_trials.jsonl").write_text("".join(rows[t] for t in sp["train_trials"] if t in rows))
-    counts = lambda ps: {"pairs": len(ps), "eligible": sum(p.label == "eligible" for p in ps),  # noqa: E731
-                         "trials": len({p.trial_id for p in ps}), "patients": len({p.patient_id for p in ps})}
-    summary = {"recipe": recipe.name, "split": recipe.split.method, "seed": recipe.split.seed,
-               "corpus": recipe.corpus.model_dump(), "heldout": counts(sp["heldout"]), "train": counts(sp["train"]),
-               **({"paper_split": sp["paper_split"]} if "paper_split" in sp else {}),
-               "dataset_problems": sp["dataset"].problems, "dropped": sp["dataset"].dropped}
+
+    def counts(ps):
+        return {
+            "pairs": len(ps),
+            "eligible": sum(p.label == "eligible" for p in ps),
+            "trials": len({p.trial_id for p in ps}),
+            "patients": len({p.patient_id for p in ps}),
+        }
+
+    summary = {
+        "recipe": recipe.name,
+        "split": recipe.split.method,
+        "seed": recipe.split.seed,
+        "corpus": recipe.corpus.model_dump(),
+        "heldout": counts(sp["heldout"]),
+        "train": counts(sp["train"]),
+        **({"paper_split": sp["paper_split"]} if "paper_split" in sp else {}),
+        "dataset_problems": sp["dataset"].problems,
+        "dropped": sp["dataset"].dropped,
+    }
     (lay.data / "split.json").write_text(json.dumps(summary, indent=2))
     teacher_run = _teacher_run_config(recipe, lay)
     bench = _bench_config(recipe, lay)
-    _write_yaml(lay.configs / "teacher_run.yaml", teacher_run, "teacher run of the recipe (`verdict teacher run`)")
+    _write_yaml(
+        lay.configs / "teacher_run.yaml", teacher_run, "teacher run of the recipe (`verdict teacher run`)"
+    )
     _write_yaml(lay.configs / "bench.yaml", bench, "benchmark of the recipe (`verdict bench run`)")
     _check_generated(lay)
-    return {"split": summary, "teacher_run": str(lay.configs / "teacher_run.yaml"),
-            "bench": str(lay.configs / "bench.yaml")}
+    return {
+        "split": summary,
+        "teacher_run": str(lay.configs / "teacher_run.yaml"),
+        "bench": str(lay.configs / "bench.yaml"),
+    }
 
 
 def _write_yaml(path: Path, data: dict, what: str) -> None:
-    path.write_text(f"# Written by `verdict bench recipe prepare`: the {what}.\n"
-                    + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    path.write_text(
+        f"# Written by `verdict bench recipe prepare`: the {what}.\n"
+        + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    )
 
 
 def _teacher_run_config(recipe: RecipeConfig, lay: Layout) -> dict:
     return {
-        "name": lay.teacher_run, "description": f"teacher outputs on the training trials of recipe {recipe.name}",
-        "out_dir": str(lay.runs), "cache": recipe.cache,
+        "name": lay.teacher_run,
+        "description": f"teacher outputs on the training trials of recipe {recipe.name}",
+        "out_dir": str(lay.runs),
+        "cache": recipe.cache,
         "teachers": {"parser": recipe.teacher, "miner": recipe.teacher},
         "trials": {"path": str(lay.data / "train_trials.jsonl")},
         "patients": {"path": recipe.corpus.patients, "data_class": "public"},
@@ -228,8 +276,17 @@ def _teacher_run_config(recipe: RecipeConfig, lay: Layout) -> dict:
 def _student_endpoint(recipe: RecipeConfig, name: str, model: str) -> dict:
     st = recipe.students
     limits = {"limits": st.limits} if st.limits else {"max_tokens": dict(st.max_tokens)}
-    return {"name": name, "base_url": STUDENT_PLACEHOLDER_URL, "model": model, "structured_output": "vllm",
-            "temperature": 0.0, **limits, "timeout_s": 900, "concurrency": 16, "max_retries": 2}
+    return {
+        "name": name,
+        "base_url": STUDENT_PLACEHOLDER_URL,
+        "model": model,
+        "structured_output": "vllm",
+        "temperature": 0.0,
+        **limits,
+        "timeout_s": 900,
+        "concurrency": 16,
+        "max_retries": 2,
+    }
 
 
 def _bench_config(recipe: RecipeConfig, lay: Layout) -> dict:
@@ -237,28 +294,63 @@ def _bench_config(recipe: RecipeConfig, lay: Layout) -> dict:
     tname = Path(t).stem
     base = _student_endpoint(recipe, "qwen-base", "base")
     backends = [
-        {"name": f"verdict-{tname}", "kind": "formalizer", "parser": t, "miner": t,
-         "description": "Verdict with the API teacher as formalizer"},
-        {"name": "verdict-qwen-base", "kind": "formalizer", "parser": base, "miner": base, "local_vllm": True,
-         "description": "Verdict with the base student model, no adapter"},
-        {"name": "verdict-qwen-distilled", "kind": "formalizer", "local_vllm": True,
-         "parser": _student_endpoint(recipe, "qwen-parser", "parser"),
-         "miner": _student_endpoint(recipe, "qwen-value-miner", "value_miner"),
-         "description": "Verdict with the distilled students (LoRA adapters)"},
+        {
+            "name": f"verdict-{tname}",
+            "kind": "formalizer",
+            "parser": t,
+            "miner": t,
+            "description": "Verdict with the API teacher as formalizer",
+        },
+        {
+            "name": "verdict-qwen-base",
+            "kind": "formalizer",
+            "parser": base,
+            "miner": base,
+            "local_vllm": True,
+            "description": "Verdict with the base student model, no adapter",
+        },
+        {
+            "name": "verdict-qwen-distilled",
+            "kind": "formalizer",
+            "local_vllm": True,
+            "parser": _student_endpoint(recipe, "qwen-parser", "parser"),
+            "miner": _student_endpoint(recipe, "qwen-value-miner", "value_miner"),
+            "description": "Verdict with the distilled students (LoRA adapters)",
+        },
     ]
     if recipe.llm_match:
-        backends += [{"name": f"llmmatch-{tname}", "kind": "llm_match", "endpoint": t},
-                     {"name": "llmmatch-qwen-base", "kind": "llm_match", "endpoint": base, "local_vllm": True,
-                      "max_tokens": recipe.students.llm_match_max_tokens}]
-    vllm = {"model": recipe.students.base_model,
-            "adapters": {task: str(lay.student_run(task) / "adapter") for task in TASKS}, **recipe.students.vllm}
+        backends += [
+            {"name": f"llmmatch-{tname}", "kind": "llm_match", "endpoint": t},
+            {
+                "name": "llmmatch-qwen-base",
+                "kind": "llm_match",
+                "endpoint": base,
+                "local_vllm": True,
+                "max_tokens": recipe.students.llm_match_max_tokens,
+            },
+        ]
+    vllm = {
+        "model": recipe.students.base_model,
+        "adapters": {task: str(lay.student_run(task) / "adapter") for task in TASKS},
+        **recipe.students.vllm,
+    }
     c = recipe.corpus
     return {
-        "name": recipe.name, "description": f"Table 2 recipe {recipe.name}: held-out TREC 2021 pairs",
-        "out_dir": str(lay.bench), "cache": recipe.cache,
-        "dataset": {"kind": "trec2021", "pairs": str(lay.data / "heldout_pairs.jsonl"), "patients": c.patients,
-                    "trials": list(c.trials), "data_class": "public"},
-        "backends": backends, "policy": recipe.policy, "budget_usd": recipe.bench_budget_usd, "vllm": vllm,
+        "name": recipe.name,
+        "description": f"Table 2 recipe {recipe.name}: held-out TREC 2021 pairs",
+        "out_dir": str(lay.bench),
+        "cache": recipe.cache,
+        "dataset": {
+            "kind": "trec2021",
+            "pairs": str(lay.data / "heldout_pairs.jsonl"),
+            "patients": c.patients,
+            "trials": list(c.trials),
+            "data_class": "public",
+        },
+        "backends": backends,
+        "policy": recipe.policy,
+        "budget_usd": recipe.bench_budget_usd,
+        "vllm": vllm,
         "reference_points": recipe.reference_points,
     }
 
@@ -280,25 +372,71 @@ def steps(recipe: RecipeConfig, verdict: str = "verdict") -> list[Step]:
     lay = Layout(recipe.root, recipe.name)
     st = recipe.students
     out = [
-        Step("teacher", [verdict, "teacher", "run", "-c", str(lay.configs / "teacher_run.yaml"), "--no-progress"],
-             resources="teacher", purpose="API teacher outputs on the training trials"),
-        Step("export", [verdict, "teacher", "export", str(lay.runs / lay.teacher_run), "--out", str(lay.sft),
-                        "--split-by", "trial", "--overwrite"], ["teacher"], "export",
-             "SFT datasets (train/validation/test by trial)"),
+        Step(
+            "teacher",
+            [verdict, "teacher", "run", "-c", str(lay.configs / "teacher_run.yaml"), "--no-progress"],
+            resources="teacher",
+            purpose="API teacher outputs on the training trials",
+        ),
+        Step(
+            "export",
+            [
+                verdict,
+                "teacher",
+                "export",
+                str(lay.runs / lay.teacher_run),
+                "--out",
+                str(lay.sft),
+                "--split-by",
+                "trial",
+                "--overwrite",
+            ],
+            ["teacher"],
+            "export",
+            "SFT datasets (train/validation/test by trial)",
+        ),
     ]
     for task in TASKS:
         cfg = find_config("train", st.train_configs[task]).resolve()
-        sets = [f"base_model={st.base_model}", f"datasets=[{{path: {lay.sft / task}}}]", f"output_dir={lay.runs}",
-                f"name={lay.student_run(task).name}", *st.train_overrides]
+        sets = [
+            f"base_model={st.base_model}",
+            f"datasets=[{{path: {lay.sft / task}}}]",
+            f"output_dir={lay.runs}",
+            f"name={lay.student_run(task).name}",
+            *st.train_overrides,
+        ]
         train = [verdict, "train", "--config", str(cfg)] + [x for s in sets for x in ("--set", s)]
-        ev = [verdict, "train", "eval", "--run", str(lay.student_run(task)), "--split", "test",
-              "--config", str(find_config("train", st.eval_config).resolve())]
+        ev = [
+            verdict,
+            "train",
+            "eval",
+            "--run",
+            str(lay.student_run(task)),
+            "--split",
+            "test",
+            "--config",
+            str(find_config("train", st.eval_config).resolve()),
+        ]
         ev += [x for s in st.eval_overrides for x in ("--set", s)]
-        out += [Step(f"train-{task}", train, ["export"], "train", f"LoRA training of the {task} student"),
-                Step(f"eval-{task}", ev, [f"train-{task}"], "eval", f"the {task} student vs held-out teacher records")]
-    out.append(Step("bench", [verdict, "bench", "run", "-c", str(lay.configs / "bench.yaml"), "--no-progress"],
-                    [f"train-{t}" for t in TASKS], "bench",
-                    "Verdict with teacher, base and distilled Qwen on the held-out pairs"))
+        out += [
+            Step(f"train-{task}", train, ["export"], "train", f"LoRA training of the {task} student"),
+            Step(
+                f"eval-{task}",
+                ev,
+                [f"train-{task}"],
+                "eval",
+                f"the {task} student vs held-out teacher records",
+            ),
+        ]
+    out.append(
+        Step(
+            "bench",
+            [verdict, "bench", "run", "-c", str(lay.configs / "bench.yaml"), "--no-progress"],
+            [f"train-{t}" for t in TASKS],
+            "bench",
+            "Verdict with teacher, base and distilled Qwen on the held-out pairs",
+        )
+    )
     return out
 
 
@@ -311,8 +449,19 @@ def render(recipe: RecipeConfig, slurm_cfg, out_dir: Path | None = None) -> dict
     scripts = {}
     for s in steps(recipe):
         res = getattr(recipe.jobs, s.resources, None) or getattr(slurm_cfg.jobs, s.resources)
-        text = render_text("step.sbatch.j2", s.name, slurm_cfg, recipe.name, s.line, res, templates=(TEMPLATES,),
-                           recipe=recipe.name, step=s.name, purpose=s.purpose, after=s.after)
+        text = render_text(
+            "step.sbatch.j2",
+            s.name,
+            slurm_cfg,
+            recipe.name,
+            s.line,
+            res,
+            templates=(TEMPLATES,),
+            recipe=recipe.name,
+            step=s.name,
+            purpose=s.purpose,
+            after=s.after,
+        )
         scripts[s.name] = write_script(out / f"{len(scripts):02d}-{s.name}.sbatch", text)
     return scripts
 
@@ -332,5 +481,7 @@ def run_locally(recipe: RecipeConfig, progress: Progress = print, only: list[str
         progress(f"[recipe {recipe.name}] {s.name}: {s.line}")
         r = subprocess.run(s.command)
         if r.returncode != 0:
-            raise BenchError(f"recipe step '{s.name}' failed (exit {r.returncode}); fix it and run the same command "
-                             "again: finished steps are resumed, not redone")
+            raise BenchError(
+                f"recipe step '{s.name}' failed (exit {r.returncode}); fix it and run the same command "
+                "again: finished steps are resumed, not redone"
+            )

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
-
-from verdict.slurm.job_config import JobResources
 from verdict.core.configs import StrictModel
 from verdict.core.program import Id
+from verdict.slurm.job_config import JobResources
 
 from .protocol import BenchError
 
@@ -24,7 +23,9 @@ from .protocol import BenchError
 class Corpus(StrictModel):
     """TREC 2021 Clinical Trials in the benchmarks layout."""
 
-    pairs: str = Field("../shared/data/benchmarks/pairs_trec2021.jsonl", description="qrels: patient_id, nct_id, score")
+    pairs: str = Field(
+        "../shared/data/benchmarks/pairs_trec2021.jsonl", description="qrels: patient_id, nct_id, score"
+    )
     patients: str = "../shared/data/benchmarks/patients_trec2021.jsonl"
     trials: list[str] = Field(default_factory=lambda: ["../shared/data/benchmarks/trials.jsonl"])
 
@@ -35,37 +36,58 @@ class SplitSettings(StrictModel):
     unique NCT ids, every `test_every`-th to the test side; then test pairs without a usable
     program are dropped and counted as parse-limited). `split: paper` is short for `{method: paper}`."""
 
-    method: Literal["seeded", "paper"] = Field("seeded", description="seeded sampling or the paper's split by trial")
-    heldout_per_class: int = Field(100, ge=1, description="seeded: held-out evaluation pairs per label (class-balanced)")
+    method: Literal["seeded", "paper"] = Field(
+        "seeded", description="seeded sampling or the paper's split by trial"
+    )
+    heldout_per_class: int = Field(
+        100, ge=1, description="seeded: held-out evaluation pairs per label (class-balanced)"
+    )
     seed: int = Field(0, description="seeded: the sample's seed (and the cap on training trials)")
-    test_every: int = Field(5, ge=2, description="paper: every N-th of the sorted NCT ids is a test trial (5: 80/20)")
+    test_every: int = Field(
+        5, ge=2, description="paper: every N-th of the sorted NCT ids is a test trial (5: 80/20)"
+    )
     max_train_trials: int | None = Field(None, ge=1, description="cap the teacher's training trials (cost)")
 
 
 class StudentSettings(StrictModel):
     base_model: str = Field("../models/Qwen2.5-7B-Instruct", description="local copy of the base model")
-    train_configs: dict[str, str] = Field(default_factory=lambda: {"parser": "parser", "value_miner": "value_miner"},
-                                          description="per task: a config in configs/train (or a path)")
+    train_configs: dict[str, str] = Field(
+        default_factory=lambda: {"parser": "parser", "value_miner": "value_miner"},
+        description="per task: a config in configs/train (or a path)",
+    )
     train_overrides: list[str] = Field(default_factory=list, description="--set for both trainings")
     eval_config: str = "eval"
     eval_overrides: list[str] = Field(default_factory=list, description="--set for both evaluations")
-    limits: str | None = Field(None, description="configs/limits/NAME.yaml (e.g. paper): max_tokens, vllm.max_model_len "
-                               "and the students' context and tokenizer derive from it")
-    max_tokens: dict[str, int] = Field(default_factory=lambda: {"parser": 3072, "miner_inclusion": 3072,
-                                                                "miner_exclusion": 3072},
-                                       description="output limits of the students' calls in the benchmark")
-    llm_match_max_tokens: int = Field(3072, gt=0, description="output limit of the direct matcher on base Qwen")
-    vllm: dict = Field(default_factory=lambda: {"device": "gpu", "max_model_len": 8192},
-                       description="more serve.vllm_config.VLLMConfig keys for the benchmark's vLLM server")
+    limits: str | None = Field(
+        None,
+        description="configs/limits/NAME.yaml (e.g. paper): max_tokens, vllm.max_model_len "
+        "and the students' context and tokenizer derive from it",
+    )
+    max_tokens: dict[str, int] = Field(
+        default_factory=lambda: {"parser": 3072, "miner_inclusion": 3072, "miner_exclusion": 3072},
+        description="output limits of the students' calls in the benchmark",
+    )
+    llm_match_max_tokens: int = Field(
+        3072, gt=0, description="output limit of the direct matcher on base Qwen"
+    )
+    vllm: dict = Field(
+        default_factory=lambda: {"device": "gpu", "max_model_len": 8192},
+        description="more serve.vllm_config.VLLMConfig keys for the benchmark's vLLM server",
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _from_limits(cls, data):
         from verdict.data_gen.formalizer.budget import STUDENT_STAGES, apply_limits
 
-        return apply_limits(data, "recipe students", lambda lim: {
-            **{("max_tokens", s): lim.stage_tokens(s) for s in STUDENT_STAGES},
-            ("vllm", "max_model_len"): lim.max_length})
+        return apply_limits(
+            data,
+            "recipe students",
+            lambda lim: {
+                **{("max_tokens", s): lim.stage_tokens(s) for s in STUDENT_STAGES},
+                ("vllm", "max_model_len"): lim.max_length,
+            },
+        )
 
 
 def _cpu(time: str, mem: str, cpus: int) -> JobResources:
@@ -77,7 +99,9 @@ class RecipeJobs(StrictModel):
 
     teacher: JobResources = Field(default_factory=lambda: _cpu("1-00:00:00", "8G", 4))
     export: JobResources = Field(default_factory=lambda: _cpu("1:00:00", "8G", 2))
-    bench: JobResources = Field(default_factory=lambda: JobResources(time="12:00:00", mem="64G", signal_seconds=0))
+    bench: JobResources = Field(
+        default_factory=lambda: JobResources(time="12:00:00", mem="64G", signal_seconds=0)
+    )
 
 
 class RecipeConfig(StrictModel):
@@ -92,14 +116,19 @@ class RecipeConfig(StrictModel):
     @classmethod
     def _split_by_name(cls, v):
         return {"method": v} if isinstance(v, str) else v
+
     teacher: str = Field(description="the API teacher: configs/teachers name or path")
     teacher_budget_usd: float | None = Field(None, ge=0)
     bench_budget_usd: float | None = Field(None, ge=0)
     policy: str = "prescreen"
-    llm_match: bool = Field(True, description="also run the direct-matcher baseline on the teacher and base Qwen")
+    llm_match: bool = Field(
+        True, description="also run the direct-matcher baseline on the teacher and base Qwen"
+    )
     students: StudentSettings = Field(default_factory=StudentSettings)
     jobs: RecipeJobs = Field(default_factory=RecipeJobs)
-    reference_points: list[dict] = Field(default_factory=list, description="published rows shown in the report")
+    reference_points: list[dict] = Field(
+        default_factory=list, description="published rows shown in the report"
+    )
 
     @property
     def root(self) -> Path:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from verdict.core.jsonl_store import JsonlStore
@@ -54,8 +54,12 @@ def _scored(rs: list[PairResult], failed_as: str) -> list[PairResult]:
 
 def _scores(rs: list[PairResult], scoring) -> dict:
     rs = sorted(rs, key=lambda r: r.pair_id)  # the bootstrap resamples by position: fix the order
-    return M.binary_scores([r.label == "eligible" for r in rs], [_predicted(r) for r in rs],
-                           b=scoring.bootstrap_b, seed=scoring.seed)
+    return M.binary_scores(
+        [r.label == "eligible" for r in rs],
+        [_predicted(r) for r in rs],
+        b=scoring.bootstrap_b,
+        seed=scoring.seed,
+    )
 
 
 def _stage_rows(rs: list[PairResult]) -> dict[str, list]:
@@ -72,7 +76,9 @@ def _stage_rows(rs: list[PairResult]) -> dict[str, list]:
     return rows
 
 
-def backend_summary(name: str, kind: str, rs_all: list[PairResult], n_pairs: int, scoring, repeats: int) -> dict:
+def backend_summary(
+    name: str, kind: str, rs_all: list[PairResult], n_pairs: int, scoring, repeats: int
+) -> dict:
     rs = [r for r in rs_all if r.repeat == 0]
     status = Counter(r.status for r in rs)
     decisions = Counter(r.decision for r in rs if r.status == "decided")
@@ -81,26 +87,44 @@ def backend_summary(name: str, kind: str, rs_all: list[PairResult], n_pairs: int
     usable = [r for r in rs if r.status != "unavailable"]
     out: dict = {
         "kind": kind,
-        "coverage": {"pairs": n_pairs, "run": len(rs), "missing": n_pairs - len(rs), "decided": status["decided"],
-                     "failed": status["failed"], "unavailable": status["unavailable"],
-                     "undetermined": decisions["undetermined"], "scored": len(scored)},
+        "coverage": {
+            "pairs": n_pairs,
+            "run": len(rs),
+            "missing": n_pairs - len(rs),
+            "decided": status["decided"],
+            "failed": status["failed"],
+            "unavailable": status["unavailable"],
+            "undetermined": decisions["undetermined"],
+            "scored": len(scored),
+        },
         "decisions": {k: decisions[k] for k in ("eligible", "ineligible", "undetermined")},
         "metrics": _scores(scored, scoring),
         "failures": dict(Counter(r.reason or "?" for r in rs if r.status == "failed").most_common(20)),
-        "unavailable": dict(Counter(r.reason or "?" for r in rs if r.status == "unavailable").most_common(20)),
+        "unavailable": dict(
+            Counter(r.reason or "?" for r in rs if r.status == "unavailable").most_common(20)
+        ),
     }
     # validity of structured outputs, per stage (calls only: a pass with no atoms asks nothing)
-    out["validity"] = {st: M.validity([s.first_reason for s in rows if s.attempts],
-                                      [s.status == "accepted" for s in rows if s.attempts])
-                       for st, rows in sorted(stage_rows.items()) if any(s.attempts for s in rows)}
+    out["validity"] = {
+        st: M.validity(
+            [s.first_reason for s in rows if s.attempts], [s.status == "accepted" for s in rows if s.attempts]
+        )
+        for st, rows in sorted(stage_rows.items())
+        if any(s.attempts for s in rows)
+    }
     # latency
-    stages_ms = {st: M.latency_summary([s.model_ms for s in rows if s.attempts])
-                 for st, rows in sorted(stage_rows.items()) if any(s.attempts for s in rows)}
+    stages_ms = {
+        st: M.latency_summary([s.model_ms for s in rows if s.attempts])
+        for st, rows in sorted(stage_rows.items())
+        if any(s.attempts for s in rows)
+    }
     solve = [r.solve_ms for r in rs if r.solve_ms is not None]
     if solve:
         stages_ms["solve"] = M.latency_summary(solve)
-    out["latency_ms"] = {"pair": M.latency_summary([r.latency_ms for r in rs if r.latency_ms is not None]),
-                         "stages": stages_ms}
+    out["latency_ms"] = {
+        "pair": M.latency_summary([r.latency_ms for r in rs if r.latency_ms is not None]),
+        "stages": stages_ms,
+    }
     # tokens and cost (per pair the backend worked on; the parser once per trial)
     calls = [s for rows in stage_rows.values() for s in rows]
     if any(s.attempts for s in calls):
@@ -108,16 +132,28 @@ def backend_summary(name: str, kind: str, rs_all: list[PairResult], n_pairs: int
         pt = sum(s.prompt_tokens for s in calls)
         ct = sum(s.completion_tokens for s in calls)
         cost = sum(s.cost_usd for s in calls)
-        out["tokens"] = {"prompt_per_pair": pt / n, "completion_per_pair": ct / n, "prompt_total": pt,
-                         "completion_total": ct}
-        out["cost_usd"] = {"per_pair": cost / n, "total": cost, "paid": sum(s.paid_usd for s in calls),
-                           "calls": sum(s.attempts for s in calls), "cache_hits": sum(s.cached_calls for s in calls)}
+        out["tokens"] = {
+            "prompt_per_pair": pt / n,
+            "completion_per_pair": ct / n,
+            "prompt_total": pt,
+            "completion_total": ct,
+        }
+        out["cost_usd"] = {
+            "per_pair": cost / n,
+            "total": cost,
+            "paid": sum(s.paid_usd for s in calls),
+            "calls": sum(s.attempts for s in calls),
+            "cache_hits": sum(s.cached_calls for s in calls),
+        }
     # accountability: the formal counterfactuals, per direction (paper Def. 3)
     flips = [f for r in rs for f in r.flips]
     if any(r.status == "decided" and r.program_hash for r in rs):
-        out["pivotal_flip_rate"] = {d: M.rate(sum(f.flipped for f in flips if f.direction == d),
-                                              sum(1 for f in flips if f.direction == d))
-                                    for d in ("to_eligible", "to_ineligible")}
+        out["pivotal_flip_rate"] = {
+            d: M.rate(
+                sum(f.flipped for f in flips if f.direction == d), sum(1 for f in flips if f.direction == d)
+            )
+            for d in ("to_eligible", "to_ineligible")
+        }
     if repeats > 1:
         by_pair: dict[str, list[str]] = defaultdict(list)
         by_facts: dict[tuple, list[str]] = defaultdict(list)
@@ -149,45 +185,70 @@ def compare_backends(a: list[PairResult], b: list[PairResult], scoring) -> dict:
     return {
         "pairs": len(common),
         "decisions": M.agreement(pa, pb),
-        "correctness": {"a_right_b_wrong": only_a, "b_right_a_wrong": only_b,
-                        "mcnemar_p": M.mcnemar_exact(only_a, only_b)},
-        "f1": {"a": M.f1(M.confusion(gold, pa)) if common else None,
-               "b": M.f1(M.confusion(gold, pb)) if common else None},
-        "accuracy": {"a": M.accuracy(M.confusion(gold, pa)) if common else None,
-                     "b": M.accuracy(M.confusion(gold, pb)) if common else None},
+        "correctness": {
+            "a_right_b_wrong": only_a,
+            "b_right_a_wrong": only_b,
+            "mcnemar_p": M.mcnemar_exact(only_a, only_b),
+        },
+        "f1": {
+            "a": M.f1(M.confusion(gold, pa)) if common else None,
+            "b": M.f1(M.confusion(gold, pb)) if common else None,
+        },
+        "accuracy": {
+            "a": M.accuracy(M.confusion(gold, pa)) if common else None,
+            "b": M.accuracy(M.confusion(gold, pb)) if common else None,
+        },
     }
 
 
-def summarize(config, dataset, results: list[PairResult], problems: list[str], status: str = "complete") -> dict:
+def summarize(
+    config, dataset, results: list[PairResult], problems: list[str], status: str = "complete"
+) -> dict:
     by_backend: dict[str, list[PairResult]] = defaultdict(list)
     for r in results:
         by_backend[r.backend].append(r)
     n = len(dataset.pairs)
     scoring = config.scoring
-    backends = {b.name: backend_summary(b.name, b.kind, by_backend.get(b.name, []), n, scoring, config.repeats)
-                for b in config.backends}
+    backends = {
+        b.name: backend_summary(b.name, b.kind, by_backend.get(b.name, []), n, scoring, config.repeats)
+        for b in config.backends
+    }
     for b in config.backends:  # the formalizer's opt-in stages (off by default): the report says they ran
         if on := [st for st in ("arbiter", "verbalizer") if getattr(b, st, False)]:
             backends[b.name]["optional_stages"] = on
     names = [b.name for b in config.backends]
-    comparisons = [{"a": x, "b": y, **compare_backends(by_backend.get(x, []), by_backend.get(y, []), scoring)}
-                   for i, x in enumerate(names) for y in names[i + 1:]]
+    comparisons = [
+        {"a": x, "b": y, **compare_backends(by_backend.get(x, []), by_backend.get(y, []), scoring)}
+        for i, x in enumerate(names)
+        for y in names[i + 1 :]
+    ]
     # every backend on the pairs all of them scored, when their coverage differs
-    scored_sets = {nm: {r.pair_id for r in _scored([r for r in by_backend.get(nm, []) if r.repeat == 0],
-                                                   scoring.failed_as)} for nm in names}
+    scored_sets = {
+        nm: {
+            r.pair_id
+            for r in _scored([r for r in by_backend.get(nm, []) if r.repeat == 0], scoring.failed_as)
+        }
+        for nm in names
+    }
     common_ids = set.intersection(*scored_sets.values()) if scored_sets else set()
     common = None
     if len(names) > 1 and any(s != common_ids for s in scored_sets.values()):
-        common = {"pairs": len(common_ids), "metrics": {
-            nm: _scores([r for r in by_backend.get(nm, []) if r.repeat == 0 and r.pair_id in common_ids], scoring)
-            for nm in names}}
+        common = {
+            "pairs": len(common_ids),
+            "metrics": {
+                nm: _scores(
+                    [r for r in by_backend.get(nm, []) if r.repeat == 0 and r.pair_id in common_ids], scoring
+                )
+                for nm in names
+            },
+        }
     complete = status == "complete" and all(s["coverage"]["missing"] == 0 for s in backends.values())
     return {
         "format": FORMAT,
         "name": config.name,
         "description": config.description,
         "status": status if status != "complete" or complete else "incomplete",
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "config": config.model_dump(mode="json"),
         "policy": config.policy,
         "repeats": config.repeats,
@@ -239,81 +300,135 @@ def render_markdown(s: dict) -> str:
         f"{ds['labels']['ineligible']} ineligible), {ds['patients']} patients, {ds['trials']} trials"
         + (f"; sampled from {ds['before_sampling']}" if ds.get("before_sampling") is not None else ""),
         f"- policy: `{s['policy']}`; repeats: {s['repeats']}; failed pairs count as "
-        f"{'not eligible' if s['scoring']['failed_as'] == 'ineligible' else 'left out'}; 95% CIs: bootstrap over "
-        f"pairs, B={s['scoring']['bootstrap_b']}, seed {s['scoring']['seed']}",
+        f"{'not eligible' if s['scoring']['failed_as'] == 'ineligible' else 'left out'}; 95% CIs: "
+        f"bootstrap over pairs, B={s['scoring']['bootstrap_b']}, seed {s['scoring']['seed']}",
     ]
     if ds.get("dropped"):
         lines.append("- dropped by design: " + ", ".join(f"{v} {k}" for k, v in ds["dropped"].items()))
     skipped = ds["problems"] + s.get("input_problems", [])
     lines.append(f"- input rows skipped (reported, never scored): {len(skipped)}")
-    lines += [f"- backend `{name}`: opt-in stages on: {', '.join(b['optional_stages'])}"
-              for name, b in s["backends"].items() if b.get("optional_stages")]
-    lines += ["", "## Decision accuracy", "",
-              "| backend | kind | scored | F1 [95% CI] | precision | recall | accuracy [95% CI] | failed | unavailable |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        f"- backend `{name}`: opt-in stages on: {', '.join(b['optional_stages'])}"
+        for name, b in s["backends"].items()
+        if b.get("optional_stages")
+    ]
+    lines += [
+        "",
+        "## Decision accuracy",
+        "",
+        "| backend | kind | scored | F1 [95% CI] | precision | recall | accuracy [95% CI] | failed "
+        "| unavailable |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, b in s["backends"].items():
         m, c = b["metrics"], b["coverage"]
-        lines.append(f"| {name} | {b['kind']} | {c['scored']} | {_ci(m['f1'])} | {_f(m['precision']['value'])} | "
-                     f"{_f(m['recall']['value'])} | {_ci(m['accuracy'])} | {c['failed']} | {c['unavailable']} |")
+        lines.append(
+            f"| {name} | {b['kind']} | {c['scored']} | {_ci(m['f1'])} | {_f(m['precision']['value'])} | "
+            f"{_f(m['recall']['value'])} | {_ci(m['accuracy'])} | {c['failed']} | {c['unavailable']} |"
+        )
     if s.get("common_pairs"):
         cp = s["common_pairs"]
-        lines += ["", f"On the {cp['pairs']} pairs every backend scored:", "",
-                  "| backend | F1 [95% CI] | accuracy [95% CI] |", "|---|---|---|"]
+        lines += [
+            "",
+            f"On the {cp['pairs']} pairs every backend scored:",
+            "",
+            "| backend | F1 [95% CI] | accuracy [95% CI] |",
+            "|---|---|---|",
+        ]
         for name, m in cp["metrics"].items():
             lines.append(f"| {name} | {_ci(m['f1'])} | {_ci(m['accuracy'])} |")
     if s.get("reference_points"):
-        lines += ["", "Reference points (published; not measured here):", "",
-                  "| source | F1 | accuracy | pairs |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "Reference points (published; not measured here):",
+            "",
+            "| source | F1 | accuracy | pairs |",
+            "|---|---|---|---|",
+        ]
         for p in s["reference_points"]:
-            lines.append(f"| {p['label']}{' (' + p['source'] + ')' if p.get('source') else ''} | {_f(p.get('f1'))} | "
-                         f"{_f(p.get('accuracy'))} | {p.get('n') or 'n/a'} |")
+            lines.append(
+                f"| {p['label']}{' (' + p['source'] + ')' if p.get('source') else ''} | {_f(p.get('f1'))} | "
+                f"{_f(p.get('accuracy'))} | {p.get('n') or 'n/a'} |"
+            )
     if s["comparisons"]:
-        lines += ["", "## Agreement between backends (same pairs)", "",
-                  "| A | B | pairs | agreement | kappa | A elig. only | B elig. only | McNemar p (decisions) | "
-                  "A right, B wrong | B right, A wrong | McNemar p (correctness) |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Agreement between backends (same pairs)",
+            "",
+            "| A | B | pairs | agreement | kappa | A elig. only | B elig. only | McNemar p (decisions) | "
+            "A right, B wrong | B right, A wrong | McNemar p (correctness) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for c in s["comparisons"]:
             d, k = c["decisions"], c["correctness"]
-            lines.append(f"| {c['a']} | {c['b']} | {c['pairs']} | {_f(d['rate'])} | {_f(d['kappa'])} | {d['a_only']} | "
-                         f"{d['b_only']} | {_f(d['mcnemar_p'], 4)} | {k['a_right_b_wrong']} | {k['b_right_a_wrong']} | "
-                         f"{_f(k['mcnemar_p'], 4)} |")
-    lines += ["", "## Structured outputs", "",
-              "| backend | stage | outputs | JSON valid | schema valid | valid first try | accepted after repair |",
-              "|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {c['a']} | {c['b']} | {c['pairs']} | {_f(d['rate'])} | {_f(d['kappa'])} | "
+                f"{d['a_only']} | {d['b_only']} | {_f(d['mcnemar_p'], 4)} | {k['a_right_b_wrong']} | "
+                f"{k['b_right_a_wrong']} | {_f(k['mcnemar_p'], 4)} |"
+            )
+    lines += [
+        "",
+        "## Structured outputs",
+        "",
+        "| backend | stage | outputs | JSON valid | schema valid | valid first try | accepted after repair |",
+        "|---|---|---|---|---|---|---|",
+    ]
     any_validity = False
     for name, b in s["backends"].items():
         for st, v in b.get("validity", {}).items():
             any_validity = True
-            lines.append(f"| {name} | {st} | {v['n']} | {_rate(v['json_valid'])} | {_rate(v['schema_valid'])} | "
-                         f"{_rate(v['valid_first_try'])} | {_rate(v['accepted_after_repair'])} |")
+            lines.append(
+                f"| {name} | {st} | {v['n']} | {_rate(v['json_valid'])} | {_rate(v['schema_valid'])} | "
+                f"{_rate(v['valid_first_try'])} | {_rate(v['accepted_after_repair'])} |"
+            )
     if not any_validity:
         lines.append("| (no model calls in this run) | | | | | | |")
-    lines += ["", "## Latency and cost", "",
-              "Latency: per pair, its own critical path; per stage, the model time of its calls (as recorded "
-              "when answered) or the solver's time. The trial parser counts once per trial.", "",
-              "| backend | pair p50 ms | pair p95 ms | stage p50/p95 ms | prompt tok/pair | completion tok/pair | "
-              "cost/pair | cost total | paid by this run |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Latency and cost",
+        "",
+        "Latency: per pair, its own critical path; per stage, the model time of its calls (as recorded "
+        "when answered) or the solver's time. The trial parser counts once per trial.",
+        "",
+        "| backend | pair p50 ms | pair p95 ms | stage p50/p95 ms | prompt tok/pair | completion tok/pair | "
+        "cost/pair | cost total | paid by this run |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, b in s["backends"].items():
         lat = b["latency_ms"]
-        stages = "; ".join(f"{st} {_ms(v['p50'])}/{_ms(v['p95'])}" for st, v in lat["stages"].items()) or "n/a"
+        stages = (
+            "; ".join(f"{st} {_ms(v['p50'])}/{_ms(v['p95'])}" for st, v in lat["stages"].items()) or "n/a"
+        )
         t, c = b.get("tokens"), b.get("cost_usd")
-        lines.append(f"| {name} | {_ms(lat['pair']['p50'])} | {_ms(lat['pair']['p95'])} | {stages} | "
-                     f"{_f(t['prompt_per_pair'], 0) if t else 'n/a'} | {_f(t['completion_per_pair'], 0) if t else 'n/a'} | "
-                     f"{_usd(c['per_pair']) if c else 'n/a'} | {_usd(c['total']) if c else 'n/a'} | "
-                     f"{_usd(c['paid']) if c else 'n/a'} |")
-    lines += ["", "## Accountability", "",
-              "PivotalFlipRate: each decision's primary pivotal conditions applied (the formal counterfactual), "
-              "decided again; the share that flips (Wilson 95% CI). Consistency: repeated runs of each backend "
-              "over the same pairs.", "",
-              "| backend | PivotalFlipRate ineligible->eligible | PivotalFlipRate eligible->ineligible | "
-              "same decision across repeats | same facts -> same decision |", "|---|---|---|---|---|"]
+        lines.append(
+            f"| {name} | {_ms(lat['pair']['p50'])} | {_ms(lat['pair']['p95'])} | {stages} | "
+            f"{_f(t['prompt_per_pair'], 0) if t else 'n/a'} | "
+            f"{_f(t['completion_per_pair'], 0) if t else 'n/a'} | "
+            f"{_usd(c['per_pair']) if c else 'n/a'} | {_usd(c['total']) if c else 'n/a'} | "
+            f"{_usd(c['paid']) if c else 'n/a'} |"
+        )
+    lines += [
+        "",
+        "## Accountability",
+        "",
+        "PivotalFlipRate: each decision's primary pivotal conditions applied (the formal counterfactual), "
+        "decided again; the share that flips (Wilson 95% CI). Consistency: repeated runs of each backend "
+        "over the same pairs.",
+        "",
+        "| backend | PivotalFlipRate ineligible->eligible | PivotalFlipRate eligible->ineligible | "
+        "same decision across repeats | same facts -> same decision |",
+        "|---|---|---|---|---|",
+    ]
     for name, b in s["backends"].items():
         pf = b.get("pivotal_flip_rate") or {}
         cons = b.get("consistency") or {}
-        lines.append(f"| {name} | {_rate(pf.get('to_eligible')) if pf else 'n/a (not formal)'} | "
-                     f"{_rate(pf.get('to_ineligible')) if pf else 'n/a (not formal)'} | "
-                     f"{_rate(cons.get('same_decision')) if cons else 'n/a (1 run)'} | "
-                     f"{_rate(cons.get('same_facts_same_decision')) if cons.get('same_facts_same_decision') else 'n/a'} |")
+        same_facts = cons.get("same_facts_same_decision")
+        lines.append(
+            f"| {name} | {_rate(pf.get('to_eligible')) if pf else 'n/a (not formal)'} | "
+            f"{_rate(pf.get('to_ineligible')) if pf else 'n/a (not formal)'} | "
+            f"{_rate(cons.get('same_decision')) if cons else 'n/a (1 run)'} | "
+            f"{_rate(same_facts) if same_facts else 'n/a'} |"
+        )
     fails = [(name, reason, k) for name, b in s["backends"].items() for reason, k in b["failures"].items()]
     if fails:
         lines += ["", "## Failed pairs by reason", "", "| backend | reason | pairs |", "|---|---|---|"]
@@ -350,19 +465,27 @@ def compare_runs(path_a: str | Path, path_b: str | Path) -> str:
 
     dir_a, a, ra = load_run(path_a)
     dir_b, b, rb = load_run(path_b)
-    lines = [f"# `{a['name']}` vs `{b['name']}`", "",
-             f"- A: {dir_a} ({a['dataset']['kind']}, {a['dataset']['pairs']} pairs, policy `{a['policy']}`)",
-             f"- B: {dir_b} ({b['dataset']['kind']}, {b['dataset']['pairs']} pairs, policy `{b['policy']}`)", "",
-             "| run | backend | scored | F1 [95% CI] | accuracy [95% CI] | pair p50/p95 ms | cost/pair | "
-             "flip inel.->el. | flip el.->inel. |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# `{a['name']}` vs `{b['name']}`",
+        "",
+        f"- A: {dir_a} ({a['dataset']['kind']}, {a['dataset']['pairs']} pairs, policy `{a['policy']}`)",
+        f"- B: {dir_b} ({b['dataset']['kind']}, {b['dataset']['pairs']} pairs, policy `{b['policy']}`)",
+        "",
+        "| run | backend | scored | F1 [95% CI] | accuracy [95% CI] | pair p50/p95 ms | cost/pair | "
+        "flip inel.->el. | flip el.->inel. |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for tag, s in (("A", a), ("B", b)):
         for name, x in s["backends"].items():
             lat = x["latency_ms"]["pair"]
             pf = x.get("pivotal_flip_rate") or {}
-            lines.append(f"| {tag} | {name} | {x['coverage']['scored']} | {_ci(x['metrics']['f1'])} | "
-                         f"{_ci(x['metrics']['accuracy'])} | {_ms(lat['p50'])}/{_ms(lat['p95'])} | "
-                         f"{_usd(x['cost_usd']['per_pair']) if x.get('cost_usd') else 'n/a'} | "
-                         f"{_rate(pf.get('to_eligible')) if pf else 'n/a'} | {_rate(pf.get('to_ineligible')) if pf else 'n/a'} |")
+            lines.append(
+                f"| {tag} | {name} | {x['coverage']['scored']} | {_ci(x['metrics']['f1'])} | "
+                f"{_ci(x['metrics']['accuracy'])} | {_ms(lat['p50'])}/{_ms(lat['p95'])} | "
+                f"{_usd(x['cost_usd']['per_pair']) if x.get('cost_usd') else 'n/a'} | "
+                f"{_rate(pf.get('to_eligible')) if pf else 'n/a'} | "
+                f"{_rate(pf.get('to_ineligible')) if pf else 'n/a'} |"
+            )
     scoring = ScoringConfig.model_validate(a.get("scoring") or {})
     by_a: dict[str, list] = defaultdict(list)
     by_b: dict[str, list] = defaultdict(list)
@@ -370,9 +493,14 @@ def compare_runs(path_a: str | Path, path_b: str | Path) -> str:
         by_a[r.backend].append(r)
     for r in rb:
         by_b[r.backend].append(r)
-    lines += ["", "Agreement on the pairs both scored:", "",
-              "| A backend | B backend | pairs | agreement | kappa | McNemar p (decisions) | F1 A / B | "
-              "McNemar p (correctness) |", "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Agreement on the pairs both scored:",
+        "",
+        "| A backend | B backend | pairs | agreement | kappa | McNemar p (decisions) | F1 A / B | "
+        "McNemar p (correctness) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for na in by_a:
         for nb in by_b:
             c = compare_backends(by_a[na], by_b[nb], scoring)
@@ -380,6 +508,9 @@ def compare_runs(path_a: str | Path, path_b: str | Path) -> str:
                 lines.append(f"| {na} | {nb} | 0 | n/a | n/a | n/a | n/a | n/a |")
                 continue
             d = c["decisions"]
-            lines.append(f"| {na} | {nb} | {c['pairs']} | {_f(d['rate'])} | {_f(d['kappa'])} | {_f(d['mcnemar_p'], 4)} | "
-                         f"{_f(c['f1']['a'])} / {_f(c['f1']['b'])} | {_f(c['correctness']['mcnemar_p'], 4)} |")
+            lines.append(
+                f"| {na} | {nb} | {c['pairs']} | {_f(d['rate'])} | {_f(d['kappa'])} | "
+                f"{_f(d['mcnemar_p'], 4)} | {_f(c['f1']['a'])} / {_f(c['f1']['b'])} | "
+                f"{_f(c['correctness']['mcnemar_p'], 4)} |"
+            )
     return "\n".join(lines) + "\n"

@@ -6,9 +6,9 @@
 Resumable: each pair's result is appended to ``pairs.jsonl`` (the project's JSONL record store,
 `verdict.core.jsonl_store`) as soon as it is known, and a run started again skips what is there
 (a line torn by a kill is cut and its pair redone); formalizer calls go through the shared call
-cache, so an answer paid for (by this run, an interrupted one, or a teacher run) is never paid for again. A pair whose
-endpoint kept failing is not recorded: the next run tries it again. The run directory keeps the
-config, and refuses to mix results of a different dataset, backends or policy.
+cache, so an answer paid for (by this run, an interrupted one, or a teacher run) is never paid for
+again. A pair whose endpoint kept failing is not recorded: the next run tries it again. The run
+directory keeps the config, and refuses to mix results of a different dataset, backends or policy.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-
 from verdict.core import configs
 from verdict.core.jsonl_store import JsonlStore
 from verdict.core.progress import Progress, to_stderr
@@ -51,8 +50,14 @@ class RunOutcome:
 
 
 class BenchRun:
-    def __init__(self, config: BenchConfig, *, progress_bar: bool = True, restart: bool = False,
-                 progress: Progress = to_stderr):
+    def __init__(
+        self,
+        config: BenchConfig,
+        *,
+        progress_bar: bool = True,
+        restart: bool = False,
+        progress: Progress = to_stderr,
+    ):
         self.config = config
         self.progress_bar = progress_bar
         self.restart = restart
@@ -67,13 +72,17 @@ class BenchRun:
             try:
                 old = configs.load(BenchConfig, cfg_path, None, f"bench config {cfg_path.name}", BenchError)
             except ValueError as e:  # a BenchError, or a model check outside validation
-                raise BenchError(f"{cfg_path} is not a readable bench config: pass --restart to start the run "
-                                 "over", getattr(e, "problems", None)) from None
+                raise BenchError(
+                    f"{cfg_path} is not a readable bench config: pass --restart to start the run over",
+                    getattr(e, "problems", None),
+                ) from None
             a, b = old.work_identity(), self.config.work_identity()
             if a != b:
                 differ = [k for k in a if a[k] != b[k]]
-                raise BenchError(f"run directory {self.dir} holds results of another config ({', '.join(differ)} "
-                                 "differ): use another name, or --restart to discard them")
+                raise BenchError(
+                    f"run directory {self.dir} holds results of another config ({', '.join(differ)} "
+                    "differ): use another name, or --restart to discard them"
+                )
         if self.restart and self.dir.exists():
             for name in ("pairs.jsonl", "results.json", "report.md"):
                 (self.dir / name).unlink(missing_ok=True)
@@ -81,14 +90,16 @@ class BenchRun:
                 f.unlink()
         self.dir.mkdir(parents=True, exist_ok=True)
         data = self.config.model_dump(mode="json", exclude_none=False)
-        cfg_path.write_text("# Written by `verdict bench run`: rerun with `verdict bench run --config "
-                            f"{cfg_path}`\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+        cfg_path.write_text(
+            "# Written by `verdict bench run`: rerun with `verdict bench run --config "
+            f"{cfg_path}`\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+        )
 
     # -- the run ------------------------------------------------------------------------------------
     async def run(self) -> RunOutcome:
-        from verdict.data_gen.egress import EgressPolicy
         from verdict.core.engine import Engine
         from verdict.core.policy import load_policy
+        from verdict.data_gen.egress import EgressPolicy
 
         from .backends import RunContext, make_backend
 
@@ -101,18 +112,25 @@ class BenchRun:
         store = pair_store(self.dir)  # the first append cuts a line torn by a kill: its pair is redone
         done = {r.key: r for r in store.load()}
         outcome = RunOutcome(run_dir=self.dir, done_before=len(done))
-        (self.dir / "dataset.json").write_text(json.dumps(
-            {**dataset.summary(), "pairs_list": [p.model_dump() for p in dataset.pairs]}, indent=1))
+        (self.dir / "dataset.json").write_text(
+            json.dumps({**dataset.summary(), "pairs_list": [p.model_dump() for p in dataset.pairs]}, indent=1)
+        )
         server = None
         ctx = None
         backends = []
         try:
             server = self._vllm_server()
             ledger_cache = None
-            ctx = RunContext(dataset=dataset, engine=Engine(timeout_ms=cfg.solver_timeout_ms), policy=policy,
-                             run_name=cfg.name, run_dir=self.dir, cache_path=Path(cfg.cache),
-                             egress=EgressPolicy.from_config(cfg.egress),
-                             vllm_url=server.base_url if server is not None else None)
+            ctx = RunContext(
+                dataset=dataset,
+                engine=Engine(timeout_ms=cfg.solver_timeout_ms),
+                policy=policy,
+                run_name=cfg.name,
+                run_dir=self.dir,
+                cache_path=Path(cfg.cache),
+                egress=EgressPolicy.from_config(cfg.egress),
+                vllm_url=server.base_url if server is not None else None,
+            )
             backends = [make_backend(b, ctx) for b in cfg.backends]
             for b in backends:
                 b.preflight()  # refuse before anything is sent, vLLM started or money spent
@@ -125,10 +143,16 @@ class BenchRun:
             problems = [p for b in backends for p in b.problems()] + store.problems
             n = len(dataset.pairs)
             c = dataset.counts()
-            self.progress(f"bench {cfg.name}: {dataset.kind}: {n} pairs ({c['eligible']} eligible, {c['ineligible']} "
-                      f"ineligible); {len(dataset.problems)} input rows skipped" +
-                      (f", dropped {', '.join(f'{v} {k}' for k, v in dataset.dropped.items())}" if dataset.dropped else "")
-                      + f"; {len(backends)} backend(s) x {cfg.repeats} repeat(s)")
+            self.progress(
+                f"bench {cfg.name}: {dataset.kind}: {n} pairs ({c['eligible']} eligible, {c['ineligible']} "
+                f"ineligible); {len(dataset.problems)} input rows skipped"
+                + (
+                    f", dropped {', '.join(f'{v} {k}' for k, v in dataset.dropped.items())}"
+                    if dataset.dropped
+                    else ""
+                )
+                + f"; {len(backends)} backend(s) x {cfg.repeats} repeat(s)"
+            )
             for p in (dataset.problems + problems)[:10]:
                 self.progress(f"  skipped: {p}")
             if len(dataset.problems) + len(problems) > 10:
@@ -146,8 +170,10 @@ class BenchRun:
                     break
             if outcome.endpoint_failures and outcome.status == "complete":
                 outcome.status = "incomplete"
-                outcome.message = (f"{outcome.endpoint_failures} pair(s) failed with endpoint errors and were not "
-                                   "recorded: run the same command again to retry them")
+                outcome.message = (
+                    f"{outcome.endpoint_failures} pair(s) failed with endpoint errors and were not "
+                    "recorded: run the same command again to retry them"
+                )
         finally:
             for b in backends:
                 await b.aclose()
@@ -171,8 +197,9 @@ class BenchRun:
 
         return VLLMServer(cfg.vllm)
 
-    async def _run_backend(self, backend, repeat: int, dataset: BenchDataset, done: dict, store: JsonlStore,
-                           outcome: RunOutcome) -> bool:
+    async def _run_backend(
+        self, backend, repeat: int, dataset: BenchDataset, done: dict, store: JsonlStore, outcome: RunOutcome
+    ) -> bool:
         """Decide the backend's pending pairs; True if the run must stop (budget, fatal error)."""
         from verdict.data_gen.errors import BudgetExhausted, EgressRefused, EndpointError
 
@@ -204,8 +231,12 @@ class BenchRun:
                         state["fatal"] = state["fatal"] or e
                     else:
                         state["failed"] += 1
-                        log.warning("pair %s on %s: endpoint error, left for the next run: %s", pair.pair_id,
-                                    backend.name, e.summary)
+                        log.warning(
+                            "pair %s on %s: endpoint error, left for the next run: %s",
+                            pair.pair_id,
+                            backend.name,
+                            e.summary,
+                        )
                     return
                 except EgressRefused as e:
                     state["fatal"] = state["fatal"] or e
@@ -233,8 +264,9 @@ class BenchRun:
         return False
 
     # -- outputs ------------------------------------------------------------------------------------
-    def write_outputs(self, dataset: BenchDataset | None = None, problems: list[str] | None = None,
-                      status: str = "complete") -> dict[str, str]:
+    def write_outputs(
+        self, dataset: BenchDataset | None = None, problems: list[str] | None = None, status: str = "complete"
+    ) -> dict[str, str]:
         """results.json, report.md and plots/ from everything in pairs.jsonl (also after a stop)."""
         from .plots import write_plots
         from .report import load_pairs, render_markdown, summarize
@@ -247,15 +279,25 @@ class BenchRun:
         summary["plots"] = [str(p.relative_to(self.dir)) for p in plots]
         (self.dir / "results.json").write_text(json.dumps(summary, indent=2))
         (self.dir / "report.md").write_text(render_markdown(summary))
-        return {"results": str(self.dir / "results.json"), "report": str(self.dir / "report.md"),
-                **{p.stem: str(p) for p in plots}}
+        return {
+            "results": str(self.dir / "results.json"),
+            "report": str(self.dir / "report.md"),
+            **{p.stem: str(p) for p in plots},
+        }
 
 
 def _progress(total: int, enabled: bool, label: str):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=label, unit="pair", disable=not enabled, file=sys.stderr, dynamic_ncols=True,
-                mininterval=0.5)
+    return tqdm(
+        total=total,
+        desc=label,
+        unit="pair",
+        disable=not enabled,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        mininterval=0.5,
+    )
 
 
 def _file_log(path: Path) -> logging.Handler:

@@ -35,6 +35,7 @@ def main() -> None:
     args = ap.parse_args()
     from verdict.data_gen.fhir.rest import FhirRestConfig
     from verdict.data_gen.fhir.sources import load_source
+
     from tests.fixtures.fhir_server.data import AT, TOKEN, topic_resources, write_bundle, write_ndjson
 
     resources = topic_resources()

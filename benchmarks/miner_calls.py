@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'prompt med':>11}{'max':>6}{'budget':>7}{'fit':>5}{'plan ms':>9}"
     )
     for prog in largest_programs(a.programs):
-        for size, docs, tokens in records:
+        for _size, docs, tokens in records:
             for side in ("inclusion", "exclusion"):
                 stage = f"miner_{side}"
                 budget = limits.prompt_budget(stage)

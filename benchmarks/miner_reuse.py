@@ -34,8 +34,8 @@ BENCH = REPO.parent / "shared" / "data" / "benchmarks"
 
 def criterion_program(trial):
     """One bool atom per distinct criterion text (see the module docstring)."""
-    from verdict.data_gen.formalizer.criteria import split_trial
     from verdict.core.program import load_program
+    from verdict.data_gen.formalizer.criteria import split_trial
 
     atoms, cohort = {}, {"id": "main", "inclusion": [], "exclusion": []}
     for c in split_trial(trial).criteria:
@@ -56,8 +56,10 @@ def load(topics: int):
     for name in ("trials.jsonl", "trials_judged0_only.jsonl"):  # the first file with a trial gives its text
         for t in load_trials(BENCH / name).items:
             trials.setdefault(t.trial_id, t)
-    by_patient = {p.patient_id: [x.trial_id for x in pairs if x.patient_id == p.patient_id and x.trial_id in trials]
-                  for p in patients}
+    by_patient = {
+        p.patient_id: [x.trial_id for x in pairs if x.patient_id == p.patient_id and x.trial_id in trials]
+        for p in patients
+    }
     return patients, by_patient, trials
 
 
@@ -67,9 +69,16 @@ async def mine_all(url, limits, patients, by_patient, programs, reuse: bool) -> 
     from verdict.data_gen.formalizer.value_reuse import ValueReuse
     from verdict.data_gen.teacher_config import TeacherConfig
 
-    t = TeacherConfig(name="scripted", base_url=url, model="scripted", timeout_s=60, max_retries=0,
-                      max_tokens=limits.max_tokens.model_dump(), context_tokens=limits.max_length,
-                      tokenizer="qwen2.5")
+    t = TeacherConfig(
+        name="scripted",
+        base_url=url,
+        model="scripted",
+        timeout_s=60,
+        max_retries=0,
+        max_tokens=limits.max_tokens.model_dump(),
+        context_tokens=limits.max_length,
+        tokenizer="qwen2.5",
+    )
     fz = Formalizer(t, value_reuse=ValueReuse() if reuse else None)
     out: dict[str, list[int]] = {}
     try:
@@ -92,7 +101,9 @@ async def mine_all(url, limits, patients, by_patient, programs, reuse: bool) -> 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--topics", type=int, default=74, help="how many TREC 2021 topics (patients), in file order")
+    ap.add_argument(
+        "--topics", type=int, default=74, help="how many TREC 2021 topics (patients), in file order"
+    )
     ap.add_argument("--limits", default="paper", help="configs/limits/NAME.yaml (default: paper)")
     a = ap.parse_args(argv)
 
@@ -118,11 +129,15 @@ def main(argv: list[str] | None = None) -> int:
     pairs = sum(len(v) for v in runs[False].values())
     without, with_ = (sum(sum(v) for v in runs[r].values()) for r in (False, True))
     atoms = sum(len(programs[t].atoms) for ts in by_patient.values() for t in ts if t in programs)
-    distinct = sum(len({a.name for t in ts if t in programs for a in programs[t].atoms}) for ts in by_patient.values())
+    distinct = sum(
+        len({a.name for t in ts if t in programs for a in programs[t].atoms}) for ts in by_patient.values()
+    )
     print(f"\n{len(patients)} topics, {pairs} judged pairs with criteria text, {len(programs)} trials")
-    print(f"calls per pair: {without / pairs:.2f} without reuse, {with_ / pairs:.2f} with reuse "
-          f"({1 - with_ / without:.1%} fewer); atoms per pair {atoms / pairs:.1f}, distinct per patient "
-          f"{distinct / len(patients):.1f} of {atoms / len(patients):.1f}")
+    print(
+        f"calls per pair: {without / pairs:.2f} without reuse, {with_ / pairs:.2f} with reuse "
+        f"({1 - with_ / without:.1%} fewer); atoms per pair {atoms / pairs:.1f}, distinct per patient "
+        f"{distinct / len(patients):.1f} of {atoms / len(patients):.1f}"
+    )
     # How calls fall as trials share atoms: pairs binned by the share of their atoms already mined
     # for the same patient by an earlier trial.
     bins: dict[str, list[tuple[int, int]]] = {}
@@ -134,7 +149,13 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             names = {a.name for a in programs[tid].atoms}
             share = len(names & seen) / len(names)
-            label = "0%" if share == 0 else "100%" if share == 1 else f"{int(share * 4) * 25}-{int(share * 4) * 25 + 25}%"
+            label = (
+                "0%"
+                if share == 0
+                else "100%"
+                if share == 1
+                else f"{int(share * 4) * 25}-{int(share * 4) * 25 + 25}%"
+            )
             bins.setdefault(label, []).append((runs[False][pid][k], runs[True][pid][k]))
             seen |= names
             k += 1
@@ -143,11 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     for label in ("0%", "0-25%", "25-50%", "50-75%", "75-100%", "100%"):
         rows = bins.get(label, [])
         if rows:
-            print(f"{label:>8} {len(rows):>6} {sum(r[0] for r in rows) / len(rows):>8.2f} "
-                  f"{sum(r[1] for r in rows) / len(rows):>8.2f}")
-    print(f"\nminer-reuse: topics={len(patients)} pairs={pairs} calls_per_pair={without / pairs:.2f} "
-          f"reused_calls_per_pair={with_ / pairs:.2f} saved={1 - with_ / without:.3f} "
-          f"atom_reuse={1 - distinct / atoms:.3f}")
+            print(
+                f"{label:>8} {len(rows):>6} {sum(r[0] for r in rows) / len(rows):>8.2f} "
+                f"{sum(r[1] for r in rows) / len(rows):>8.2f}"
+            )
+    print(
+        f"\nminer-reuse: topics={len(patients)} pairs={pairs} calls_per_pair={without / pairs:.2f} "
+        f"reused_calls_per_pair={with_ / pairs:.2f} saved={1 - with_ / without:.3f} "
+        f"atom_reuse={1 - distinct / atoms:.3f}"
+    )
     return 0
 
 

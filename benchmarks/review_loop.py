@@ -26,6 +26,7 @@ def main() -> None:
     args = ap.parse_args()
     from verdict.data_gen.scripted_server import Script, ScriptedServer
     from verdict.serve.api_keys import KeyStore
+
     from tests.serve import test_reviews as fixture
     from tests.serve.conftest import start_service
 
@@ -51,8 +52,10 @@ def main() -> None:
             history_ms = (time.perf_counter() - t0) * 1000
         print(f"reviews: {args.reviews} chained, median {statistics.median(ms):.1f} ms, max {max(ms):.1f} ms")
         print(f"history: {len(history['entries'])} entries in {history_ms:.1f} ms")
-        print(f"formalizer calls: {calls_after_match} for the match, {len(srv.requests) - calls_after_match} "
-              "for the reviews")
+        print(
+            f"formalizer calls: {calls_after_match} for the match, {len(srv.requests) - calls_after_match} "
+            "for the reviews"
+        )
     finally:
         svc.stop()
         srv.stop()

@@ -184,8 +184,8 @@ def edge(work: Path, requests: int) -> None:
     import threading
 
     import httpx
-
     from verdict.data_gen.scripted_server import Script, ScriptedServer
+
     from tests.serve.conftest import start_service
     from tests.serve.test_security import CONFIG, SCRIPT, cubes, fermat, program
 
@@ -201,8 +201,10 @@ def edge(work: Path, requests: int) -> None:
             body = {"trial_id": "T-AGE", "patient": patient}
             c.post("/v1/match", json=body).raise_for_status()
             print(f"\nper request on one reused connection ({requests} each):")
-            for name, send in (("GET /healthz", lambda: c.get("/healthz")),
-                               ("POST /v1/match", lambda: c.post("/v1/match", json=body))):
+            for name, send in (
+                ("GET /healthz", lambda: c.get("/healthz")),
+                ("POST /v1/match", lambda: c.post("/v1/match", json=body)),
+            ):
                 lat = []
                 for _ in range(requests):
                     t0 = time.perf_counter()
@@ -215,15 +217,17 @@ def edge(work: Path, requests: int) -> None:
         slow = {
             "idle (for comparison)": lambda c: time.sleep(1.0),
             "upload, 40 hard criteria": lambda c: c.post(
-                "/v1/trials", json={"program": cubes("T-CUBES", 40)}),
+                "/v1/trials", json={"program": cubes("T-CUBES", 40)}
+            ),
             "match, decision at the limit": lambda c: c.post(
                 "/v1/match",
-                json={"trial_id": "T-FERMAT", "patient": {"patient_id": "P2", "note": "w is zero."}}),
+                json={"trial_id": "T-FERMAT", "patient": {"patient_id": "P2", "note": "w is zero."}},
+            ),
         }
         for name, call in slow.items():
             lat, stop = [], threading.Event()
 
-            def poll():
+            def poll(lat=lat, stop=stop):
                 while not stop.is_set():
                     t0 = time.perf_counter()
                     httpx.get(svc.url + "/healthz", timeout=300, trust_env=False)
@@ -240,9 +244,11 @@ def edge(work: Path, requests: int) -> None:
             stop.set()
             th.join()
             status = f"HTTP {r.status_code}" if r is not None else "-"
-            print(f"  {name:30s} took {took:6.2f} s ({status});  /healthz median "
-                  f"{statistics.median(lat) * 1000:6.1f} ms, max {max(lat) * 1000:7.1f} ms "
-                  f"({len(lat)} polls)")
+            print(
+                f"  {name:30s} took {took:6.2f} s ({status});  /healthz median "
+                f"{statistics.median(lat) * 1000:6.1f} ms, max {max(lat) * 1000:7.1f} ms "
+                f"({len(lat)} polls)"
+            )
     finally:
         svc.stop()
         srv.stop()
@@ -261,8 +267,9 @@ def main() -> None:
     ap.add_argument("--service-url")
     ap.add_argument("--key")
     ap.add_argument("--records", type=Path, help="teacher records JSON (default: the tests' recorded set)")
-    ap.add_argument("--edge", action="store_true",
-                    help="no vLLM: edge latency and /healthz under solver load")
+    ap.add_argument(
+        "--edge", action="store_true", help="no vLLM: edge latency and /healthz under solver load"
+    )
     a = ap.parse_args()
     if a.edge:
         a.work.mkdir(parents=True, exist_ok=True)
@@ -277,6 +284,7 @@ def main() -> None:
         return
 
     from verdict.serve.vllm_server import VLLMServer
+
     from tests.serve.conftest import start_service
 
     a.work.mkdir(parents=True, exist_ok=True)

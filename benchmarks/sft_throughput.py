@@ -64,7 +64,6 @@ def build_model(arch: dict, device: str, dtype):
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2Config, Qwen2ForCausalLM
-
     from verdict.train.sft_config import LoraSpec
 
     cfg = Qwen2Config(**arch)
@@ -90,7 +89,6 @@ def build_model(arch: dict, device: str, dtype):
 
 def measure(a) -> dict:
     import torch
-
     from verdict.train.sft_config import TrainConfig
 
     recipe = TrainConfig(name="bench", task="parser", base_model="-", datasets=[{"path": "-"}])
@@ -169,7 +167,6 @@ def measure(a) -> dict:
 
 def dataset_tokens(paths: list[str], tokenizer: str) -> list[tuple[str, int, int]]:
     from transformers import AutoTokenizer
-
     from verdict.train.sft_data import load_dataset_dict
     from verdict.train.sft_trainer import token_lengths
 

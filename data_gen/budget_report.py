@@ -31,7 +31,10 @@ from .protocol import NoteDocument
 
 SHARED = Path("../shared/data")  # the project's shared corpora, beside the checkout
 DEFAULT_TRIALS = [SHARED / "benchmarks" / "trials.jsonl", SHARED / "benchmarks" / "trials_judged0_only.jsonl"]
-DEFAULT_NOTES = [SHARED / "benchmarks" / "patients_sigir.jsonl", SHARED / "benchmarks" / "patients_trec2021.jsonl"]
+DEFAULT_NOTES = [
+    SHARED / "benchmarks" / "patients_sigir.jsonl",
+    SHARED / "benchmarks" / "patients_trec2021.jsonl",
+]
 DEFAULT_RECORDED = SHARED / "reference" / "v6"
 DEFAULT_RECORDED_NOTES = SHARED / "benchmarks" / "patients_sigir.jsonl"
 NOTE_TOKENS = (500, 2000, 8000)
@@ -63,7 +66,7 @@ class Dist:
     max: int
 
     @staticmethod
-    def of(values: list[int]) -> "Dist | None":
+    def of(values: list[int]) -> Dist | None:
         if not values:
             return None
         v = sorted(values)
@@ -92,6 +95,7 @@ class BudgetReport:
     def of(self, corpus: str, stage: str | None = None, prefix: bool = False) -> list[StageRecord]:
         def stage_ok(s: str) -> bool:
             return stage is None or (s.startswith(stage) if prefix else s == stage)
+
         return [r for r in self.records if r.corpus == corpus and stage_ok(r.stage)]
 
     def fit(self, records: list[StageRecord]) -> float:
@@ -102,10 +106,12 @@ class BudgetReport:
         parser, miner = self.of("reference", "parser"), self.of("reference", "miner", prefix=True)
         prompts = [r.prompt for r in ref if r.prompt is not None]
         comps = [r.completion for r in ref if r.completion is not None]
-        return (f"budget: records={len(ref)} fit={self.fit(ref):.3f} parser_fit={self.fit(parser):.3f} "
-                f"miner_fit={self.fit(miner):.3f} max_prompt={max(prompts, default=0)} "
-                f"max_completion={max(comps, default=0)} max_length={self.limits.max_length} "
-                f"new_tokens={self.limits.max_new_tokens}")
+        return (
+            f"budget: records={len(ref)} fit={self.fit(ref):.3f} parser_fit={self.fit(parser):.3f} "
+            f"miner_fit={self.fit(miner):.3f} max_prompt={max(prompts, default=0)} "
+            f"max_completion={max(comps, default=0)} max_length={self.limits.max_length} "
+            f"new_tokens={self.limits.max_new_tokens}"
+        )
 
 
 # ---- the corpora -----------------------------------------------------------------------------------
@@ -119,8 +125,14 @@ def _trials_by_id(paths: list[Path]) -> dict:
     return out
 
 
-def measure_reference(report: BudgetReport, counter: TokenCounter, reference_dir: Path, notes_path: Path,
-                      programs: list | None = None, trial_paths: list[Path] = ()) -> None:
+def measure_reference(
+    report: BudgetReport,
+    counter: TokenCounter,
+    reference_dir: Path,
+    notes_path: Path,
+    programs: list | None = None,
+    trial_paths: list[Path] = (),
+) -> None:
     """Per-criterion parser records and planned miner calls of the recorded outputs."""
     from verdict.core.errors import VerdictError
     from verdict.core.reference import load_reference
@@ -162,18 +174,30 @@ def measure_reference(report: BudgetReport, counter: TokenCounter, reference_dir
         for side in ("inclusion", "exclusion"):
             stage = f"miner_{side}"
             try:
-                calls = plan_miner_calls(case.program, [NoteDocument(id="note", text=note.text)], side,
-                                         count_messages=counter.count_messages, count_text=counter.count_text,
-                                         prompt_budget=lim.prompt_budget(stage),
-                                         completion_budget=lim.stage_tokens(stage))
+                calls = plan_miner_calls(
+                    case.program,
+                    [NoteDocument(id="note", text=note.text)],
+                    side,
+                    count_messages=counter.count_messages,
+                    count_text=counter.count_text,
+                    prompt_budget=lim.prompt_budget(stage),
+                    completion_budget=lim.stage_tokens(stage),
+                )
             except MinerBudgetError as e:
                 report.records.append(StageRecord("reference", stage, None))
                 report.problems.append(f"{where} {side}: {e.summary}")
                 continue
             for call in calls:
                 answer = recorded_answer(case, side, call.atoms, "\n".join(call.texts))
-                report.records.append(StageRecord("reference", stage, call.prompt_tokens,
-                                                  counter.count_text(answer), f"{where} {side} {call.call_id}"))
+                report.records.append(
+                    StageRecord(
+                        "reference",
+                        stage,
+                        call.prompt_tokens,
+                        counter.count_text(answer),
+                        f"{where} {side} {call.call_id}",
+                    )
+                )
 
 
 def recorded_parser_records(program, trial, counter: TokenCounter) -> list[tuple[str, int, int | None, str]]:
@@ -182,13 +206,20 @@ def recorded_parser_records(program, trial, counter: TokenCounter) -> list[tuple
     from .recorded import recorded_parser_result
 
     res = recorded_parser_result(program, trial)
-    return [("parser", counter.count_messages(c.messages),
-             counter.count_text(c.output_json) if c.output_json is not None else None, c.item or "") for c in res.calls]
+    return [
+        (
+            "parser",
+            counter.count_messages(c.messages),
+            counter.count_text(c.output_json) if c.output_json is not None else None,
+            c.item or "",
+        )
+        for c in res.calls
+    ]
 
 
 def parser_records(program, counter: TokenCounter) -> list[tuple[str, int, int, str]]:
-    """(stage, prompt tokens, completion tokens, criterion id) of each criterion of a program: our prompt for the
-    criterion text, and the program re-expressed as that criterion's output."""
+    """(stage, prompt tokens, completion tokens, criterion id) of each criterion of a program: our
+    prompt for the criterion text, and the program re-expressed as that criterion's output."""
     from .formalizer.assembly import criterion_outputs
     from .formalizer.criteria import CriterionText
     from .formalizer.parser import criterion_messages
@@ -252,8 +283,13 @@ def synthetic_notes(texts: list[str], counter, sizes: tuple[int, ...]) -> dict[i
     return out
 
 
-def measure_notes(report: BudgetReport, counter, notes_paths: list[Path], programs: list,
-                  sizes: tuple[int, ...] = NOTE_TOKENS) -> None:
+def measure_notes(
+    report: BudgetReport,
+    counter,
+    notes_paths: list[Path],
+    programs: list,
+    sizes: tuple[int, ...] = NOTE_TOKENS,
+) -> None:
     """Planned miner calls for long records, against every reference program."""
     from .formalizer.miner import MinerBudgetError, plan_miner_calls
     from .sources import load_patients
@@ -269,25 +305,41 @@ def measure_notes(report: BudgetReport, counter, notes_paths: list[Path], progra
         for program in programs:
             for stage in MINER_STAGES:
                 try:
-                    calls = plan_miner_calls(program, docs, stage.removeprefix("miner_"),
-                                             count_messages=counter.count_messages, count_text=counter.count_text,
-                                             prompt_budget=lim.prompt_budget(stage),
-                                             completion_budget=lim.stage_tokens(stage))
+                    calls = plan_miner_calls(
+                        program,
+                        docs,
+                        stage.removeprefix("miner_"),
+                        count_messages=counter.count_messages,
+                        count_text=counter.count_text,
+                        prompt_budget=lim.prompt_budget(stage),
+                        completion_budget=lim.stage_tokens(stage),
+                    )
                 except MinerBudgetError:
                     report.records.append(StageRecord(f"notes-{size}", stage, None))
                     continue
                 report.records += [StageRecord(f"notes-{size}", stage, c.prompt_tokens) for c in calls]
 
 
-def budget_report(trials: list[Path] | None = None, notes: list[Path] | None = None,
-                  recorded: Path | None = None, recorded_notes: Path | None = None, limits: str = "paper",
-                  note_tokens: tuple[int, ...] = NOTE_TOKENS) -> BudgetReport:
+def budget_report(
+    trials: list[Path] | None = None,
+    notes: list[Path] | None = None,
+    recorded: Path | None = None,
+    recorded_notes: Path | None = None,
+    limits: str = "paper",
+    note_tokens: tuple[int, ...] = NOTE_TOKENS,
+) -> BudgetReport:
     lim = load_limits(limits)
     counter = lim.counter()
     report = BudgetReport(limits=lim, counter=counter.name)
     programs: list = []
-    measure_reference(report, counter, recorded or DEFAULT_RECORDED, recorded_notes or DEFAULT_RECORDED_NOTES,
-                      programs, trials or DEFAULT_TRIALS)
+    measure_reference(
+        report,
+        counter,
+        recorded or DEFAULT_RECORDED,
+        recorded_notes or DEFAULT_RECORDED_NOTES,
+        programs,
+        trials or DEFAULT_TRIALS,
+    )
     if trials != []:
         measure_trials(report, counter, trials or DEFAULT_TRIALS)
     if notes != [] and note_tokens and hasattr(counter, "encode"):
@@ -302,12 +354,15 @@ def _cell(d: Dist | None) -> str:
 
 def format_report(report: BudgetReport) -> str:
     lim = report.limits
-    lines = [f"limits '{lim.name}': max_length={lim.max_length} max_new_tokens={lim.max_new_tokens} "
-             + " ".join(f"{s}={lim.stage_tokens(s)}" for s in ("parser", *MINER_STAGES))
-             + f" tokenizer={report.counter}", "",
-             "| corpus | stage | calls | prompt tokens (median / p95 / max) | prompt budget "
-             "| completion tokens (median / p95 / max) | max_tokens | fit |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"limits '{lim.name}': max_length={lim.max_length} max_new_tokens={lim.max_new_tokens} "
+        + " ".join(f"{s}={lim.stage_tokens(s)}" for s in ("parser", *MINER_STAGES))
+        + f" tokenizer={report.counter}",
+        "",
+        "| corpus | stage | calls | prompt tokens (median / p95 / max) | prompt budget "
+        "| completion tokens (median / p95 / max) | max_tokens | fit |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     corpora = list(dict.fromkeys(r.corpus for r in report.records))
     for corpus in corpora:
         for stage in ("parser", *MINER_STAGES):
@@ -318,18 +373,26 @@ def format_report(report: BudgetReport) -> str:
             comps = Dist.of([r.completion for r in recs if r.completion is not None])
             unplanned = sum(r.prompt is None for r in recs)
             calls = f"{len(recs)}" + (f" ({unplanned} unplannable)" if unplanned else "")
-            lines.append(f"| {corpus} | {stage} | {calls} | {_cell(prompts)} | {lim.prompt_budget(stage)} "
-                         f"| {_cell(comps)} | {lim.stage_tokens(stage)} | {report.fit(recs):.3f} |")
+            lines.append(
+                f"| {corpus} | {stage} | {calls} | {_cell(prompts)} | {lim.prompt_budget(stage)} "
+                f"| {_cell(comps)} | {lim.stage_tokens(stage)} | {report.fit(recs):.3f} |"
+            )
     ref_files = report.reference_files
     if ref_files:
-        lines += ["", f"reference: {ref_files} recorded files; parser records of {report.recorded_via_trial} "
-                      "from the trial's own criteria (as `import-recorded` writes them), of the others from the "
-                      "recorded program's criteria re-expressed one by one"]
+        lines += [
+            "",
+            f"reference: {ref_files} recorded files; parser records of {report.recorded_via_trial} "
+            "from the trial's own criteria (as `import-recorded` writes them), of the others from the "
+            "recorded program's criteria re-expressed one by one",
+        ]
     if report.trials:
         saved = 1 - report.distinct_criteria / report.criteria if report.criteria else 0.0
-        lines += ["", f"trials: {report.trials} trials, {report.criteria} criteria, {report.distinct_criteria} "
-                      f"distinct (the criterion cache saves {saved:.1%} of parser calls); prompts fit "
-                      f"{report.fit(report.of('trials')):.3f}"]
+        lines += [
+            "",
+            f"trials: {report.trials} trials, {report.criteria} criteria, {report.distinct_criteria} "
+            f"distinct (the criterion cache saves {saved:.1%} of parser calls); prompts fit "
+            f"{report.fit(report.of('trials')):.3f}",
+        ]
     over = [r for r in report.of("reference") if not r.fits(lim)]
     if over:
         lines += ["", f"reference records over the limits ({len(over)}):"]

@@ -8,9 +8,9 @@ Crash safety: WAL journal; a response is written, with its ledger entry, in one 
 after it arrives, so `kill -9` at any moment either keeps the whole call or none of it. That
 transaction is also synced to disk (synchronous=FULL) so that an answered call survives a power
 loss too; bookkeeping writes (journal, cache-hit rows) skip the sync (they survive a killed
-process, which is what they are for). A call is journaled in `inflight` before it is sent and cleared in that same
-transaction: a row left there after a crash is a call whose answer never arrived (the only call a
-resumed run may send again), and `verdict teacher stats` reports it.
+process, which is what they are for). A call is journaled in `inflight` before it is sent and
+cleared in that same transaction: a row left there after a crash is a call whose answer never
+arrived (the only call a resumed run may send again), and `verdict teacher stats` reports it.
 """
 
 from __future__ import annotations
@@ -113,7 +113,8 @@ class CallCache:
     def get(self, key: str) -> CachedCall | None:
         rows = self._read(
             "SELECT key, content, finish_reason, prompt_tokens, completion_tokens, cost_usd, usage_estimated,"
-            " attempts, latency_s FROM calls WHERE key = ?", (key,),
+            " attempts, latency_s FROM calls WHERE key = ?",
+            (key,),
         )
         if not rows:
             return None
@@ -122,7 +123,10 @@ class CallCache:
 
     def begin(self, key: str, meta: CallMeta) -> None:
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO inflight VALUES (?, ?, ?, ?)", (key, meta.run, meta.stage, time.time()))
+            self._db.execute(
+                "INSERT OR REPLACE INTO inflight VALUES (?, ?, ?, ?)",
+                (key, meta.run, meta.stage, time.time()),
+            )
 
     def abandon(self, key: str, meta: CallMeta) -> None:
         """The call failed without an answer (nothing to pay for): clear its journal entry."""
@@ -139,15 +143,38 @@ class CallCache:
             try:
                 db.execute(
                     "INSERT OR IGNORE INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (call.key, meta.endpoint, meta.model, meta.teacher, meta.stage, meta.prompt, call.content,
-                     call.finish_reason, call.prompt_tokens, call.completion_tokens, int(call.usage_estimated),
-                     call.cost_usd, call.attempts, call.latency_s, meta.run, now),
+                    (
+                        call.key,
+                        meta.endpoint,
+                        meta.model,
+                        meta.teacher,
+                        meta.stage,
+                        meta.prompt,
+                        call.content,
+                        call.finish_reason,
+                        call.prompt_tokens,
+                        call.completion_tokens,
+                        int(call.usage_estimated),
+                        call.cost_usd,
+                        call.attempts,
+                        call.latency_s,
+                        meta.run,
+                        now,
+                    ),
                 )
                 db.execute(
-                    "INSERT INTO ledger (run, stage, teacher, key, kind, prompt_tokens, completion_tokens, cost_usd, at)"
-                    " VALUES (?,?,?,?,'paid',?,?,?,?)",
-                    (meta.run, meta.stage, meta.teacher, call.key, call.prompt_tokens, call.completion_tokens,
-                     call.cost_usd, now),
+                    "INSERT INTO ledger (run, stage, teacher, key, kind, prompt_tokens, completion_tokens, "
+                    "cost_usd, at) VALUES (?,?,?,?,'paid',?,?,?,?)",
+                    (
+                        meta.run,
+                        meta.stage,
+                        meta.teacher,
+                        call.key,
+                        call.prompt_tokens,
+                        call.completion_tokens,
+                        call.cost_usd,
+                        now,
+                    ),
                 )
                 db.execute("DELETE FROM inflight WHERE key = ? AND run = ?", (call.key, meta.run))
                 db.execute("COMMIT")
@@ -160,14 +187,24 @@ class CallCache:
     def record_hit(self, call: CachedCall, meta: CallMeta) -> None:
         with self._lock:
             self._db.execute(
-                "INSERT INTO ledger (run, stage, teacher, key, kind, prompt_tokens, completion_tokens, cost_usd, at)"
-                " VALUES (?,?,?,?,'cache_hit',?,?,0,?)",
-                (meta.run, meta.stage, meta.teacher, call.key, call.prompt_tokens, call.completion_tokens, time.time()),
+                "INSERT INTO ledger (run, stage, teacher, key, kind, prompt_tokens, completion_tokens, "
+                "cost_usd, at) VALUES (?,?,?,?,'cache_hit',?,?,0,?)",
+                (
+                    meta.run,
+                    meta.stage,
+                    meta.teacher,
+                    call.key,
+                    call.prompt_tokens,
+                    call.completion_tokens,
+                    time.time(),
+                ),
             )
 
     # -- queries ---------------------------------------------------------------------------------
     def spent(self, run: str) -> float:
-        [(v,)] = self._read("SELECT COALESCE(SUM(cost_usd), 0) FROM ledger WHERE run = ? AND kind = 'paid'", (run,))
+        [(v,)] = self._read(
+            "SELECT COALESCE(SUM(cost_usd), 0) FROM ledger WHERE run = ? AND kind = 'paid'", (run,)
+        )
         return float(v)
 
     def inflight(self, run: str | None = None) -> list[tuple[str, str, str]]:
@@ -183,10 +220,21 @@ class CallCache:
         """Per (stage, teacher, kind): calls, tokens, cost."""
         rows = self._read(
             "SELECT stage, teacher, kind, COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(cost_usd)"
-            " FROM ledger WHERE run = ? GROUP BY stage, teacher, kind ORDER BY stage, teacher, kind", (run,),
+            " FROM ledger WHERE run = ? GROUP BY stage, teacher, kind ORDER BY stage, teacher, kind",
+            (run,),
         )
-        return [dict(stage=r[0], teacher=r[1], kind=r[2], calls=r[3], prompt_tokens=r[4] or 0,
-                     completion_tokens=r[5] or 0, cost_usd=r[6] or 0.0) for r in rows]
+        return [
+            dict(
+                stage=r[0],
+                teacher=r[1],
+                kind=r[2],
+                calls=r[3],
+                prompt_tokens=r[4] or 0,
+                completion_tokens=r[5] or 0,
+                cost_usd=r[6] or 0.0,
+            )
+            for r in rows
+        ]
 
     def count_calls(self) -> int:
         return self._read("SELECT COUNT(*) FROM calls")[0][0]

@@ -41,8 +41,9 @@ class Completion:
     latency_s: float
 
 
-def build_request(teacher: TeacherConfig, stage: str, messages: list[dict[str, str]],
-                  schema: dict | None, schema_name: str) -> dict[str, Any]:
+def build_request(
+    teacher: TeacherConfig, stage: str, messages: list[dict[str, str]], schema: dict | None, schema_name: str
+) -> dict[str, Any]:
     """The exact Chat Completions request (keyword arguments of `chat.completions.create`)."""
     params: dict[str, Any] = {"model": teacher.model, "messages": messages}
     params[teacher.max_tokens_param] = teacher.max_tokens.for_stage(stage)
@@ -56,8 +57,10 @@ def build_request(teacher: TeacherConfig, stage: str, messages: list[dict[str, s
         (params if k in known else extra_body)[k] = v
     if schema is not None:
         if teacher.structured_output == "json_schema":
-            params["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": schema_name, "schema": schema, "strict": teacher.strict_schema}}
+            params["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": schema_name, "schema": schema, "strict": teacher.strict_schema},
+            }
         elif teacher.structured_output == "vllm":
             # Current vLLM reads `structured_outputs`; the old `guided_json` is silently ignored.
             extra_body["structured_outputs"] = {"json": schema}
@@ -76,7 +79,9 @@ def _create_params() -> frozenset[str]:
 
 
 class EndpointClient:
-    def __init__(self, teacher: TeacherConfig, *, egress: EgressPolicy | None = None, seed: int | None = None):
+    def __init__(
+        self, teacher: TeacherConfig, *, egress: EgressPolicy | None = None, seed: int | None = None
+    ):
         self.teacher = teacher
         self.egress = egress if egress is not None else EgressPolicy.from_config()
         self._rng = random.Random(seed)
@@ -96,7 +101,8 @@ class EndpointClient:
             key = os.environ.get(t.api_key_env, "")
             if not key:
                 raise TeacherConfigError(
-                    f"teacher '{t.name}': environment variable {t.api_key_env} is not set (it holds the API key)"
+                    f"teacher '{t.name}': environment variable {t.api_key_env} is not set "
+                    "(it holds the API key)"
                 )
         http = _http_module()
         http_client = openai.DefaultAsyncHttpxClient(
@@ -107,7 +113,9 @@ class EndpointClient:
         )
         common = dict(api_key=key, max_retries=0, timeout=t.timeout_s, http_client=http_client)
         if t.api == "azure":
-            self._client = openai.AsyncAzureOpenAI(azure_endpoint=t.base_url, api_version=t.api_version, **common)
+            self._client = openai.AsyncAzureOpenAI(
+                azure_endpoint=t.base_url, api_version=t.api_version, **common
+            )
         else:
             self._client = openai.AsyncOpenAI(base_url=t.base_url, **common)
         return self._client
@@ -123,12 +131,25 @@ class EndpointClient:
         return self._sem
 
     def check_egress(self, *, carries_patient_text: bool, data_class: str, what: str) -> None:
-        self.egress.check(self.teacher.base_url, carries_patient_text=carries_patient_text, data_class=data_class,
-                          what=what, via_proxy=self.teacher.proxy)
+        self.egress.check(
+            self.teacher.base_url,
+            carries_patient_text=carries_patient_text,
+            data_class=data_class,
+            what=what,
+            via_proxy=self.teacher.proxy,
+        )
 
     # -- the call --------------------------------------------------------------------------------
-    async def complete(self, request: dict[str, Any], *, carries_patient_text: bool, data_class: str = "private",
-                       what: str = "request", sensitive: tuple[str, ...] = (), request_id: str | None = None) -> Completion:
+    async def complete(
+        self,
+        request: dict[str, Any],
+        *,
+        carries_patient_text: bool,
+        data_class: str = "private",
+        what: str = "request",
+        sensitive: tuple[str, ...] = (),
+        request_id: str | None = None,
+    ) -> Completion:
         """Send one request (retrying transient failures) and return the first answer.
 
         ``request_id`` (the cache key, a hash) goes out as the X-Verdict-Request-Id header so that
@@ -147,25 +168,35 @@ class EndpointClient:
                 async with self._semaphore():
                     self.requests_sent += 1
                     resp = await client.chat.completions.create(
-                        **request, extra_headers={REQUEST_ID_HEADER: request_id} if request_id else None)
+                        **request, extra_headers={REQUEST_ID_HEADER: request_id} if request_id else None
+                    )
                 return _completion(resp, request, attempt, time.monotonic() - start)
             except openai.APIStatusError as e:
                 status = e.status_code
                 retryable = status in (408, 409, 429) or status >= 500
                 private = carries_patient_text and data_class not in ("public", "synthetic")
                 # A server's message can echo any fragment of a private note, too short to recognize.
-                problem = f"HTTP {status}: " + (PRIVATE_WITHHELD if private else _server_message(e, sensitive))
+                problem = f"HTTP {status}: " + (
+                    PRIVATE_WITHHELD if private else _server_message(e, sensitive)
+                )
                 retry_after = _retry_after(e.response.headers) if e.response is not None else None
             except openai.APITimeoutError:
                 status, retryable, problem = None, True, f"no answer within {t.timeout_s:g} s"
             except openai.APIConnectionError as e:
-                status, retryable, problem = None, True, f"connection failed ({type(e.__cause__ or e).__name__})"
+                status, retryable, problem = (
+                    None,
+                    True,
+                    f"connection failed ({type(e.__cause__ or e).__name__})",
+                )
             except (openai.APIResponseValidationError, json.JSONDecodeError, ValueError) as e:
                 status, retryable, problem = None, True, f"malformed response body ({type(e).__name__})"
             if not retryable or attempt > t.max_retries:
                 tries = f"after {attempt} attempt{'s' if attempt > 1 else ''}"
-                raise EndpointError(f"teacher '{t.name}' ({t.host}) failed {tries}: {problem}",
-                                    status=status, retryable=retryable)
+                raise EndpointError(
+                    f"teacher '{t.name}' ({t.host}) failed {tries}: {problem}",
+                    status=status,
+                    retryable=retryable,
+                )
             delay = self._delay(attempt, retry_after)
             log.info("retry teacher=%s attempt=%d in %.2fs: %s", t.name, attempt, delay, problem)
             await asyncio.sleep(delay)
@@ -192,14 +223,23 @@ def _completion(resp, request: dict, attempts: int, latency: float) -> Completio
     finish = choice.finish_reason if choice is not None else None
     usage = getattr(resp, "usage", None)
     if usage is not None and usage.prompt_tokens is not None:
-        return Completion(content, finish, int(usage.prompt_tokens), int(usage.completion_tokens or 0), False,
-                          attempts, latency)
+        return Completion(
+            content,
+            finish,
+            int(usage.prompt_tokens),
+            int(usage.completion_tokens or 0),
+            False,
+            attempts,
+            latency,
+        )
     from .ledger import (
         estimate_prompt_tokens,  # no usage reported: estimate so the ledger stays conservative
     )
 
     out = len((content or "").encode()) // 3 + 1
-    return Completion(content, finish, estimate_prompt_tokens(request["messages"]), out, True, attempts, latency)
+    return Completion(
+        content, finish, estimate_prompt_tokens(request["messages"]), out, True, attempts, latency
+    )
 
 
 def _retry_after(headers) -> float | None:
@@ -252,6 +292,6 @@ def quotes_any(text: str, sensitive: tuple[str, ...], window: int = 24) -> bool:
                 return True
             continue
         for i in range(0, max(1, len(norm) - window + 1)):
-            if norm[i:i + window] in s:
+            if norm[i : i + window] in s:
                 return True
     return False

@@ -27,7 +27,7 @@ class EgressPolicy:
     allow_hosts: tuple[str, ...] = field(default_factory=tuple)
 
     @classmethod
-    def from_config(cls, cfg: EgressConfig | None = None, *, env: bool = True) -> "EgressPolicy":
+    def from_config(cls, cfg: EgressConfig | None = None, *, env: bool = True) -> EgressPolicy:
         cfg = cfg or EgressConfig()
         hosts = list(cfg.allow_hosts)
         if env and os.environ.get(ENV_ALLOW):
@@ -53,8 +53,15 @@ class EgressPolicy:
                 return True
         return False
 
-    def check(self, url: str, *, carries_patient_text: bool, data_class: str = "private",
-              what: str = "request", via_proxy: str | None = None) -> None:
+    def check(
+        self,
+        url: str,
+        *,
+        carries_patient_text: bool,
+        data_class: str = "private",
+        what: str = "request",
+        via_proxy: str | None = None,
+    ) -> None:
         """Raise EgressRefused unless a request to ``url`` (and its proxy) is allowed."""
         if not carries_patient_text or data_class in ("public", "synthetic"):
             return

@@ -23,8 +23,14 @@ class EgressRefused(VerdictError):
 class EndpointError(VerdictError):
     """The endpoint failed in a way retrying does not fix (or retries ran out)."""
 
-    def __init__(self, message: str, problems: list[str] | None = None, *, status: int | None = None,
-                 retryable: bool = False):
+    def __init__(
+        self,
+        message: str,
+        problems: list[str] | None = None,
+        *,
+        status: int | None = None,
+        retryable: bool = False,
+    ):
         super().__init__(message, problems)
         self.status = status
         self.retryable = retryable

@@ -45,7 +45,9 @@ def load_run_records(run_dir: str | Path) -> RunRecords:
     d = Path(run_dir)
     db = d / "records.sqlite"
     if not db.exists():
-        raise VerdictError(f"{d} is not a teacher run (no records.sqlite); give a run folder such as runs/NAME")
+        raise VerdictError(
+            f"{d} is not a teacher run (no records.sqlite); give a run folder such as runs/NAME"
+        )
     store = RecordStore(db)
     try:
         return RunRecords(d.name, store.records())
@@ -84,8 +86,9 @@ def split_counts(n: int, fractions: tuple[float, float, float]) -> tuple[int, in
     return n - n_val - n_test, n_val, n_test
 
 
-def assign_splits(records: list[Record], seed: int, fractions: tuple[float, float, float],
-                  split_by: str = "trial") -> dict[str, str]:
+def assign_splits(
+    records: list[Record], seed: int, fractions: tuple[float, float, float], split_by: str = "trial"
+) -> dict[str, str]:
     """trial_id -> split."""
     g = _Groups()
     for r in records:
@@ -95,8 +98,10 @@ def assign_splits(records: list[Record], seed: int, fractions: tuple[float, floa
     roots = sorted({g.find(f"t:{r.trial_id}") for r in records})
     random.Random(seed).shuffle(roots)
     n_train, n_val, _ = split_counts(len(roots), fractions)
-    split_of_root = {root: SPLITS[0] if i < n_train else SPLITS[1] if i < n_train + n_val else SPLITS[2]
-                     for i, root in enumerate(roots)}
+    split_of_root = {
+        root: SPLITS[0] if i < n_train else SPLITS[1] if i < n_train + n_val else SPLITS[2]
+        for i, root in enumerate(roots)
+    }
     return {r.trial_id: split_of_root[g.find(f"t:{r.trial_id}")] for r in records}
 
 
@@ -104,9 +109,18 @@ def _row(run: str, r: Record, provenance: dict[str, dict] | None = None) -> dict
     prov = None
     if provenance is not None:  # review exports (serve/reviews/export.py): JSON text per row
         prov = json.dumps(provenance.get(r.record_id) or {}, sort_keys=True)
-    return SftRecord.of_call(r.messages, r.output_json or "", task=r.task, record_id=f"{run}:{r.record_id}",
-                             trial_id=r.trial_id, patient_id=r.patient_id, stage=r.stage, teacher=r.teacher,
-                             prompt_version=r.prompt_version, provenance=prov).row()
+    return SftRecord.of_call(
+        r.messages,
+        r.output_json or "",
+        task=r.task,
+        record_id=f"{run}:{r.record_id}",
+        trial_id=r.trial_id,
+        patient_id=r.patient_id,
+        stage=r.stage,
+        teacher=r.teacher,
+        prompt_version=r.prompt_version,
+        provenance=prov,
+    ).row()
 
 
 def _stats(xs: list[int]) -> dict:
@@ -115,10 +129,18 @@ def _stats(xs: list[int]) -> dict:
     return {"total": sum(xs), "mean": round(statistics.fmean(xs), 1), "max": max(xs)}
 
 
-def export_datasets(run_dirs: list[str | Path], out: str | Path, *, seed: int = 0,
-                    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), split_by: str = "trial",
-                    tasks: tuple[str, ...] = TASKS, overwrite: bool = False,
-                    provenance: dict[str, dict] | None = None, card_extra: dict | None = None) -> dict[str, dict]:
+def export_datasets(
+    run_dirs: list[str | Path],
+    out: str | Path,
+    *,
+    seed: int = 0,
+    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    split_by: str = "trial",
+    tasks: tuple[str, ...] = TASKS,
+    overwrite: bool = False,
+    provenance: dict[str, dict] | None = None,
+    card_extra: dict | None = None,
+) -> dict[str, dict]:
     """Write one dataset folder per task; return the dataset cards. `provenance` (record id -> dict)
     adds a `provenance` column; `card_extra` is merged into every card (e.g. `data_class`)."""
     from datasets import Dataset, DatasetDict
@@ -140,7 +162,9 @@ def export_datasets(run_dirs: list[str | Path], out: str | Path, *, seed: int = 
             raise VerdictError(f"{out / task} exists; pass --overwrite to replace it")
 
     # One split assignment for every task and run: a trial is in the same split everywhere.
-    accepted = [(run.name, r) for run in runs for r in run.records if r.status == "accepted" and r.task in tasks]
+    accepted = [
+        (run.name, r) for run in runs for r in run.records if r.status == "accepted" and r.task in tasks
+    ]
     split_of = assign_splits([r for _, r in accepted], seed, fractions, split_by)
 
     cards = {}
@@ -171,8 +195,12 @@ def export_datasets(run_dirs: list[str | Path], out: str | Path, *, seed: int = 
         task_dir.mkdir(parents=True)
         feats = features(provenance is not None)
         # from_dict keeps the columns of an empty split (from_list would lose them)
-        dd = DatasetDict({s: Dataset.from_dict({c: [r[c] for r in rows[s]] for c in feats}, features=feats)
-                          for s in SPLITS})
+        dd = DatasetDict(
+            {
+                s: Dataset.from_dict({c: [r[c] for r in rows[s]] for c in feats}, features=feats)
+                for s in SPLITS
+            }
+        )
         # one shard per split: an empty split saved with none cannot be loaded again (load_from_disk fails)
         dd.save_to_disk(str(task_dir), num_shards={s: 1 for s in SPLITS})
         for s in SPLITS:
@@ -195,9 +223,13 @@ def _card(task, runs, all_task, recs, rows, trial_sets, dupes, seed, fractions, 
     for stage in sorted({r.stage for r in all_task}):
         rs = [r for r in all_task if r.stage == stage]
         rej = [r for r in rs if r.status == "rejected"]
-        by_stage[stage] = {"records": len(rs), "accepted": len(rs) - len(rej), "rejected": len(rej),
-                           "rejection_rate": round(len(rej) / len(rs), 4) if rs else 0.0,
-                           "reasons": dict(Counter(r.reason or "unknown" for r in rej).most_common())}
+        by_stage[stage] = {
+            "records": len(rs),
+            "accepted": len(rs) - len(rej),
+            "rejected": len(rej),
+            "rejection_rate": round(len(rej) / len(rs), 4) if rs else 0.0,
+            "reasons": dict(Counter(r.reason or "unknown" for r in rej).most_common()),
+        }
     return {
         "task": task,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -210,10 +242,14 @@ def _card(task, runs, all_task, recs, rows, trial_sets, dupes, seed, fractions, 
         "models": dict(Counter(r.model for r in recs).most_common()),
         "prompt_versions": dict(Counter(r.prompt_version for r in recs).most_common()),
         "stages": dict(Counter(r.stage for r in recs).most_common()),
-        "records": {"total": len(all_task), "accepted": len(all_task) - len(rejected), "rejected": len(rejected),
-                    "rejection_rate": round(len(rejected) / len(all_task), 4) if all_task else 0.0,
-                    "repaired": sum(r.repaired for r in all_task if r.status == "accepted"),
-                    "duplicates_dropped": dupes},
+        "records": {
+            "total": len(all_task),
+            "accepted": len(all_task) - len(rejected),
+            "rejected": len(rejected),
+            "rejection_rate": round(len(rejected) / len(all_task), 4) if all_task else 0.0,
+            "repaired": sum(r.repaired for r in all_task if r.status == "accepted"),
+            "duplicates_dropped": dupes,
+        },
         "rejection_reasons": dict(reasons.most_common()),
         "by_stage": by_stage,
         "tokens": {
@@ -222,33 +258,51 @@ def _card(task, runs, all_task, recs, rows, trial_sets, dupes, seed, fractions, 
             "target_chars": _stats([len(r.output_json or "") for r in recs]),
             "prompt_chars": _stats([sum(len(m["content"]) for m in r.messages) for r in recs]),
             "note": "prompt/completion tokens are the teacher's usage for the calls behind each example "
-                    "(a repaired example counts both calls; recorded examples made no call and count 0)",
+            "(a repaired example counts both calls; recorded examples made no call and count 0)",
         },
     }
 
 
 def _readme(card: dict) -> str:
     lines = [
-        f"# Verdict distillation set: `{card['task']}`", "",
-        "Chat-format SFT examples (system, user, assistant). The assistant turn is the exact compact JSON the "
-        "student must emit; every example passed the verdict_core checks (schema, compiles, satisfiable, "
-        "declared atoms, verbatim evidence).", "",
-        f"Runs: {', '.join(card['runs'])}. Split by {card['split']['by']} (seed {card['split']['seed']}): no trial "
-        "is in two splits.", "",
-        "| split | examples | trials | patients |", "|---|---|---|---|",
+        f"# Verdict distillation set: `{card['task']}`",
+        "",
+        "Chat-format SFT examples (system, user, assistant). The assistant turn is the exact compact JSON "
+        "the student must emit; every example passed the verdict_core checks (schema, compiles, "
+        "satisfiable, declared atoms, verbatim evidence).",
+        "",
+        f"Runs: {', '.join(card['runs'])}. Split by {card['split']['by']} (seed {card['split']['seed']}): "
+        "no trial is in two splits.",
+        "",
+        "| split | examples | trials | patients |",
+        "|---|---|---|---|",
     ]
     for s in SPLITS:
         lines.append(f"| {s} | {card['counts'][s]} | {card['trials'][s]} | {card['patients'][s]} |")
     rec = card["records"]
-    lines += ["", f"Records: {rec['total']} ({rec['accepted']} accepted, {rec['rejected']} rejected, rate "
-              f"{rec['rejection_rate']:.1%}; {rec['repaired']} accepted after one repair; "
-              f"{rec['duplicates_dropped']} duplicate prompts dropped).", "",
-              *([f"Data class: `{card['data_class']}`. {card.get('data_rules', '')}", ""]
-                if card.get("data_class") else []),
-              "Rejection reasons: " + (", ".join(f"{k} {v}" for k, v in card["rejection_reasons"].items()) or "none"), "",
-              "Teachers: " + ", ".join(f"{k} ({v})" for k, v in card["teachers"].items()), "",
-              "Prompt versions: " + ", ".join(f"{k} ({v})" for k, v in card["prompt_versions"].items()), ""]
+    lines += [
+        "",
+        f"Records: {rec['total']} ({rec['accepted']} accepted, {rec['rejected']} rejected, rate "
+        f"{rec['rejection_rate']:.1%}; {rec['repaired']} accepted after one repair; "
+        f"{rec['duplicates_dropped']} duplicate prompts dropped).",
+        "",
+        *(
+            [f"Data class: `{card['data_class']}`. {card.get('data_rules', '')}", ""]
+            if card.get("data_class")
+            else []
+        ),
+        "Rejection reasons: "
+        + (", ".join(f"{k} {v}" for k, v in card["rejection_reasons"].items()) or "none"),
+        "",
+        "Teachers: " + ", ".join(f"{k} ({v})" for k, v in card["teachers"].items()),
+        "",
+        "Prompt versions: " + ", ".join(f"{k} ({v})" for k, v in card["prompt_versions"].items()),
+        "",
+    ]
     t = card["tokens"]
-    lines += [f"Tokens per example: prompt mean {t['prompt_tokens']['mean']} (max {t['prompt_tokens']['max']}), "
-              f"completion mean {t['completion_tokens']['mean']} (max {t['completion_tokens']['max']}).", ""]
+    lines += [
+        f"Tokens per example: prompt mean {t['prompt_tokens']['mean']} (max {t['prompt_tokens']['max']}), "
+        f"completion mean {t['completion_tokens']['mean']} (max {t['completion_tokens']['max']}).",
+        "",
+    ]
     return "\n".join(lines)

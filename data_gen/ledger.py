@@ -22,7 +22,9 @@ TOKENS_PER_MESSAGE = 8
 
 
 def estimate_prompt_tokens(messages: list[dict[str, str]]) -> int:
-    return sum(TOKENS_PER_MESSAGE + math.ceil(len(m.get("content", "").encode()) / BYTES_PER_TOKEN) for m in messages)
+    return sum(
+        TOKENS_PER_MESSAGE + math.ceil(len(m.get("content", "").encode()) / BYTES_PER_TOKEN) for m in messages
+    )
 
 
 def worst_case_cost(teacher: TeacherConfig, messages: list[dict[str, str]], max_tokens: int) -> float:
@@ -55,8 +57,9 @@ class Ledger:
         ):
             self.stopped = True
             raise BudgetExhausted(
-                f"budget stop: ${self.spent:.4f} spent of ${self.budget_usd:.4f}; the next call could cost up to "
-                f"${worst_case_usd:.4f} more. Nothing more is sent; re-run with a higher --budget-usd to continue"
+                f"budget stop: ${self.spent:.4f} spent of ${self.budget_usd:.4f}; the next call could cost "
+                f"up to ${worst_case_usd:.4f} more. Nothing more is sent; re-run with a higher --budget-usd "
+                "to continue"
             )
         self._next += 1
         self._open[self._next] = worst_case_usd

@@ -23,7 +23,8 @@ PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 _SLOT = re.compile(r"\{\{([A-Z_]+)\}\}")
 # Which template each stage uses.
 STAGE_TEMPLATE = {
-    "parser": "criterion_parser",  # one criterion per call; trial_parser (whole trial) is kept for old records
+    # one criterion per call; trial_parser (whole trial) is kept for old records
+    "parser": "criterion_parser",
     "miner_inclusion": "miner_inclusion",
     "miner_exclusion": "miner_exclusion",
     "arbiter": "arbiter",
@@ -94,11 +95,19 @@ def _load(name: str, version: str) -> PromptTemplate:
     path = find_config("prompt", f"{name}.{version}", TeacherConfigError, dirs=[PROMPTS_DIR])
     raw = path.read_bytes()  # parsed and hashed as one read: the hash is of the text in use
     where = f"prompt file {path.name}"
-    data = build(PromptFile, parse_yaml(raw, where, TeacherConfigError), where=where, error=TeacherConfigError)
+    data = build(
+        PromptFile, parse_yaml(raw, where, TeacherConfigError), where=where, error=TeacherConfigError
+    )
     if data.name != name or data.version != version:
         raise TeacherConfigError(f"prompt file {path.name} declares {data.name}.{data.version}")
-    return PromptTemplate(name=name, version=version, stage=data.stage, system=data.system or "",
-                          user=data.user, sha256=hashlib.sha256(raw).hexdigest())
+    return PromptTemplate(
+        name=name,
+        version=version,
+        stage=data.stage,
+        system=data.system or "",
+        user=data.user,
+        sha256=hashlib.sha256(raw).hexdigest(),
+    )
 
 
 def stage_prompt(stage: str, version: str = "v1") -> PromptTemplate:

@@ -10,7 +10,6 @@ import re
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
-
 from verdict.core.configs import StrictModel
 from verdict.core.formula import AtomName
 from verdict.core.patient import Value
@@ -57,11 +56,16 @@ class PatientDoc(StrictModel):
 
     patient_id: str
     text: str = ""
-    documents: list[NoteDocument] | None = Field(None, description="several documents (default: `text` as one)")
+    documents: list[NoteDocument] | None = Field(
+        None, description="several documents (default: `text` as one)"
+    )
     data_class: Literal["private", "public", "synthetic"] = "private"
-    fhir: dict | None = Field(None, description="the FHIR patient record (verdict.fhir_patient/v1, as `verdict fhir "
-                              "load --out` writes it) the documents come from: its coded facts decide atoms "
-                              "without the miner")
+    fhir: dict | None = Field(
+        None,
+        description="the FHIR patient record (verdict.fhir_patient/v1, as `verdict fhir "
+        "load --out` writes it) the documents come from: its coded facts decide atoms "
+        "without the miner",
+    )
 
     @model_validator(mode="after")
     def _text_or_documents(self):
@@ -101,7 +105,7 @@ class Usage(StrictModel):
     calls_paid: int = 0
     cache_hits: int = 0
 
-    def add(self, other: "Usage") -> "Usage":
+    def add(self, other: Usage) -> Usage:
         return Usage(**{k: getattr(self, k) + getattr(other, k) for k in Usage.model_fields})
 
 
@@ -130,8 +134,11 @@ class StageResult(StrictModel):
 
     stage: str
     status: Status
-    reason: str | None = Field(None, description="rejection category: json, truncated, schema, program, "
-                               "undeclared_atom, unsatisfiable, evidence, coverage, decision, ...")
+    reason: str | None = Field(
+        None,
+        description="rejection category: json, truncated, schema, program, "
+        "undeclared_atom, unsatisfiable, evidence, coverage, decision, ...",
+    )
     problems: list[str] = Field(default_factory=list)
     teacher: str
     model: str
@@ -141,13 +148,22 @@ class StageResult(StrictModel):
     output: Any = None
     attempts: list[Attempt] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
-    item: str | None = Field(None, description="which part of the stage's input one call covers (a criterion "
-                             "id, a miner chunk); None for a whole-input result")
-    calls: list["StageResult"] = Field(default_factory=list, description="a stage made of several calls "
-                                       "(per criterion, per chunk): one result per call, each with its "
-                                       "`item`; `usage` is then their sum")
-    assembly: dict[str, Any] | None = Field(None, description="what combining the calls did: merges, "
-                                            "near-duplicates, failed or out-of-scope parts (ids, no patient text)")
+    item: str | None = Field(
+        None,
+        description="which part of the stage's input one call covers (a criterion "
+        "id, a miner chunk); None for a whole-input result",
+    )
+    calls: list[StageResult] = Field(
+        default_factory=list,
+        description="a stage made of several calls "
+        "(per criterion, per chunk): one result per call, each with its "
+        "`item`; `usage` is then their sum",
+    )
+    assembly: dict[str, Any] | None = Field(
+        None,
+        description="what combining the calls did: merges, "
+        "near-duplicates, failed or out-of-scope parts (ids, no patient text)",
+    )
 
     @property
     def accepted(self) -> bool:
@@ -167,7 +183,9 @@ class ArbiterOverride(StrictModel):
 
 
 class ArbiterOutput(StrictModel):
-    overrides: list[ArbiterOverride] = Field(description="minimal changes; empty if no faithful correction exists")
+    overrides: list[ArbiterOverride] = Field(
+        description="minimal changes; empty if no faithful correction exists"
+    )
 
 
 class VerbalizerOutput(StrictModel):

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verdict.core.errors import VerdictError
-
 from verdict.core.formula import atoms_in
 from verdict.core.program import ParsedCriterion, TrialProgram
 
@@ -84,8 +83,33 @@ class Requirement:
 
 
 _REQ = re.compile(r"^(inc|exc)\.(REQ\d+)_")
-_STOP = {"patient", "has", "have", "is", "of", "the", "a", "an", "and", "or", "now", "diagnosis", "value",
-         "any", "inthehistory", "in", "with", "to", "for", "on", "by", "at", "be", "not", "no"}
+_STOP = {
+    "patient",
+    "has",
+    "have",
+    "is",
+    "of",
+    "the",
+    "a",
+    "an",
+    "and",
+    "or",
+    "now",
+    "diagnosis",
+    "value",
+    "any",
+    "inthehistory",
+    "in",
+    "with",
+    "to",
+    "for",
+    "on",
+    "by",
+    "at",
+    "be",
+    "not",
+    "no",
+}
 
 
 def requirement_outputs(program: TrialProgram) -> list[Requirement]:
@@ -97,9 +121,12 @@ def requirement_outputs(program: TrialProgram) -> list[Requirement]:
         key = (side, m.group(2) if m else cr.id)
         if cr.id not in groups.setdefault(key, []):
             groups[key].append(cr.id)
-    return [Requirement(side=side, req=req, criteria=ids,
-                        output=join_outputs([per_criterion[i] for i in ids], side))
-            for (side, req), ids in groups.items()]
+    return [
+        Requirement(
+            side=side, req=req, criteria=ids, output=join_outputs([per_criterion[i] for i in ids], side)
+        )
+        for (side, req), ids in groups.items()
+    ]
 
 
 def join_outputs(outputs: list[ParsedCriterion], side: str) -> ParsedCriterion:
@@ -117,9 +144,15 @@ def join_outputs(outputs: list[ParsedCriterion], side: str) -> ParsedCriterion:
     op = "and" if side == "inclusion" else "or"
     args = [o.formula if isinstance(o.formula, str) else o.formula.model_dump(by_alias=True) for o in outputs]
     labels = sorted({x for o in outputs for x in o.cohorts})
-    return ParsedCriterion.model_validate({
-        "in_scope": True, "atoms": [a.model_dump() for a in atoms.values()], "formula": {"op": op, "args": args},
-        "definitions": [d.model_dump(by_alias=True) for d in defs], "cohorts": labels})
+    return ParsedCriterion.model_validate(
+        {
+            "in_scope": True,
+            "atoms": [a.model_dump() for a in atoms.values()],
+            "formula": {"op": op, "args": args},
+            "definitions": [d.model_dump(by_alias=True) for d in defs],
+            "cohorts": labels,
+        }
+    )
 
 
 def _words(text: str) -> set[str]:
@@ -129,8 +162,9 @@ def _words(text: str) -> set[str]:
 Aligned = list[tuple[CriterionText, list[Requirement]]]
 
 
-def align_requirements(reqs: list[Requirement], criteria: list[CriterionText]) -> tuple[
-        Aligned, list[Requirement], list[CriterionText], dict[str, int]]:
+def align_requirements(
+    reqs: list[Requirement], criteria: list[CriterionText]
+) -> tuple[Aligned, list[Requirement], list[CriterionText], dict[str, int]]:
     """(aligned criterion -> its requirements, unaligned requirements, criteria without one,
     method counts); see the module docstring for the rule."""
     aligned: dict[str, list[Requirement]] = {}
@@ -171,8 +205,9 @@ def _engine():
     return Engine()
 
 
-def recorded_parser_result(program: TrialProgram, trial: TrialDoc, prompt_version: str = "v1",
-                           out: RecordedSummary | None = None) -> StageResult:
+def recorded_parser_result(
+    program: TrialProgram, trial: TrialDoc, prompt_version: str = "v1", out: RecordedSummary | None = None
+) -> StageResult:
     """The recorded program as a parser result made of per-criterion calls (one per aligned
     criterion, each checked like a live call); `output` is the recorded program."""
     out = out if out is not None else RecordedSummary(run_dir="")
@@ -186,26 +221,53 @@ def recorded_parser_result(program: TrialProgram, trial: TrialDoc, prompt_versio
         out.alignment[k] = out.alignment.get(k, 0) + v
     calls = []
     for c, rs in pairs:
-        answer = compact(join_outputs([r.output for r in rs], c.side).model_dump(mode="json", by_alias=True,
-                                                                                   exclude_defaults=True))
-        check = check_criterion_output(answer, "stop", c, max_tokens=0, check_satisfiable=_engine().check_satisfiable)
-        calls.append(StageResult(
-            stage="parser", status="accepted" if check.ok else "rejected", reason=check.reason,
-            problems=check.messages, teacher=TEACHER, model=MODEL,
-            prompt_version=f"criterion_parser@{prompt_version}", messages=criterion_messages(c, prompt_version),
-            output_json=check.output_json if check.ok else None, output=check.output if check.ok else None,
-            item=c.id))
+        answer = compact(
+            join_outputs([r.output for r in rs], c.side).model_dump(
+                mode="json", by_alias=True, exclude_defaults=True
+            )
+        )
+        check = check_criterion_output(
+            answer, "stop", c, max_tokens=0, check_satisfiable=_engine().check_satisfiable
+        )
+        calls.append(
+            StageResult(
+                stage="parser",
+                status="accepted" if check.ok else "rejected",
+                reason=check.reason,
+                problems=check.messages,
+                teacher=TEACHER,
+                model=MODEL,
+                prompt_version=f"criterion_parser@{prompt_version}",
+                messages=criterion_messages(c, prompt_version),
+                output_json=check.output_json if check.ok else None,
+                output=check.output if check.ok else None,
+                item=c.id,
+            )
+        )
         if check.ok:
             out.parser_accepted += 1
         else:
             out.parser_rejected += 1
             out.parser_reasons[check.reason or "?"] = out.parser_reasons.get(check.reason or "?", 0) + 1
-    report = {"requirements": len(reqs), "aligned": [c.id for c, _ in pairs],
-              "unaligned_requirements": [f"{r.side}:{r.req}" for r in unaligned],
-              "criteria_without_requirement": [c.id for c in uncovered], "alignment": methods}
-    return StageResult(stage="parser", status="accepted", teacher=TEACHER, model=MODEL,
-                       prompt_version=f"criterion_parser@{prompt_version}", messages=[], output=program,
-                       calls=calls, usage=Usage(), assembly=report)
+    report = {
+        "requirements": len(reqs),
+        "aligned": [c.id for c, _ in pairs],
+        "unaligned_requirements": [f"{r.side}:{r.req}" for r in unaligned],
+        "criteria_without_requirement": [c.id for c in uncovered],
+        "alignment": methods,
+    }
+    return StageResult(
+        stage="parser",
+        status="accepted",
+        teacher=TEACHER,
+        model=MODEL,
+        prompt_version=f"criterion_parser@{prompt_version}",
+        messages=[],
+        output=program,
+        calls=calls,
+        usage=Usage(),
+        assembly=report,
+    )
 
 
 _QUOTED = re.compile(r'"([^"]{3,})"|“([^”]{3,})”|‘([^’]{3,})’|(?<![A-Za-z])\'([^\']{3,})\'(?![A-Za-z])')
@@ -229,7 +291,7 @@ def grammar_name(name: str) -> str:
 
     if len(name) <= GRAMMAR_MAX_NAME:
         return name
-    return name[:GRAMMAR_MAX_NAME - 9] + "_" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    return name[: GRAMMAR_MAX_NAME - 9] + "_" + hashlib.sha256(name.encode()).hexdigest()[:8]
 
 
 def fit_to_grammar(case):
@@ -245,20 +307,53 @@ def fit_to_grammar(case):
     if not mapping:
         return case
     p = case.program
-    cohorts = [co.model_copy(update={side: [cr.model_copy(update={"formula": rename(cr.formula, mapping)})
-                                            for cr in getattr(co, side)] for side in ("inclusion", "exclusion")})
-               for co in p.cohorts]
-    program = check_program(p.model_copy(update={
-        "atoms": [a.model_copy(update={"name": mapping.get(a.name, a.name)}) for a in p.atoms],
-        "definitions": [d.model_copy(update={"formula": rename(d.formula, mapping),  # a rendered text follows
-                                             "text": render(rename(d.formula, mapping)) if d.text == render(d.formula)
-                                             else d.text}) for d in p.definitions],
-        "cohorts": cohorts, "content_hash": None}))
-    patient = case.patient.model_copy(update={
-        "program_hash": program.content_hash,
-        "resolutions": [r.model_copy(update={"atom": mapping.get(r.atom, r.atom)}) for r in case.patient.resolutions]})
-    conflicts = [c.model_copy(update={k: [mapping.get(a, a) for a in getattr(c, k)] for k in ("atoms", "set_aside")
-                                      if hasattr(c, k)}) for c in case.conflicts]
+    cohorts = [
+        co.model_copy(
+            update={
+                side: [
+                    cr.model_copy(update={"formula": rename(cr.formula, mapping)}) for cr in getattr(co, side)
+                ]
+                for side in ("inclusion", "exclusion")
+            }
+        )
+        for co in p.cohorts
+    ]
+    program = check_program(
+        p.model_copy(
+            update={
+                "atoms": [a.model_copy(update={"name": mapping.get(a.name, a.name)}) for a in p.atoms],
+                "definitions": [
+                    d.model_copy(
+                        update={
+                            "formula": rename(d.formula, mapping),  # a rendered text follows
+                            "text": render(rename(d.formula, mapping))
+                            if d.text == render(d.formula)
+                            else d.text,
+                        }
+                    )
+                    for d in p.definitions
+                ],
+                "cohorts": cohorts,
+                "content_hash": None,
+            }
+        )
+    )
+    patient = case.patient.model_copy(
+        update={
+            "program_hash": program.content_hash,
+            "resolutions": [
+                r.model_copy(update={"atom": mapping.get(r.atom, r.atom)}) for r in case.patient.resolutions
+            ],
+        }
+    )
+    conflicts = [
+        c.model_copy(
+            update={
+                k: [mapping.get(a, a) for a in getattr(c, k)] for k in ("atoms", "set_aside") if hasattr(c, k)
+            }
+        )
+        for c in case.conflicts
+    ]
     return replace(case, program=program, patient=patient, conflicts=conflicts)
 
 
@@ -278,10 +373,15 @@ def recorded_answer(case, side: str, names: list[str], note: str) -> str:
     return compact({"values": values})
 
 
-def import_recorded(reference_dir: str | Path, patients_path: str | Path, out_dir: str | Path = "runs",
-                    name: str = "recorded-v6", prompt_version: str = "v1",
-                    trials_path: str | Path | list[str | Path] | None = None,
-                    parser_prompt_version: str = "v1") -> RecordedSummary:
+def import_recorded(
+    reference_dir: str | Path,
+    patients_path: str | Path,
+    out_dir: str | Path = "runs",
+    name: str = "recorded-v6",
+    prompt_version: str = "v1",
+    trials_path: str | Path | list[str | Path] | None = None,
+    parser_prompt_version: str = "v1",
+) -> RecordedSummary:
     from verdict.core.reference import load_reference
 
     ref = Path(reference_dir)
@@ -294,16 +394,26 @@ def import_recorded(reference_dir: str | Path, patients_path: str | Path, out_di
     store = RecordStore(run_dir / "records.sqlite")
     out = RecordedSummary(run_dir=str(run_dir), problems=list(patients.problems))
     trials: dict[str, TrialDoc] = {}
-    trial_files = [] if trials_path is None else list(trials_path) if isinstance(trials_path, list) else [trials_path]
+    trial_files = (
+        [] if trials_path is None else list(trials_path) if isinstance(trials_path, list) else [trials_path]
+    )
     for tf in trial_files:  # the first file that has a trial gives its text
         loaded = load_trials(tf)
         out.problems += loaded.problems
         for t in loaded.items:
             trials.setdefault(t.trial_id, t)
     try:
-        store.set_meta("config", {"name": name, "recorded": True, "reference_dir": str(reference_dir),
-                                  "patients": str(patients_path), "trials": [str(x) for x in trial_files],
-                                  "teachers": {"parser": TEACHER, "miner": TEACHER}})
+        store.set_meta(
+            "config",
+            {
+                "name": name,
+                "recorded": True,
+                "reference_dir": str(reference_dir),
+                "patients": str(patients_path),
+                "trials": [str(x) for x in trial_files],
+                "teachers": {"parser": TEACHER, "miner": TEACHER},
+            },
+        )
         for f in files:
             out.files += 1
             patient_id, stem = f.parent.name, f.name.split("__")[0]
@@ -332,8 +442,12 @@ def import_recorded(reference_dir: str | Path, patients_path: str | Path, out_di
                 answer = recorded_answer(case, side, names, note.text)
                 check = check_miner_output(answer, "stop", case.program, names, note.text, max_tokens=0)
                 res = StageResult(
-                    stage=stage, status="accepted" if check.ok else "rejected", reason=check.reason,
-                    problems=check.messages, teacher=TEACHER, model=MODEL,
+                    stage=stage,
+                    status="accepted" if check.ok else "rejected",
+                    reason=check.reason,
+                    problems=check.messages,
+                    teacher=TEACHER,
+                    model=MODEL,
                     prompt_version=f"miner_{side}@{prompt_version}",
                     messages=miner_messages(case.program, note.text, side, names, prompt_version),
                     output_json=check.output_json if check.ok else None,
@@ -357,8 +471,17 @@ def assembly_figures(reference_dir: str | Path) -> dict:
 
     from .formalizer.assembly import assemble
 
-    f = {"files": 0, "refused": 0, "requirements": 0, "atom_declarations": 0, "atoms": 0, "merged": 0,
-         "renamed": 0, "near_duplicates": 0, "assembled": 0}
+    f = {
+        "files": 0,
+        "refused": 0,
+        "requirements": 0,
+        "atom_declarations": 0,
+        "atoms": 0,
+        "merged": 0,
+        "renamed": 0,
+        "near_duplicates": 0,
+        "assembled": 0,
+    }
     for path in sorted(Path(reference_dir).glob("*/*__full.json")):
         f["files"] += 1
         try:
@@ -373,8 +496,14 @@ def assembly_figures(reference_dir: str | Path) -> dict:
             c = CriterionText(f"{r.side[:3]}-{n[r.side]}", r.side, r.req)  # type: ignore[arg-type]
             criteria.append(c)
             outputs[c.id] = r.output
-        asm = assemble(program.trial_id, program.title, criteria, outputs, {},
-                       check_satisfiable=_engine().check_satisfiable)
+        asm = assemble(
+            program.trial_id,
+            program.title,
+            criteria,
+            outputs,
+            {},
+            check_satisfiable=_engine().check_satisfiable,
+        )
         f["requirements"] += len(criteria)
         f["atom_declarations"] += sum(len(o.atoms) for o in outputs.values())
         f["merged"] += len(asm.report["merged"])

@@ -30,7 +30,7 @@ CREATE TABLE IF NOT EXISTS records (
   created REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
-"""
+"""  # noqa: E501 - the schema text is stored in sqlite_master: kept byte-identical
 
 
 # The task of a result made of several calls (a trial's assembled program, a merged miner pass):
@@ -84,7 +84,9 @@ class RecordStore:
         with self._lock:
             self._db.close()
 
-    def put(self, result: StageResult, trial_id: str, patient_id: str | None = None, item: str | None = None) -> str:
+    def put(
+        self, result: StageResult, trial_id: str, patient_id: str | None = None, item: str | None = None
+    ) -> str:
         """Record a stage result. ``item`` names the input when several share a trial id (the
         recorded teacher's variants a, b, ... of one trial); splits still group by ``trial_id``.
         A result made of several calls (`result.calls`: the parser's criteria, miner chunks) is
@@ -97,13 +99,24 @@ class RecordStore:
             program_json = result.output.model_dump_json(by_alias=True)
         task = ASSEMBLED if result.calls else TASK_OF_STAGE.get(result.stage, result.stage)
         rows = [_row(rid, result, task, trial_id, patient_id, program_json)]
-        rows += [_row(call_record_id(rid, c.item or str(k)), c, TASK_OF_STAGE.get(c.stage, c.stage), trial_id,
-                      patient_id, None) for k, c in enumerate(result.calls)]
+        rows += [
+            _row(
+                call_record_id(rid, c.item or str(k)),
+                c,
+                TASK_OF_STAGE.get(c.stage, c.stage),
+                trial_id,
+                patient_id,
+                None,
+            )
+            for k, c in enumerate(result.calls)
+        ]
         with self._lock:
             self._db.execute("BEGIN")  # autocommit connection: one explicit transaction for all rows
             try:
-                self._db.executemany("INSERT OR REPLACE INTO records VALUES "
-                                     "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO records VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    rows,
+                )
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
@@ -127,8 +140,10 @@ class RecordStore:
     def programs(self) -> dict[str, str]:
         """trial_id -> accepted program JSON."""
         with self._lock:
-            rows = self._db.execute("SELECT trial_id, program_json FROM records WHERE stage = 'parser' "
-                                    "AND status = 'accepted' AND program_json IS NOT NULL").fetchall()
+            rows = self._db.execute(
+                "SELECT trial_id, program_json FROM records WHERE stage = 'parser' "
+                "AND status = 'accepted' AND program_json IS NOT NULL"
+            ).fetchall()
         return {t: p for t, p in rows}
 
     def set_meta(self, key: str, value) -> None:
@@ -141,18 +156,57 @@ class RecordStore:
         return json.loads(row[0]) if row else default
 
 
-def _row(rid: str, result: StageResult, task: str, trial_id: str, patient_id: str | None,
-         program_json: str | None) -> tuple:
+def _row(
+    rid: str, result: StageResult, task: str, trial_id: str, patient_id: str | None, program_json: str | None
+) -> tuple:
     u = result.usage
-    return (rid, result.stage, task, trial_id, patient_id, result.status, result.reason, json.dumps(result.problems),
-            result.teacher, result.model, result.prompt_version, json.dumps(result.messages, ensure_ascii=False),
-            result.output_json, program_json, u.prompt_tokens, u.completion_tokens, u.cost_usd, u.calls_paid,
-            u.cache_hits, len(result.attempts), int(result.repaired), time.time())
+    return (
+        rid,
+        result.stage,
+        task,
+        trial_id,
+        patient_id,
+        result.status,
+        result.reason,
+        json.dumps(result.problems),
+        result.teacher,
+        result.model,
+        result.prompt_version,
+        json.dumps(result.messages, ensure_ascii=False),
+        result.output_json,
+        program_json,
+        u.prompt_tokens,
+        u.completion_tokens,
+        u.cost_usd,
+        u.calls_paid,
+        u.cache_hits,
+        len(result.attempts),
+        int(result.repaired),
+        time.time(),
+    )
 
 
 def _record(r) -> Record:
-    return Record(record_id=r[0], stage=r[1], task=r[2], trial_id=r[3], patient_id=r[4], status=r[5], reason=r[6],
-                  problems=json.loads(r[7]), teacher=r[8], model=r[9], prompt_version=r[10],
-                  messages=json.loads(r[11]), output_json=r[12], program_json=r[13], prompt_tokens=r[14],
-                  completion_tokens=r[15], cost_usd=r[16], calls_paid=r[17], cache_hits=r[18], attempts=r[19],
-                  repaired=bool(r[20]))
+    return Record(
+        record_id=r[0],
+        stage=r[1],
+        task=r[2],
+        trial_id=r[3],
+        patient_id=r[4],
+        status=r[5],
+        reason=r[6],
+        problems=json.loads(r[7]),
+        teacher=r[8],
+        model=r[9],
+        prompt_version=r[10],
+        messages=json.loads(r[11]),
+        output_json=r[12],
+        program_json=r[13],
+        prompt_tokens=r[14],
+        completion_tokens=r[15],
+        cost_usd=r[16],
+        calls_paid=r[17],
+        cache_hits=r[18],
+        attempts=r[19],
+        repaired=bool(r[20]),
+    )

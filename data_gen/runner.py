@@ -108,8 +108,14 @@ def plan_run(config: RunConfig) -> Plan:
 
 
 class TeacherRun:
-    def __init__(self, config: RunConfig, *, budget_usd: float | None = None, progress_bar: bool = True,
-                 teachers: dict[str, TeacherConfig] | None = None):
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        budget_usd: float | None = None,
+        progress_bar: bool = True,
+        teachers: dict[str, TeacherConfig] | None = None,
+    ):
         self.config = config
         self.budget = budget_usd if budget_usd is not None else config.budget_usd
         self.progress_bar = progress_bar
@@ -132,14 +138,21 @@ class TeacherRun:
     def preflight(self, plan: Plan) -> None:
         """Refuse the whole run before any request if a stage would send patient text off-site."""
         if not plan.trials:
-            raise TeacherConfigError("no trials to work on" + (": " + "; ".join(plan.problems[:5]) if plan.problems else ""))
+            raise TeacherConfigError(
+                "no trials to work on" + (": " + "; ".join(plan.problems[:5]) if plan.problems else "")
+            )
         p = self.config.patients
         for stage in self.config.stages:
             if stage == "parser" or p is None:
                 continue
             t = self.teacher(stage)
-            self.egress.check(t.base_url, carries_patient_text=True, data_class=p.data_class,
-                              what=f"stage '{stage}' of teacher '{t.name}'", via_proxy=t.proxy)
+            self.egress.check(
+                t.base_url,
+                carries_patient_text=True,
+                data_class=p.data_class,
+                what=f"stage '{stage}' of teacher '{t.name}'",
+                via_proxy=t.proxy,
+            )
 
     # -- the run ------------------------------------------------------------------------------------
     async def run(self) -> RunSummary:
@@ -157,16 +170,29 @@ class TeacherRun:
             lost = cache.inflight(self.config.name)
             if lost:
                 summary.lost_in_flight = len(lost)
-                log.warning("%d call(s) were in flight when this run last stopped; their answers never arrived, "
-                            "so they may be sent again", len(lost))
+                log.warning(
+                    "%d call(s) were in flight when this run last stopped; their answers never arrived, "
+                    "so they may be sent again",
+                    len(lost),
+                )
                 cache.clear_inflight(self.config.name)
             store.set_meta("config", self.config.model_dump(mode="json"))
             store.set_meta("cache", str(Path(self.config.cache).resolve()))
             store.set_meta("status", "running")
             ledger = Ledger(cache, self.config.name, self.budget)
             engine = Engine()  # the run's one engine: every teacher's outputs are checked by it
-            fzs = {name: Formalizer(t, engine=engine, cache=cache, ledger=ledger, egress=self.egress,
-                                    prompts=self.prompts, run=self.config.name) for name, t in self.teachers.items()}
+            fzs = {
+                name: Formalizer(
+                    t,
+                    engine=engine,
+                    cache=cache,
+                    ledger=ledger,
+                    egress=self.egress,
+                    prompts=self.prompts,
+                    run=self.config.name,
+                )
+                for name, t in self.teachers.items()
+            }
             try:
                 await _Work(self, plan, store, fzs, summary).run()
             finally:
@@ -196,8 +222,10 @@ class TeacherRun:
         done = store.done_ids() if store else set()
         programs = store.programs() if store else {}
         est: dict[str, StageEstimate] = {}
-        fzs = {name: Formalizer(t, egress=self.egress, prompts=self.prompts, run=self.config.name)
-               for name, t in self.teachers.items()}
+        fzs = {
+            name: Formalizer(t, egress=self.egress, prompts=self.prompts, run=self.config.name)
+            for name, t in self.teachers.items()
+        }
 
         seen: set[str] = set()
 
@@ -223,12 +251,18 @@ class TeacherRun:
                 fz = fzs[self.config.teacher_for("parser")]
                 for c in fz.trial_criteria(trial).criteria:  # one call per criterion; repeats share one
                     msgs = fz.criterion_messages(c)
-                    count("parser", msgs, fz.request_key("parser", msgs, core_schema("parsed-criterion"),
-                                                         "parsed_criterion"))
+                    count(
+                        "parser",
+                        msgs,
+                        fz.request_key("parser", msgs, core_schema("parsed-criterion"), "parsed_criterion"),
+                    )
             for pair in plan.pairs_of(trial.trial_id):
                 for side in ("inclusion", "exclusion"):
                     stage = f"miner_{side}"
-                    if stage not in self.config.stages or record_id(stage, trial.trial_id, pair.patient_id) in done:
+                    if (
+                        stage not in self.config.stages
+                        or record_id(stage, trial.trial_id, pair.patient_id) in done
+                    ):
                         continue
                     fz = fzs[self.config.teacher_for(stage)]
                     note = plan.patients[pair.patient_id].text
@@ -251,15 +285,21 @@ class TeacherRun:
         for e in est.values():
             for k in asdict(total):
                 setattr(total, k, getattr(total, k) + getattr(e, k))
-        return {"run": self.config.name, "budget_usd": self.budget, "problems": plan.problems,
-                "stages": {k: asdict(v) for k, v in est.items()}, "total": asdict(total)}
+        return {
+            "run": self.config.name,
+            "budget_usd": self.budget,
+            "problems": plan.problems,
+            "stages": {k: asdict(v) for k, v in est.items()},
+            "total": asdict(total),
+        }
 
 
 class _Work:
     """The concurrent part of one run: a queue of items and a pool of workers."""
 
-    def __init__(self, run: TeacherRun, plan: Plan, store: RecordStore, fzs: dict[str, Formalizer],
-                 summary: RunSummary):
+    def __init__(
+        self, run: TeacherRun, plan: Plan, store: RecordStore, fzs: dict[str, Formalizer], summary: RunSummary
+    ):
         self.owner, self.plan, self.store, self.fzs, self.summary = run, plan, store, fzs, summary
         self.cfg = run.config
         self.done = store.done_ids()
@@ -273,9 +313,13 @@ class _Work:
 
     def _mining_items(self, trial_id: str) -> list[tuple[str, str]]:
         """(side, patient_id) of the value-miner items of a trial that are not recorded yet."""
-        return [(side, pair.patient_id) for pair in self.plan.pairs_of(trial_id) for side in ("inclusion", "exclusion")
-                if f"miner_{side}" in self.cfg.stages
-                and record_id(f"miner_{side}", trial_id, pair.patient_id) not in self.done]
+        return [
+            (side, pair.patient_id)
+            for pair in self.plan.pairs_of(trial_id)
+            for side in ("inclusion", "exclusion")
+            if f"miner_{side}" in self.cfg.stages
+            and record_id(f"miner_{side}", trial_id, pair.patient_id) not in self.done
+        ]
 
     def _enqueue_mining(self, program: TrialProgram) -> int:
         items = self._mining_items(program.trial_id)
@@ -311,7 +355,9 @@ class _Work:
             s.status, s.message = "stopped_budget", self.stop_reason
         elif s.failed:
             s.status = "incomplete"
-            s.message = f"{s.failed} item(s) failed (endpoint errors); run the same command again to retry them"
+            s.message = (
+                f"{s.failed} item(s) failed (endpoint errors); run the same command again to retry them"
+            )
         else:
             s.status = "complete"
 
@@ -363,16 +409,24 @@ class _Work:
         s.calls_paid += res.usage.calls_paid
         s.cache_hits += res.usage.cache_hits
         s.cost_usd += res.usage.paid_usd
-        self.bar.set_postfix_str(f"cost=${s.cost_usd:.4f} ok={s.accepted} rej={s.rejected} hits={s.cache_hits}",
-                                 refresh=False)
+        self.bar.set_postfix_str(
+            f"cost=${s.cost_usd:.4f} ok={s.accepted} rej={s.rejected} hits={s.cache_hits}", refresh=False
+        )
         self.bar.update(1)
 
 
 def _progress(total: int, enabled: bool, name: str):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=f"teacher run {name}", unit="item", disable=not enabled, file=sys.stderr,
-                dynamic_ncols=True, smoothing=0.1)
+    return tqdm(
+        total=total,
+        desc=f"teacher run {name}",
+        unit="item",
+        disable=not enabled,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        smoothing=0.1,
+    )
 
 
 def _file_log(path: Path) -> logging.Handler:

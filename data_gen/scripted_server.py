@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
-
 from verdict.core import configs
 from verdict.core.configs import StrictModel
 from verdict.core.errors import VerdictError
@@ -50,9 +49,13 @@ class ScriptedResponse(StrictModel):
     content: str | dict | list | None = None
     auto: Literal["nulls"] | None = None
     auto_values: dict[str, dict] = Field(
-        default_factory=dict, description="with auto nulls: atom -> its value line ({value, evidence, bounds?}) "
-        "for the atoms the request asks (the others null), so a script fits any atom chunking")
-    fault: Literal["status", "timeout", "truncated", "malformed_content", "malformed_body", "cut_body"] | None = None
+        default_factory=dict,
+        description="with auto nulls: atom -> its value line ({value, evidence, bounds?}) "
+        "for the atoms the request asks (the others null), so a script fits any atom chunking",
+    )
+    fault: (
+        Literal["status", "timeout", "truncated", "malformed_content", "malformed_body", "cut_body"] | None
+    ) = None
     status: int = 500
     retry_after: float | None = None
     message: str | None = Field(None, description="error message of a status fault (servers echo requests)")
@@ -79,7 +82,7 @@ class Script(StrictModel):
     timeout_s: float = Field(30.0, description="how long a 'timeout' fault holds the request")
 
     @classmethod
-    def load(cls, path: str | Path, overrides: list[str] | None = None) -> "Script":
+    def load(cls, path: str | Path, overrides: list[str] | None = None) -> Script:
         """A script file (YAML/JSON); ``overrides`` as ``--set key=value``. Unknown keys are errors."""
         return configs.load(cls, path, overrides, f"scripted-server script {Path(path).name}")
 
@@ -98,8 +101,13 @@ class RequestRecord:
 
 
 class ScriptedServer:
-    def __init__(self, script: Script | None = None, host: str = "127.0.0.1", port: int = 0,
-                 log_path: str | Path | None = None):
+    def __init__(
+        self,
+        script: Script | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_path: str | Path | None = None,
+    ):
         self.script = script or Script()
         self.requests: list[RequestRecord] = []
         self.connections = 0
@@ -119,8 +127,10 @@ class ScriptedServer:
         host, port = self._httpd.server_address[:2]
         return f"http://{host}:{port}/v1"
 
-    def start(self) -> "ScriptedServer":
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    def start(self) -> ScriptedServer:
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self._thread.start()
         return self
 
@@ -170,10 +180,21 @@ class ScriptedServer:
     def _log_line(self, rec: RequestRecord) -> None:
         with self._lock:
             if self._log:
-                self._log.write(json.dumps({"i": rec.index, "key": rec.key, "id": rec.request_id, "model": rec.model,
-                                            "rule": rec.rule,
-                                            "kind": rec.kind, "t": round(rec.started, 4),
-                                            "dt": round(rec.ended - rec.started, 4)}) + "\n")
+                self._log.write(
+                    json.dumps(
+                        {
+                            "i": rec.index,
+                            "key": rec.key,
+                            "id": rec.request_id,
+                            "model": rec.model,
+                            "rule": rec.rule,
+                            "kind": rec.kind,
+                            "t": round(rec.started, 4),
+                            "dt": round(rec.ended - rec.started, 4),
+                        }
+                    )
+                    + "\n"
+                )
                 self._log.flush()
 
 
@@ -183,8 +204,11 @@ def canonical_hash(body: dict) -> str:
 
 def auto_nulls(body: dict) -> dict:
     """Every atom null, atom names taken from the request's structured-output schema."""
-    schema = (body.get("response_format") or {}).get("json_schema", {}).get("schema") \
-        or (body.get("structured_outputs") or {}).get("json") or {}
+    schema = (
+        (body.get("response_format") or {}).get("json_schema", {}).get("schema")
+        or (body.get("structured_outputs") or {}).get("json")
+        or {}
+    )
     names = _find_atom_enum(schema) or []
     return {"values": [{"atom": a, "value": None, "evidence": ""} for a in names]}
 
@@ -252,9 +276,16 @@ class _Handler(BaseHTTPRequestHandler):
         rule, resp, key = srv._choose(body)
         # Recorded before the answer goes out: a client that has its response can rely on the log.
         with srv._lock:
-            rec = RequestRecord(index=len(srv.requests), key=key, model=str(body.get("model")), rule=rule,
-                                kind="no_match" if resp is None else (resp.fault or "ok"), started=time.time(),
-                                body=body, request_id=self.headers.get("X-Verdict-Request-Id"))
+            rec = RequestRecord(
+                index=len(srv.requests),
+                key=key,
+                model=str(body.get("model")),
+                rule=rule,
+                kind="no_match" if resp is None else (resp.fault or "ok"),
+                started=time.time(),
+                body=body,
+                request_id=self.headers.get("X-Verdict-Request-Id"),
+            )
             srv.requests.append(rec)
             srv.in_flight += 1
             srv.peak_in_flight = max(srv.peak_in_flight, srv.in_flight)
@@ -281,7 +312,9 @@ class _Handler(BaseHTTPRequestHandler):
         if resp.fault == "status":
             headers = {"Retry-After": f"{resp.retry_after:g}"} if resp.retry_after is not None else {}
             msg = resp.message or ("rate limited" if resp.status == 429 else "scripted failure")
-            self._json(resp.status, {"error": {"message": msg, "type": "scripted", "code": resp.status}}, headers)
+            self._json(
+                resp.status, {"error": {"message": msg, "type": "scripted", "code": resp.status}}, headers
+            )
             return
         if resp.fault == "malformed_body":
             data = b'{"id": "chatcmpl-scripted", "choices": [{"index": 0, "message": {"role": "assista'
@@ -293,8 +326,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if resp.auto == "nulls":
             values = auto_nulls(body)["values"]
-            content = json.dumps({"values": [{"atom": v["atom"], **resp.auto_values.get(v["atom"], v)}
-                                             for v in values]})
+            content = json.dumps(
+                {"values": [{"atom": v["atom"], **resp.auto_values.get(v["atom"], v)} for v in values]}
+            )
         elif isinstance(resp.content, (dict, list)):
             content = json.dumps(resp.content)
         else:
@@ -306,16 +340,25 @@ class _Handler(BaseHTTPRequestHandler):
             content = content[: max(1, len(content) // 2)] + ' ,,"oops'
         prompt_bytes = sum(len(str(m.get("content", "")).encode()) for m in body.get("messages", []))
         payload = {
-            "id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()),
+            "id": "chatcmpl-scripted",
+            "object": "chat.completion",
+            "created": int(time.time()),
             "model": body.get("model", "scripted"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}],
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}
+            ],
             "usage": {
-                "prompt_tokens": resp.prompt_tokens if resp.prompt_tokens is not None else prompt_bytes // 4 + 1,
-                "completion_tokens": resp.completion_tokens if resp.completion_tokens is not None
+                "prompt_tokens": resp.prompt_tokens
+                if resp.prompt_tokens is not None
+                else prompt_bytes // 4 + 1,
+                "completion_tokens": resp.completion_tokens
+                if resp.completion_tokens is not None
                 else len(content.encode()) // 4 + 1,
             },
         }
-        payload["usage"]["total_tokens"] = payload["usage"]["prompt_tokens"] + payload["usage"]["completion_tokens"]
+        payload["usage"]["total_tokens"] = (
+            payload["usage"]["prompt_tokens"] + payload["usage"]["completion_tokens"]
+        )
         if resp.fault == "cut_body":
             data = json.dumps(payload).encode()
             self.send_response(200)
@@ -337,14 +380,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--latency", type=float, default=None, help="fixed per-call latency in seconds")
     ap.add_argument("--log", help="append a JSON line per request (hashes only) to this file")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a script key, e.g. --set default_latency_s=0.5 (repeatable)")
+    ap.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a script key, e.g. --set default_latency_s=0.5 (repeatable)",
+    )
     a = ap.parse_args(argv)
     try:
         if a.script:
             script = Script.load(a.script, a.overrides)
         else:
-            script = configs.build(Script, {"default": {"auto": "nulls"}}, a.overrides, "scripted-server script")
+            script = configs.build(
+                Script, {"default": {"auto": "nulls"}}, a.overrides, "scripted-server script"
+            )
     except VerdictError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)

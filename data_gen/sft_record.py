@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
-
 from verdict.core.configs import StrictModel
 
 TASKS: tuple[str, ...] = ("parser", "value_miner")
@@ -58,8 +57,13 @@ def features(with_provenance: bool = False):
     from datasets import Features, Value
 
     text = Value("string")
-    cols = {"messages": [{"role": text, "content": text}],
-            **{k: text for k in ("task", "record_id", "trial_id", "patient_id", "stage", "teacher", "prompt_version")}}
+    cols = {
+        "messages": [{"role": text, "content": text}],
+        **{
+            k: text
+            for k in ("task", "record_id", "trial_id", "patient_id", "stage", "teacher", "prompt_version")
+        },
+    }
     if with_provenance:
         cols["provenance"] = text
     return Features(cols)

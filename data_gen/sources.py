@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Iterator, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
-
 from verdict.core.errors import describe_validation_error
 
 from .errors import SourceError
@@ -58,13 +58,16 @@ def _rows(path: Path) -> Iterator[tuple[int, Any, str | None]]:
         raise SourceError(f"cannot read {path}: {e.strerror}") from None
 
 
-def _select(items: list[T], attr: str, ids: list[str] | None, limit: int | None, what: str,
-            problems: list[str]) -> list[T]:
+def _select(
+    items: list[T], attr: str, ids: list[str] | None, limit: int | None, what: str, problems: list[str]
+) -> list[T]:
     if ids is not None:
         have = {getattr(x, attr): x for x in items}
         missing = [i for i in ids if i not in have]
         if missing:
-            problems.append(f"{what} ids not found: {', '.join(missing[:10])}" + (" ..." if len(missing) > 10 else ""))
+            problems.append(
+                f"{what} ids not found: {', '.join(missing[:10])}" + (" ..." if len(missing) > 10 else "")
+            )
         items = [have[i] for i in ids if i in have]
     return items[:limit] if limit is not None else items
 
@@ -89,12 +92,13 @@ def split_criteria(text: str) -> tuple[str | None, str | None]:
     if not m:
         return None, None
     inc = _INCLUSION_HEADING.sub("", text[: m.start()], count=1).strip()
-    exc = text[m.end():].strip()
+    exc = text[m.end() :].strip()
     return inc or None, exc or None
 
 
-def load_trials(path: str | Path, format: str = "auto", ids: list[str] | None = None,
-                limit: int | None = None) -> Loaded[TrialDoc]:
+def load_trials(
+    path: str | Path, format: str = "auto", ids: list[str] | None = None, limit: int | None = None
+) -> Loaded[TrialDoc]:
     p = Path(path)
     fmt = format if format != "auto" else ("jsonl" if p.suffix == ".jsonl" else "ctgov")
     out: Loaded[TrialDoc] = Loaded()
@@ -117,16 +121,30 @@ def _trials_jsonl(path: Path, problems: list[str]) -> Iterator[TrialDoc]:
             problems.append(f"{path.name}:{n}: no 'nct_id'")
             continue
         inc, exc, crit = (row.get(k) for k in ("inclusion", "exclusion", "criteria"))
-        bad = [k for k, v in (("inclusion", inc), ("exclusion", exc), ("criteria", crit), ("title", row.get("title")))
-               if v is not None and not isinstance(v, str)]
+        bad = [
+            k
+            for k, v in (
+                ("inclusion", inc),
+                ("exclusion", exc),
+                ("criteria", crit),
+                ("title", row.get("title")),
+            )
+            if v is not None and not isinstance(v, str)
+        ]
         if bad:
             problems.append(f"{path.name}:{n}: trial '{tid}': {', '.join(bad)} must be text")
             continue
         if not any(x and x.strip() for x in (inc, exc, crit)):
             problems.append(f"{path.name}:{n}: trial '{tid}' has no criteria text")
             continue
-        yield TrialDoc(trial_id=tid, title=row.get("title") or "", inclusion=inc or None, exclusion=exc or None,
-                       criteria=crit or "", source=f"{path.name}:{n}")
+        yield TrialDoc(
+            trial_id=tid,
+            title=row.get("title") or "",
+            inclusion=inc or None,
+            exclusion=exc or None,
+            criteria=crit or "",
+            source=f"{path.name}:{n}",
+        )
 
 
 def _ci(d: Any, *keys: str) -> Any:
@@ -172,14 +190,23 @@ def ctgov_studies(data, name: str, problems: list[str]) -> Iterator[TrialDoc]:
             problems.append(f"{where}: study '{nct}' has no eligibilityModule.eligibilityCriteria")
             continue
         inc, exc = split_criteria(text)
-        title = _ci(proto, "identificationModule", "briefTitle") or _ci(proto, "identificationModule", "officialTitle")
-        yield TrialDoc(trial_id=nct, title=title if isinstance(title, str) else "", inclusion=inc, exclusion=exc,
-                       criteria=text, source=where)
+        title = _ci(proto, "identificationModule", "briefTitle") or _ci(
+            proto, "identificationModule", "officialTitle"
+        )
+        yield TrialDoc(
+            trial_id=nct,
+            title=title if isinstance(title, str) else "",
+            inclusion=inc,
+            exclusion=exc,
+            criteria=text,
+            source=where,
+        )
 
 
 # ---- patients and pairs -----------------------------------------------------------------------------
-def load_patients(path: str | Path, ids: list[str] | None = None, limit: int | None = None,
-                  data_class: str = "private") -> Loaded[PatientDoc]:
+def load_patients(
+    path: str | Path, ids: list[str] | None = None, limit: int | None = None, data_class: str = "private"
+) -> Loaded[PatientDoc]:
     p = Path(path)
     out: Loaded[PatientDoc] = Loaded()
     items = []
@@ -225,7 +252,11 @@ def _fhir_patient(row: dict, data_class: str, where: str) -> tuple[PatientDoc | 
     try:
         rec = FhirPatientRecord.model_validate(row)
     except ValidationError as e:
-        return None, f"{where}: FHIR record of patient '{pid}' is invalid ({'; '.join(describe_validation_error(e, 'record')[:3])})"
+        return (
+            None,
+            f"{where}: FHIR record of patient '{pid}' is invalid "
+            f"({'; '.join(describe_validation_error(e, 'record')[:3])})",
+        )
     doc = rec.patient_doc()
     if doc is None:
         return None, f"{where}: FHIR record of patient '{pid}' has no document for the value miner"

@@ -17,7 +17,10 @@ def find_run(run: str | Path, out_dir: str | Path = "runs") -> Path:
     for cand in (p, Path(out_dir) / str(run)):
         if (cand / "records.sqlite").exists():
             return cand
-    raise VerdictError(f"no teacher run '{run}' (looked for {p}/records.sqlite and {Path(out_dir) / str(run)}/records.sqlite)")
+    raise VerdictError(
+        f"no teacher run '{run}' (looked for {p}/records.sqlite and "
+        f"{Path(out_dir) / str(run)}/records.sqlite)"
+    )
 
 
 def run_stats(run_dir: str | Path) -> dict:
@@ -39,7 +42,9 @@ def run_stats(run_dir: str | Path) -> dict:
         rs = [r for r in records if key(r) == stage]
         rej = [r for r in rs if r.status == "rejected"]
         stages[stage] = {
-            "records": len(rs), "accepted": len(rs) - len(rej), "rejected": len(rej),
+            "records": len(rs),
+            "accepted": len(rs) - len(rej),
+            "rejected": len(rej),
             "repaired": sum(r.repaired for r in rs if r.status == "accepted"),
             "rejected_by_reason": dict(Counter(r.reason or "unknown" for r in rej).most_common()),
         }
@@ -54,10 +59,19 @@ def run_stats(run_dir: str | Path) -> dict:
     paid = [x for x in ledger if x["kind"] == "paid"]
     hits = [x for x in ledger if x["kind"] == "cache_hit"]
     return {
-        "run": name, "status": status, "records": len(records), "stages": stages,
-        "calls": {"paid": sum(x["calls"] for x in paid), "cache_hits": sum(x["calls"] for x in hits),
-                  "unanswered_in_flight": lost},
-        "tokens": {"prompt": sum(x["prompt_tokens"] for x in paid), "completion": sum(x["completion_tokens"] for x in paid)},
+        "run": name,
+        "status": status,
+        "records": len(records),
+        "stages": stages,
+        "calls": {
+            "paid": sum(x["calls"] for x in paid),
+            "cache_hits": sum(x["calls"] for x in hits),
+            "unanswered_in_flight": lost,
+        },
+        "tokens": {
+            "prompt": sum(x["prompt_tokens"] for x in paid),
+            "completion": sum(x["completion_tokens"] for x in paid),
+        },
         "cost_usd": round(sum(x["cost_usd"] for x in paid), 6),
         "ledger": ledger,
         "last_summary": last,
@@ -68,16 +82,24 @@ def render_stats(s: dict) -> str:
     lines = [f"run {s['run']}: {s['status']}, {s['records']} records"]
     for stage, x in s["stages"].items():
         reasons = ", ".join(f"{k} {v}" for k, v in x["rejected_by_reason"].items()) or "-"
-        lines.append(f"  {stage:28s} accepted {x['accepted']:5d}  rejected {x['rejected']:5d}  "
-                     f"(repaired {x['repaired']})  reasons: {reasons}")
+        lines.append(
+            f"  {stage:28s} accepted {x['accepted']:5d}  rejected {x['rejected']:5d}  "
+            f"(repaired {x['repaired']})  reasons: {reasons}"
+        )
     c = s["calls"]
-    lines.append(f"calls: {c['paid']} paid, {c['cache_hits']} cache hits"
-                 + (f", {c['unanswered_in_flight']} sent but unanswered (crash)" if c["unanswered_in_flight"] else ""))
-    lines.append(f"tokens: {s['tokens']['prompt']} prompt, {s['tokens']['completion']} completion; "
-                 f"cost ${s['cost_usd']:.4f}")
+    lines.append(
+        f"calls: {c['paid']} paid, {c['cache_hits']} cache hits"
+        + (f", {c['unanswered_in_flight']} sent but unanswered (crash)" if c["unanswered_in_flight"] else "")
+    )
+    lines.append(
+        f"tokens: {s['tokens']['prompt']} prompt, {s['tokens']['completion']} completion; "
+        f"cost ${s['cost_usd']:.4f}"
+    )
     for x in s["ledger"]:
-        lines.append(f"  {x['stage']:16s} {x['teacher']:20s} {x['kind']:9s} {x['calls']:6d} calls  "
-                     f"{x['prompt_tokens']:9d} in  {x['completion_tokens']:8d} out  ${x['cost_usd']:.4f}")
+        lines.append(
+            f"  {x['stage']:16s} {x['teacher']:20s} {x['kind']:9s} {x['calls']:6d} calls  "
+            f"{x['prompt_tokens']:9d} in  {x['completion_tokens']:8d} out  ${x['cost_usd']:.4f}"
+        )
     return "\n".join(lines)
 
 
@@ -113,30 +135,41 @@ def criteria_figures(trial_files: list[str | Path], top: int = 10) -> dict:
     distinct = len(requests)
     per_trial.sort()
     return {
-        "trials": len(trials), "criteria": total, "distinct": distinct,
+        "trials": len(trials),
+        "criteria": total,
+        "distinct": distinct,
         "cache_saves": round(1 - distinct / total, 4) if total else 0.0,
         "distinct_case_folded": len(folded),
         "cache_saves_case_folded": round(1 - len(folded) / total, 4) if total else 0.0,
-        "distinct_texts_any_side": len(texts), "headings_dropped": headings, "groups": groups,
-        "criteria_per_trial": {"median": per_trial[len(per_trial) // 2] if per_trial else 0,
-                               "max": per_trial[-1] if per_trial else 0},
-        "most_repeated": [{"side": s, "text": x, "trials": n}
-                          for (s, x), n in requests.most_common(top) if n > 1],
+        "distinct_texts_any_side": len(texts),
+        "headings_dropped": headings,
+        "groups": groups,
+        "criteria_per_trial": {
+            "median": per_trial[len(per_trial) // 2] if per_trial else 0,
+            "max": per_trial[-1] if per_trial else 0,
+        },
+        "most_repeated": [
+            {"side": s, "text": x, "trials": n} for (s, x), n in requests.most_common(top) if n > 1
+        ],
         "problems": problems,
     }
 
 
 def render_criteria_figures(f: dict) -> str:
     per = f["criteria_per_trial"]
-    lines = [f"trials {f['trials']}: {f['criteria']} criteria (median {per['median']} per trial, "
-             f"max {per['max']}), {f['headings_dropped']} heading lines dropped, "
-             f"{f['groups']} lead-in groups",
-             f"distinct requests (side + text): {f['distinct']}; the criterion cache saves "
-             f"{f['cache_saves']:.1%} of parser calls",
-             f"case-folded: {f['distinct_case_folded']} distinct ({f['cache_saves_case_folded']:.1%}); "
-             f"ignoring the side: {f['distinct_texts_any_side']} distinct texts"]
+    lines = [
+        f"trials {f['trials']}: {f['criteria']} criteria (median {per['median']} per trial, "
+        f"max {per['max']}), {f['headings_dropped']} heading lines dropped, "
+        f"{f['groups']} lead-in groups",
+        f"distinct requests (side + text): {f['distinct']}; the criterion cache saves "
+        f"{f['cache_saves']:.1%} of parser calls",
+        f"case-folded: {f['distinct_case_folded']} distinct ({f['cache_saves_case_folded']:.1%}); "
+        f"ignoring the side: {f['distinct_texts_any_side']} distinct texts",
+    ]
     for x in f["most_repeated"]:
         lines.append(f"  {x['trials']:5d}x {x['side']:9s} {x['text'][:90]}")
-    lines.append(f"criteria: trials={f['trials']} total={f['criteria']} distinct={f['distinct']} "
-                 f"saved={f['cache_saves']:.4f} headings_dropped={f['headings_dropped']}")
+    lines.append(
+        f"criteria: trials={f['trials']} total={f['criteria']} distinct={f['distinct']} "
+        f"saved={f['cache_saves']:.4f} headings_dropped={f['headings_dropped']}"
+    )
     return "\n".join(lines)

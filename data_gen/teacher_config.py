@@ -16,7 +16,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-
 from verdict.core.configs import StrictModel, load_config
 from verdict.core.program import Id
 
@@ -30,8 +29,18 @@ TASK_OF_STAGE = {"parser": "parser", "miner_inclusion": "value_miner", "miner_ex
 DataClass = Literal["private", "public", "synthetic"]
 
 # Request fields the formalizer sets itself; extra_params may not override them.
-_MANAGED = {"messages", "model", "response_format", "max_tokens", "max_completion_tokens", "temperature",
-            "stream", "n", "seed", "extra_body"}
+_MANAGED = {
+    "messages",
+    "model",
+    "response_format",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "stream",
+    "n",
+    "seed",
+    "extra_body",
+}
 
 
 class Prices(StrictModel):
@@ -64,7 +73,9 @@ class TeacherConfig(StrictModel):
     model: str = Field(min_length=1, description="model, deployment (Azure) or adapter (vLLM) name")
     api: Literal["openai", "azure"] = Field("openai", description="azure: AsyncAzureOpenAI with api_version")
     api_version: str | None = Field(None, description="Azure OpenAI api-version (api: azure only)")
-    api_key_env: str | None = Field(None, description="environment variable holding the key; none for local servers")
+    api_key_env: str | None = Field(
+        None, description="environment variable holding the key; none for local servers"
+    )
     structured_output: Literal["json_schema", "vllm", "json_object", "none"] = Field(
         "json_schema",
         description="json_schema: response_format json_schema (OpenAI, Azure, LiteLLM); vllm: the "
@@ -73,20 +84,31 @@ class TeacherConfig(StrictModel):
     )
     strict_schema: bool = Field(False, description="send json_schema with strict=true (OpenAI strict mode)")
     limits: str | None = Field(
-        None, description="configs/limits/NAME.yaml of a local student: max_tokens (its stages), "
-        "context_tokens and tokenizer derive from it; setting them to other values too is an error")
+        None,
+        description="configs/limits/NAME.yaml of a local student: max_tokens (its stages), "
+        "context_tokens and tokenizer derive from it; setting them to other values too is an error",
+    )
     max_tokens: StageTokens = Field(default_factory=StageTokens)
     context_tokens: int | None = Field(
-        None, gt=0, description="the model's context (prompt + completion; vLLM max_model_len): each call's prompt "
-        "must fit context_tokens - max_tokens[stage]; null: no prompt limit (large API models)")
+        None,
+        gt=0,
+        description="the model's context (prompt + completion; vLLM max_model_len): each call's prompt "
+        "must fit context_tokens - max_tokens[stage]; null: no prompt limit (large API models)",
+    )
     tokenizer: str | None = Field(
-        None, description="tokenizer.json (or a model folder holding one) to count prompt tokens exactly; "
-        "null: a deliberately high byte estimate")
+        None,
+        description="tokenizer.json (or a model folder holding one) to count prompt tokens exactly; "
+        "null: a deliberately high byte estimate",
+    )
     max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
     temperature: float | None = Field(0.0, ge=0, le=2, description="null for models that reject it")
     seed: int | None = None
-    extra_params: dict[str, Any] = Field(default_factory=dict, description="more request fields, e.g. reasoning_effort")
-    extra_body: dict[str, Any] = Field(default_factory=dict, description="fields the openai client does not know")
+    extra_params: dict[str, Any] = Field(
+        default_factory=dict, description="more request fields, e.g. reasoning_effort"
+    )
+    extra_body: dict[str, Any] = Field(
+        default_factory=dict, description="fields the openai client does not know"
+    )
     timeout_s: float = Field(120.0, gt=0)
     concurrency: int = Field(8, ge=1, le=1024)
     max_retries: int = Field(6, ge=0, le=100)
@@ -138,7 +160,9 @@ class TeacherConfig(StrictModel):
 
 
 class TrialSource(StrictModel):
-    path: str = Field(description="trials JSONL (benchmarks layout) or ClinicalTrials.gov study JSON file/folder")
+    path: str = Field(
+        description="trials JSONL (benchmarks layout) or ClinicalTrials.gov study JSON file/folder"
+    )
     format: Literal["auto", "jsonl", "ctgov"] = "auto"
     ids: list[str] | None = None
     limit: int | None = Field(None, ge=0)
@@ -147,7 +171,8 @@ class TrialSource(StrictModel):
 class PatientSource(StrictModel):
     path: str = Field(description="patients JSONL: {_id, text, metadata}")
     data_class: DataClass = Field(
-        "private", description="public/synthetic lets API teachers see the notes; private keeps them on allowed hosts"
+        "private",
+        description="public/synthetic lets API teachers see the notes; private keeps them on allowed hosts",
     )
     ids: list[str] | None = None
     limit: int | None = Field(None, ge=0)
@@ -161,7 +186,9 @@ class PairSource(StrictModel):
 
 class EgressConfig(StrictModel):
     allow_loopback: bool = True
-    allow_hosts: list[str] = Field(default_factory=list, description="hosts, *.suffix wildcards or CIDR blocks")
+    allow_hosts: list[str] = Field(
+        default_factory=list, description="hosts, *.suffix wildcards or CIDR blocks"
+    )
 
 
 class RunTeachers(StrictModel):
@@ -179,13 +206,17 @@ class RunConfig(StrictModel):
     name: Id
     description: str = ""
     out_dir: str = Field("runs", description="runs are written to OUT_DIR/NAME/")
-    cache: str = Field("runs/teacher-cache.sqlite", description="content-addressed call cache, shared by runs")
+    cache: str = Field(
+        "runs/teacher-cache.sqlite", description="content-addressed call cache, shared by runs"
+    )
     teachers: RunTeachers
     stages: list[RunStage] = Field(default_factory=lambda: list(RUN_STAGES), min_length=1)
     prompts: RunPrompts = Field(default_factory=RunPrompts)
     trials: TrialSource
     patients: PatientSource | None = None
-    pairs: PairSource | None = Field(None, description="which patient-trial pairs to mine; default: all combinations")
+    pairs: PairSource | None = Field(
+        None, description="which patient-trial pairs to mine; default: all combinations"
+    )
     budget_usd: float | None = Field(None, ge=0)
     egress: EgressConfig = Field(default_factory=EgressConfig)
 

@@ -17,7 +17,6 @@ import json
 from pathlib import Path
 
 from pydantic import BaseModel, Field
-
 from verdict.core.configs import StrictModel
 from verdict.core.progress import Progress
 

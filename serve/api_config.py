@@ -8,9 +8,8 @@ from __future__ import annotations
 import re
 
 from pydantic import Field, field_validator, model_validator
-
-from verdict.data_gen.teacher_config import EgressConfig, StageTokens, TeacherConfig
 from verdict.core.configs import StrictModel
+from verdict.data_gen.teacher_config import EgressConfig, StageTokens, TeacherConfig
 
 from .pages.session import SessionConfig
 from .protocol import POLICY_NAME
@@ -45,27 +44,41 @@ class FormalizerConfig(StrictModel):
         default_factory=lambda: StageTokens(parser=2048, miner_inclusion=1024, miner_exclusion=1024)
     )
     context_tokens: int | None = Field(
-        None, gt=0, description="the students' context (vLLM max_model_len): each call's prompt must fit "
-        "context_tokens - max_tokens[stage]; set by the serve config's `limits`")
+        None,
+        gt=0,
+        description="the students' context (vLLM max_model_len): each call's prompt must fit "
+        "context_tokens - max_tokens[stage]; set by the serve config's `limits`",
+    )
     tokenizer: str | None = Field(
-        None, description="what counts prompt tokens: qwen2.5 or a tokenizer.json / model folder; set by `limits`")
+        None,
+        description="what counts prompt tokens: qwen2.5 or a tokenizer.json / model folder; set by `limits`",
+    )
     warm_up_grammars: bool = Field(
-        False, description="before /readyz says ready, send each server one constrained request per stage schema "
-        "(xgrammar builds its tokenizer data on the first structured request: ~1.1 s with a 152k vocabulary); "
-        "a failed warm-up is retried at the next readiness check")
+        False,
+        description="before /readyz says ready, send each server one constrained request per stage schema "
+        "(xgrammar builds its tokenizer data on the first structured request: ~1.1 s with a 152k "
+        "vocabulary); a failed warm-up is retried at the next readiness check",
+    )
     reuse_values: bool = Field(
-        True, description="values mined for a patient record are reused for other trials that declare the same "
+        True,
+        description="values mined for a patient record are reused for other trials that declare the same "
         "atom (same definition, domain, unit), not asked again (in memory, per process; see "
-        "data_gen/formalizer/value_reuse.py)")
+        "data_gen/formalizer/value_reuse.py)",
+    )
     arbiter: bool = Field(
-        False, description="opt-in extraction-resolution arbiter (paper appendix A.5): when mined facts contradict "
-        "the program's definitional constraints, the value-miner adapter re-reads the note for those atoms once; "
-        "its checked overrides are applied and the pair decided again. A rejected answer or an endpoint error "
-        "keeps the solver result (noted, never an error). Output limit: max_tokens.arbiter")
+        False,
+        description="opt-in extraction-resolution arbiter (paper appendix A.5): when mined facts "
+        "contradict the program's definitional constraints, the value-miner adapter re-reads the note for "
+        "those atoms once; its checked overrides are applied and the pair decided again. A rejected answer "
+        "or an endpoint error keeps the solver result (noted, never an error). Output limit: "
+        "max_tokens.arbiter",
+    )
     verbalizer: bool = Field(
-        False, description="opt-in verbalizer (paper appendix A.6): the value-miner adapter restates the decision "
-        "as prose in the response's rationale_text; it must repeat the decision and state no number the record "
-        "lacks, else rationale_text is null (noted). Output limit: max_tokens.verbalizer")
+        False,
+        description="opt-in verbalizer (paper appendix A.6): the value-miner adapter restates the decision "
+        "as prose in the response's rationale_text; it must repeat the decision and state no number the "
+        "record lacks, else rationale_text is null (noted). Output limit: max_tokens.verbalizer",
+    )
     timeout_s: float = Field(60.0, gt=0, description="a call slower than this answers 503 (formalizer slow)")
     concurrency: int = Field(
         16, ge=1, le=1024, description="requests in flight towards the server, all stages"

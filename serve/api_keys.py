@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 from verdict.core.errors import describe_validation_error
 
 from .errors import KeysUnavailable, ServeConfigError
@@ -147,8 +146,12 @@ class KeyStore:
             if not self._loaded:  # no good copy yet: refuse clearly, never a 500
                 raise KeysUnavailable(f"the API key file cannot be read: {e.summary}") from None
             # A truncated or half-written file at run time: keep serving with the last good keys.
-            log.error("API key file %s unreadable (%s): keeping the %d keys loaded before", self.path,
-                      e.summary, len(self._by_id))
+            log.error(
+                "API key file %s unreadable (%s): keeping the %d keys loaded before",
+                self.path,
+                e.summary,
+                len(self._by_id),
+            )
             self._mtime = mtime  # tried again when the file changes
             return
         self._by_id = {k.id: k for k in keys}

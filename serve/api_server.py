@@ -113,7 +113,9 @@ def run_api(config: ApiConfig, base_url: str, *, ready_file: str | None = None, 
         while not server.started and not task.done():
             await asyncio.sleep(0.05)
         if server.started:
-            logging.getLogger("verdict.serve").info("matching API listening on %s (formalizer %s)", url, base_url)
+            logging.getLogger("verdict.serve").info(
+                "matching API listening on %s (formalizer %s)", url, base_url
+            )
             if ready_file:
                 Path(ready_file).write_text(
                     json.dumps({"url": url, "formalizer": base_url, "pid": os.getpid()})

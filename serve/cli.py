@@ -17,10 +17,8 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
-
 from verdict.core.cli_errors import fail
 
 from .audit.cli import audit_app
@@ -55,9 +53,9 @@ class _Stop:
 @app.command("vllm")
 def vllm_cmd(
     config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help=SET_HELP),
+    set_: list[str] | None = typer.Option(None, "--set", help=SET_HELP),
     detach: bool = typer.Option(False, help="return once ready, leaving the server running"),
-    state_file: Optional[Path] = typer.Option(None, help="with --detach: where to write pid and URL"),
+    state_file: Path | None = typer.Option(None, help="with --detach: where to write pid and URL"),
     print_command: bool = typer.Option(False, help="print the vLLM command line and exit"),
 ) -> None:
     """Start vLLM's OpenAI-compatible server with the base model and the adapters; wait until ready."""
@@ -94,9 +92,7 @@ def vllm_cmd(
         if not stop.requested:
             from .vllm_server import log_tail
 
-            fail(
-                f"vLLM exited unexpectedly; last lines of {server.log_path}:\n{log_tail(server.log_path)}"
-            )
+            fail(f"vLLM exited unexpectedly; last lines of {server.log_path}:\n{log_tail(server.log_path)}")
     finally:
         server.stop()
     typer.echo("vLLM stopped", err=True)
@@ -144,9 +140,9 @@ def _formalizer_url(cfg, override: str | None, vllm_url: str | None = None) -> l
 @app.command("api")
 def api_cmd(
     config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help=SET_HELP),
-    formalizer_url: Optional[str] = typer.Option(None, help="OpenAI-compatible base URL of the students"),
-    ready_file: Optional[Path] = typer.Option(None, help='write {"url": ...} here once listening'),
+    set_: list[str] | None = typer.Option(None, "--set", help=SET_HELP),
+    formalizer_url: str | None = typer.Option(None, help="OpenAI-compatible base URL of the students"),
+    ready_file: Path | None = typer.Option(None, help='write {"url": ...} here once listening'),
 ) -> None:
     """Run the matching API (FastAPI) in front of a running student server."""
     from .api_server import run_api
@@ -162,10 +158,8 @@ def api_cmd(
 @app.command("up")
 def up_cmd(
     config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help=SET_HELP),
-    ready_file: Optional[Path] = typer.Option(
-        None, help='write {"url": ..., "formalizer": ...} once serving'
-    ),
+    set_: list[str] | None = typer.Option(None, "--set", help=SET_HELP),
+    ready_file: Path | None = typer.Option(None, help='write {"url": ..., "formalizer": ...} once serving'),
 ) -> None:
     """Start vLLM with the students, then the matching API in front of it; Ctrl-C stops both.
 
@@ -180,9 +174,7 @@ def up_cmd(
     cfg = _config(config, set_)
     api = cfg.require("api")
     server = VLLMServer(cfg.require("vllm"))
-    typer.echo(
-        f"starting vLLM with {', '.join(cfg.vllm.model_names())}; log: {server.log_path}", err=True
-    )
+    typer.echo(f"starting vLLM with {', '.join(cfg.vllm.model_names())}; log: {server.log_path}", err=True)
     t0 = time.monotonic()
     server.start(wait=False)
     try:
@@ -224,9 +216,9 @@ def _key_store(keys_file: Path | None, config: str | None):
 def keys_add(
     name: str = typer.Option(..., help="who or what uses the key, e.g. 'ehr-integration'"),
     role: list[str] = typer.Option(..., "--role", help="match | audit | admin (repeatable)"),
-    keys_file: Optional[Path] = typer.Option(None, help="key file (default: the config's api.api_keys)"),
-    config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
-    expires_days: Optional[float] = typer.Option(None, help="refuse the key this many days from now"),
+    keys_file: Path | None = typer.Option(None, help="key file (default: the config's api.api_keys)"),
+    config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    expires_days: float | None = typer.Option(None, help="refuse the key this many days from now"),
 ) -> None:
     """Create a key. It is printed once (stdout) and stored only as a hash."""
     store = _key_store(keys_file, config)
@@ -239,8 +231,8 @@ def keys_add(
 
 @keys_app.command("list")
 def keys_list(
-    keys_file: Optional[Path] = typer.Option(None),
-    config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    keys_file: Path | None = typer.Option(None),
+    config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
 ) -> None:
     """List key ids, names and roles (never the keys)."""
     for k in _key_store(keys_file, config).load().keys:
@@ -251,8 +243,8 @@ def keys_list(
 @keys_app.command("revoke")
 def keys_revoke(
     key_id: str = typer.Argument(..., help="the key id (second part of vk_<id>_...)"),
-    keys_file: Optional[Path] = typer.Option(None),
-    config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    keys_file: Path | None = typer.Option(None),
+    config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
 ) -> None:
     """Revoke a key (takes effect at once, also in a running service)."""
     entry = _key_store(keys_file, config).revoke(key_id)
@@ -266,13 +258,13 @@ def check_adapter_cmd(
     golden: Path = typer.Option(
         ..., help="golden set: JSONL of chat records ({messages: [...]}, SFT layout)"
     ),
-    adapter: Optional[list[str]] = typer.Option(None, help="adapter name(s) to check (default: all)"),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help=SET_HELP),
-    base_url: Optional[str] = typer.Option(None, help="a running vLLM server (default: start one)"),
-    limit: Optional[int] = typer.Option(None, help="first N records only"),
+    adapter: list[str] | None = typer.Option(None, help="adapter name(s) to check (default: all)"),
+    set_: list[str] | None = typer.Option(None, "--set", help=SET_HELP),
+    base_url: str | None = typer.Option(None, help="a running vLLM server (default: start one)"),
+    limit: int | None = typer.Option(None, help="first N records only"),
     max_tokens: int = typer.Option(512, help="tokens generated per record"),
     min_agreement: float = typer.Option(1.0, help="exit 1 if an adapter agrees on fewer records than this"),
-    report: Optional[Path] = typer.Option(None, help="write the full report (JSON) here"),
+    report: Path | None = typer.Option(None, help="write the full report (JSON) here"),
 ) -> None:
     """Run a golden set through vLLM and through PEFT/transformers (greedy) and report agreement, so
     an adapter that vLLM serves differently is caught before deployment."""
@@ -303,7 +295,7 @@ def check_adapter_cmd(
 
 
 @app.command("openapi")
-def openapi_cmd(out: Optional[Path] = typer.Option(None, help="write here instead of stdout")) -> None:
+def openapi_cmd(out: Path | None = typer.Option(None, help="write here instead of stdout")) -> None:
     """Print the matching API's OpenAPI schema (no server, no model needed)."""
     import tempfile
 

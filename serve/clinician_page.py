@@ -16,15 +16,15 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from html import escape
 
-from verdict.data_gen.formalizer.miner import PassageConflict
 from verdict.core.decision import Decision
 from verdict.core.formula import render
 from verdict.core.patient import ResolvedPatient
 from verdict.core.program import TrialProgram
 from verdict.core.rationale import rationale_json
+from verdict.data_gen.formalizer.miner import PassageConflict
 
 from .audit import DecisionRow
 
@@ -35,8 +35,11 @@ LABEL_TEXT = {
 }
 ESTABLISHED_TEXT = {"screening_visit": "at the screening visit", "chart": "in the chart"}
 # A reviewed value's evidence_source (serve/reviews): where it was established.
-REVIEWED_TEXT = {"screening_visit": "confirmed at the screening visit", "chart": "confirmed in the chart",
-                 "reviewer": "corrected by a reviewer"}
+REVIEWED_TEXT = {
+    "screening_visit": "confirmed at the screening visit",
+    "chart": "confirmed in the chart",
+    "reviewer": "corrected by a reviewer",
+}
 REVIEW_ACTION = "/v1/decisions/{decision_id}/page/review"  # the page router's form target
 # The rest of the criteria start collapsed when there are more than this many: folding two or three
 # rows away would hide more than it saves.
@@ -185,8 +188,8 @@ def decisive_criteria(decision: Decision, patient: ResolvedPatient) -> set[tuple
 def render_page(
     row: DecisionRow, program: TrialProgram, viewer: PageViewer | None = None, history=None, notice: str = ""
 ) -> str:
-    """The page of one decision. `history` is the decision's `DecisionHistory` (verdict.serve.reviews), if any;
-    `notice` a line shown on top (e.g. the review just recorded)."""
+    """The page of one decision. `history` is the decision's `DecisionHistory`
+    (verdict.serve.reviews), if any; `notice` a line shown on top (e.g. the review just recorded)."""
     viewer = viewer or PageViewer()
     if history is not None and history.superseded and viewer.forms:  # reviews go to the newest decision
         viewer = replace(viewer, can_review=False, note="A newer decision supersedes this one: review that.")
@@ -214,7 +217,7 @@ def render_page(
     atoms = program.atom_table()
     formulas = {(co.id, c.id): c.formula for co, _, c in program.criteria()}
     d = decision.decision
-    when = datetime.fromtimestamp(row.created_at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.fromtimestamp(row.created_at, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
     action = REVIEW_ACTION.format(decision_id=row.decision_id)
 
     def what(a: str) -> str:  # an atom's readable name (its definition); the identifier is a detail
@@ -269,38 +272,51 @@ def render_page(
         return (
             f'<details class="review"><summary>{summary}</summary>'
             f'<form class="review" method="post" action="{escape(action)}" data-review="{kind}"{data}>'
-            f'{hidden(kind, **ids)}{fields}{reason_box}'
+            f"{hidden(kind, **ids)}{fields}{reason_box}"
             f'<button type="submit">{button}</button></form></details>'
         )
 
     evidence_box = '<label>Evidence (optional) <input type="text" name="evidence" maxlength="2000"></label>'
 
     def correct_form(a: str) -> str:
-        return review_form("correct", "Correct this fact", value_input(a, unknown=True) + evidence_box,
-                           "Record the correction", atom=a)
+        return review_form(
+            "correct",
+            "Correct this fact",
+            value_input(a, unknown=True) + evidence_box,
+            "Record the correction",
+            atom=a,
+        )
 
     def confirm_form(a: str) -> str:
         if not viewer.forms:
             return ""
         where = "".join(f'<option value="{k}">{escape(v)}</option>' for k, v in ESTABLISHED_TEXT.items())
         established = f'<label>Established <select name="established" required>{where}</select></label>'
-        return review_form("confirm", "Confirm", value_input(a, unknown=False) + established + evidence_box,
-                           "Record the confirmation", atom=a)
+        return review_form(
+            "confirm",
+            "Confirm",
+            value_input(a, unknown=False) + established + evidence_box,
+            "Record the confirmation",
+            atom=a,
+        )
 
     def flag_form(criterion: str) -> str:
         if not viewer.forms:
             return ""
-        note = ('<label>What is wrong (for the trial owner) <textarea name="note" required maxlength="4000">'
-                "</textarea></label>")
-        return review_form("flag", "Flag as mis-formalized", note, "Flag the criterion",
-                           criterion=criterion)
+        note = (
+            '<label>What is wrong (for the trial owner) <textarea name="note" required maxlength="4000">'
+            "</textarea></label>"
+        )
+        return review_form("flag", "Flag as mis-formalized", note, "Flag the criterion", criterion=criterion)
 
     decisive = decisive_criteria(decision, patient)
     rows: dict[bool, list[str]] = {True: [], False: []}
     for c in rj["criteria"]:
         ev = [fact(e["atom"]) for e in c["evidence"]]
-        ev += [f'<span class="fact">open: {what(a)} <code class="ident">{escape(a)}</code></span>'
-               for a in c["open"]]
+        ev += [
+            f'<span class="fact">open: {what(a)} <code class="ident">{escape(a)}</code></span>'
+            for a in c["open"]
+        ]
         label = LABEL_TEXT[c["side"]].get(c["label"], escape(c["label"]))
         key = (c["cohort"], c["criterion"])
         formula = formulas.get(key)
@@ -363,14 +379,12 @@ def render_page(
                 waiting.append(
                     f'<li data-atom="{escape(a)}">{what(a)} <span class=meta>(not in the chart; '
                     f"criterion {escape(lb.criterion)} waits on it)</span> "
-                    f"<code class=ident>{escape(a)}</code>"
-                    + confirm_form(a)
-                    + "</li>"
+                    f"<code class=ident>{escape(a)}</code>" + confirm_form(a) + "</li>"
                 )
     if len(waiting) > COLLAPSE_OVER:  # a long tail of open conditions: folded, like the other criteria
         waiting = [
             f'<li class="more"><details id="confirm-open"><summary>{len(waiting)} conditions the chart '
-            f'leaves open</summary><ul>{"".join(waiting)}</ul></details></li>'
+            f"leaves open</summary><ul>{''.join(waiting)}</ul></details></li>"
         ]
     confirm += waiting
     if not confirm:
@@ -403,7 +417,7 @@ def render_page(
         for k, doc in enumerate(docs):
             m = meta.get(doc["id"], {})
             info = ", ".join(str(m[x]) for x in ("kind", "date") if m.get(x))
-            head = f'<h3>Document {escape(doc["id"])}'
+            head = f"<h3>Document {escape(doc['id'])}"
             head += f" <span class=meta>({escape(info)})</span></h3>" if info else "</h3>"
             body = highlighted_note(doc["text"], spans[doc["id"]], anchors[doc["id"]])
             attrs = f'class="note" id="doc-{k}" data-document="{escape(doc["id"])}"'
@@ -422,7 +436,8 @@ def render_page(
     ]
     conflicts_html = (
         '<h2>Documents disagree (left open, confirm in the chart)</h2><ul id="conflicts">'
-        + "".join(conflict_items) + "</ul>"
+        + "".join(conflict_items)
+        + "</ul>"
         if conflict_items
         else ""
     )
@@ -430,6 +445,7 @@ def render_page(
     notice_html = f'<p class="banner" id="notice">{escape(notice)}</p>' if notice else ""
     forms_note = "" if viewer.forms else f'<p class="meta" id="no-forms">{escape(viewer.why_no_forms())}</p>'
     models = row.models
+    parser_model = models.get("parser") or "none (an uploaded or revised program)"
     body = f"""{notice_html}
 <h1>{escape(program.title or row.trial_id)}</h1>
 <p>Patient <strong>{escape(row.patient_id)}</strong> for trial <strong>{escape(row.trial_id)}</strong>:
@@ -444,7 +460,7 @@ def render_page(
 <h2>Record</h2>
 <p class="meta">Decision <span id="decision-id">{escape(row.decision_id)}</span>, {escape(when)}; policy
 {escape(row.policy_name)} v{escape(row.policy_version)}; program {escape(row.program_hash)}; value miner
-{escape(str(models.get("value_miner")))}, parser {escape(str(models.get("parser") or "none (an uploaded or revised program)"))}, base model
+{escape(str(models.get("value_miner")))}, parser {escape(str(parser_model))}, base model
 {escape(str(models.get("base_model")))}; engine v{escape(row.engine_version)}.</p>"""
     return shell(f"{row.trial_id} / {row.patient_id}: {d}", body, viewer)
 
@@ -456,7 +472,7 @@ def history_html(decision_id: str, history, what=escape) -> str:
         return ""
     items = []
     for e in history.entries:
-        when = datetime.fromtimestamp(e.created_at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        when = datetime.fromtimestamp(e.created_at, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
         link = (
             f"<strong>{escape(e.decision_id)}</strong> (this page)"
             if e.decision_id == decision_id

@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field, model_validator
-
 from verdict.core.configs import StrictModel, find_config
 from verdict.core.errors import VerdictError
 
@@ -24,8 +23,10 @@ class ServeConfig(StrictModel):
     name: str = ""
     description: str = ""
     limits: str | None = Field(
-        None, description="configs/limits/NAME.yaml: vllm.max_model_len and api.formalizer's max_tokens, "
-        "context_tokens and tokenizer derive from it (a contradicting value is an error)")
+        None,
+        description="configs/limits/NAME.yaml: vllm.max_model_len and api.formalizer's max_tokens, "
+        "context_tokens and tokenizer derive from it (a contradicting value is an error)",
+    )
     vllm: VLLMConfig | None = None
     api: ApiConfig | None = None
 

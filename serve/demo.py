@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import typer
-
 from verdict.core.configs import shipped
 
 RECORDS = shipped("examples", "demo", "teacher_records.json")
@@ -42,16 +41,22 @@ def prepare_students(work: Path, records: dict) -> None:
         students.build_student_base(base)
     else:
         say("1/6", f"tiny student already at {base}")
-    say("2/6", f"SFT datasets from {len(records['trials'])} trials x {len(records['patients'])} patients "
-               "of recorded teacher outputs")
+    say(
+        "2/6",
+        f"SFT datasets from {len(records['trials'])} trials x {len(records['patients'])} patients "
+        "of recorded teacher outputs",
+    )
     export = students.write_student_export(records, work / "export")
     for i, task in enumerate(students.TASKS):
         adapter = work / f"tiny-{task}" / "adapter"
         if (adapter / "adapter_config.json").exists():
             say("3/6", f"{task} adapter already trained ({adapter})")
             continue
-        say("3/6", f"training the {task} adapter ({students.TRAIN_STEPS[task]} LoRA steps on CPU; "
-                   f"{'a minute or two' if i == 0 else 'about a minute'})")
+        say(
+            "3/6",
+            f"training the {task} adapter ({students.TRAIN_STEPS[task]} LoRA steps on CPU; "
+            f"{'a minute or two' if i == 0 else 'about a minute'})",
+        )
         t0 = time.monotonic()
         students.train_student(base, export / task, task, work, progress=lambda m: say("3/6", f"  {m}"))
         say("3/6", f"  {task} adapter trained in {time.monotonic() - t0:.0f} s")
@@ -61,9 +66,15 @@ def student_overrides(work: Path) -> list[str]:
     """Keep everything of this run in the work folder (student, adapters, keys, audit store, logs)
     and let the API take a free port (the URL comes back in the ready file)."""
     adapters = {task: str(work / f"tiny-{task}" / "adapter") for task in ("parser", "value_miner")}
-    return [f"vllm.model={work / 'student-base'}", f"vllm.adapters={json.dumps(adapters)}",
-            f"vllm.log_file={work / 'vllm.log'}", "api.port=0", f"api.api_keys={work / 'api_keys.json'}",
-            f"api.audit_db={work / 'audit.sqlite'}", f"api.log_file={work / 'api.log'}"]
+    return [
+        f"vllm.model={work / 'student-base'}",
+        f"vllm.adapters={json.dumps(adapters)}",
+        f"vllm.log_file={work / 'vllm.log'}",
+        "api.port=0",
+        f"api.api_keys={work / 'api_keys.json'}",
+        f"api.audit_db={work / 'audit.sqlite'}",
+        f"api.log_file={work / 'api.log'}",
+    ]
 
 
 def write_key_file(path: Path, key: str) -> None:
@@ -92,8 +103,12 @@ def start_service(config: str, work: Path) -> tuple[subprocess.Popen, str, str]:
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "verdict"]
     with open(log, "w") as out:
         sets = [x for o in overrides for x in ("--set", o)]
-        proc = subprocess.Popen([*cmd, "serve", "up", "--config", config, *sets, "--ready-file", str(ready)],
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [*cmd, "serve", "up", "--config", config, *sets, "--ready-file", str(ready)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     t0, last = time.monotonic(), 0.0
     while not ready.exists():
         if proc.poll() is not None:
@@ -132,7 +147,9 @@ def teacher_decisions(records: dict, policy: str) -> dict[tuple[str, str], str]:
     for tid, program in teacher_programs(records).items():
         for p in records["patients"]:
             mined = teacher_values(program, p, "inclusion") + teacher_values(program, p, "exclusion")
-            out[(tid, p["patient_id"])] = engine.decide(program, resolve(program, p["patient_id"], mined, pol)).decision
+            out[(tid, p["patient_id"])] = engine.decide(
+                program, resolve(program, p["patient_id"], mined, pol)
+            ).decision
     return out
 
 
@@ -141,21 +158,34 @@ def match_all(url: str, key: str, records: dict, policy: str) -> list[dict]:
     import httpx
 
     results = []
-    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=600, trust_env=False) as c:
+    with httpx.Client(
+        base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=600, trust_env=False
+    ) as c:
         for t in records["trials"]:
             trial = {k: t[k] for k in ("trial_id", "title", "inclusion", "exclusion") if t.get(k)}
             for p in records["patients"]:
                 say("5/6", f"POST /v1/match  trial {t['trial_id']}  patient {p['patient_id']}")
-                r = c.post("/v1/match", json={"trial": trial, "policy": policy,
-                                              "patient": {"patient_id": p["patient_id"], "note": p["note"]}})
+                r = c.post(
+                    "/v1/match",
+                    json={
+                        "trial": trial,
+                        "policy": policy,
+                        "patient": {"patient_id": p["patient_id"], "note": p["note"]},
+                    },
+                )
                 if r.status_code != 200:
                     raise RuntimeError(f"/v1/match answered {r.status_code}: {r.text[:500]}")
                 results.append(r.json())
     return results
 
 
-def run_demo(config: str = "cpu-tiny", work: Path = Path("runs/demo"), records_path: Path = RECORDS,
-             policy: str = "prescreen", keep_running: bool = False) -> int:
+def run_demo(
+    config: str = "cpu-tiny",
+    work: Path = Path("runs/demo"),
+    records_path: Path = RECORDS,
+    policy: str = "prescreen",
+    keep_running: bool = False,
+) -> int:
     work = work.resolve()  # relative to where the demo runs
     work.mkdir(parents=True, exist_ok=True)
     records = json.loads(Path(records_path).read_text())
@@ -173,12 +203,16 @@ def run_demo(config: str = "cpu-tiny", work: Path = Path("runs/demo"), records_p
             typer.echo(f"\n  audit page: {url}{res['links']['page']}  (decision {res['decision_id']})")
             agree += res["decision"]["decision"] == expected[(res["trial_id"], res["patient_id"])]
         typer.echo("")
-        typer.echo(f"students vs teacher: {agree}/{len(results)} decisions agree "
-                   f"(the core applied to the teacher's own outputs)")
+        typer.echo(
+            f"students vs teacher: {agree}/{len(results)} decisions agree "
+            f"(the core applied to the teacher's own outputs)"
+        )
         typer.echo(f"demo finished in {time.monotonic() - t0:.0f} s")
         if keep_running:
-            typer.echo(f"the service stays up at {url} (API key in {work / 'demo-api-key'}, mode 0600); "
-                       "Ctrl-C to stop")
+            typer.echo(
+                f"the service stays up at {url} (API key in {work / 'demo-api-key'}, mode 0600); "
+                "Ctrl-C to stop"
+            )
             try:
                 while proc.poll() is None:
                     time.sleep(1)
@@ -204,5 +238,5 @@ def demo(
         code = run_demo(config, work, records, policy, keep_running)
     except (VerdictError, RuntimeError, OSError) as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     raise typer.Exit(code)

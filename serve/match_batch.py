@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
 from verdict.core.jsonl_store import JsonlStore
 from verdict.core.progress import Progress
 
@@ -379,8 +378,10 @@ def write_rankings(out: Path, merged: list[ResultLine]) -> dict[str, int]:
         tmp = out / f"ranked_by_{by}.jsonl.tmp"
         with open(tmp, "w") as f:
             for key in sorted(groups):
-                rows = [{**row.model_dump(), "decision_id": ids[(row.patient_id, row.trial_id)]}
-                        for row in rank(groups[key])]
+                rows = [
+                    {**row.model_dump(), "decision_id": ids[(row.patient_id, row.trial_id)]}
+                    for row in rank(groups[key])
+                ]
                 f.write(json.dumps({f"{by}_id": key, "rows": rows}) + "\n")
         os.replace(tmp, out / f"ranked_by_{by}.jsonl")
     return {"pairs": len(decided), "unranked": len(merged) - len(decided)}
@@ -392,9 +393,9 @@ def render_batch_jobs(
     """out/slurm/match.sbatch (an array, one task per shard, one GPU each) and merge.sbatch."""
     import shlex
 
+    from verdict.core.configs import find_config
     from verdict.slurm.job_config import load_slurm_config
     from verdict.slurm.render import render_text
-    from verdict.core.configs import find_config
 
     out = Path(out).resolve()
     plan = load_plan(out)

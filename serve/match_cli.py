@@ -14,10 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
-
 from verdict.core.cli_errors import fail
 
 app = typer.Typer(help="batch matching (site-wide screening as SLURM arrays)", no_args_is_help=True)
@@ -33,17 +31,15 @@ def batch_cmd(
     patients: Path = typer.Option(..., help="patients JSONL ({_id, text})"),
     trials: Path = typer.Option(..., help="trials JSONL (benchmark layout) or ClinicalTrials.gov study JSON"),
     out: Path = typer.Option(..., help="batch folder (plan, shard results, merged results)"),
-    pairs: Optional[Path] = typer.Option(
-        None, help="pairs JSONL ({patient_id, nct_id}); default: every pair"
-    ),
+    pairs: Path | None = typer.Option(None, help="pairs JSONL ({patient_id, nct_id}); default: every pair"),
     policy: str = typer.Option("prescreen", help="policy name"),
     shards: int = typer.Option(1, min=1, help="array tasks: one vLLM + worker per GPU job"),
     slurm: str = typer.Option("default", help="slurm config (configs/slurm/NAME.yaml or a path)"),
-    name: Optional[str] = typer.Option(None, help="batch name (job names); default: the folder name"),
-    set_: Optional[list[str]] = typer.Option(
+    name: str | None = typer.Option(None, help="batch name (job names); default: the folder name"),
+    set_: list[str] | None = typer.Option(
         None, "--set", help="serve config override, e.g. vllm.dtype=float32"
     ),
-    slurm_set: Optional[list[str]] = typer.Option(None, help="slurm config override"),
+    slurm_set: list[str] | None = typer.Option(None, help="slurm config override"),
     submit: bool = typer.Option(True, help="submit the array and the merge job (else: only render them)"),
     wait: bool = typer.Option(False, help="wait for the jobs, showing progress, then print the summary"),
     timeout: float = typer.Option(24 * 3600, help="with --wait: give up after this many seconds"),
@@ -76,8 +72,13 @@ def batch_cmd(
 
     env = slurm_env()
     # afterany: merge what finished even if a task failed (its pairs are reported missing)
-    ids = submit_jobs([Job("match", scripts["match"]),
-                       Job("merge", scripts["match-merge"], after=["match"], when="afterany")], env)
+    ids = submit_jobs(
+        [
+            Job("match", scripts["match"]),
+            Job("merge", scripts["match-merge"], after=["match"], when="afterany"),
+        ],
+        env,
+    )
     array, merge = ids["match"], ids["merge"]
     typer.echo(json.dumps({"array": array, "merge": merge}))
     if not wait:
@@ -106,9 +107,7 @@ def _progress_line(out: Path) -> str:
 def worker_cmd(
     out: Path = typer.Option(..., help="batch folder"),
     shard: int = typer.Option(..., help="shard index (SLURM_ARRAY_TASK_ID)"),
-    formalizer_url: Optional[str] = typer.Option(
-        None, help="use this running server instead of starting vLLM"
-    ),
+    formalizer_url: str | None = typer.Option(None, help="use this running server instead of starting vLLM"),
 ) -> None:
     """Match one shard's pairs (only those without a result yet)."""
     from .match_batch import run_shard
@@ -138,15 +137,14 @@ def status_cmd(out: Path = typer.Option(..., help="batch folder")) -> None:
         typer.echo(f"shard {i}: {done}/{total}")
 
 
-
 @app.command("rescreen")
 def rescreen_cmd(
-    config: Optional[str] = typer.Option(None, "--config", "-c", help="serve config (api.audit_db, limits)"),
-    db: Optional[str] = typer.Option(None, "--db", help="or the store: a SQLite file or postgresql:// URL"),
-    password_env: Optional[str] = typer.Option(None, help="with a --db URL: variable with the password"),
-    policy: Optional[str] = typer.Option(None, help="re-decide this policy's decisions of another version"),
-    trial: Optional[str] = typer.Option(None, help="re-decide this trial's decisions on another version"),
-    out: Optional[Path] = typer.Option(None, help="JSON report (default: runs/match/rescreen-TIME.json)"),
+    config: str | None = typer.Option(None, "--config", "-c", help="serve config (api.audit_db, limits)"),
+    db: str | None = typer.Option(None, "--db", help="or the store: a SQLite file or postgresql:// URL"),
+    password_env: str | None = typer.Option(None, help="with a --db URL: variable with the password"),
+    policy: str | None = typer.Option(None, help="re-decide this policy's decisions of another version"),
+    trial: str | None = typer.Option(None, help="re-decide this trial's decisions on another version"),
+    out: Path | None = typer.Option(None, help="JSON report (default: runs/match/rescreen-TIME.json)"),
 ) -> None:
     """Re-decide stored resolved patients with the core, no LLM call, after a policy or program change.
     Prints the changed decisions (old and new side by side), writes them as superseding decisions and

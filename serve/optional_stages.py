@@ -20,12 +20,12 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from verdict.data_gen.formalizer.optional_stages import definition_conflicts, redecide
-from verdict.data_gen.protocol import PatientDoc
 from verdict.core.decision import Decision
 from verdict.core.patient import ResolvedPatient
 from verdict.core.program import TrialProgram
 from verdict.core.rationale import md
+from verdict.data_gen.formalizer.optional_stages import definition_conflicts, redecide
+from verdict.data_gen.protocol import PatientDoc
 
 from .errors import FormalizerFailed, FormalizerUnavailable
 

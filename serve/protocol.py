@@ -11,14 +11,13 @@ import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
-
-from verdict.data_gen.fhir.models import FhirPatientRecord
-from verdict.data_gen.formalizer.miner import PassageConflict
-from verdict.data_gen.protocol import SINGLE_NOTE_ID, NoteDocument
 from verdict.core.configs import StrictModel
 from verdict.core.decision import Decision
 from verdict.core.patient import PolicyRef, ResolvedPatient
 from verdict.core.program import Id, TrialProgram
+from verdict.data_gen.fhir.models import FhirPatientRecord
+from verdict.data_gen.formalizer.miner import PassageConflict
+from verdict.data_gen.protocol import SINGLE_NOTE_ID, NoteDocument
 
 # Policy *names* only: a path would let a caller read files of the server.
 POLICY_NAME = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$"
@@ -92,8 +91,8 @@ class TrialResponse(BaseModel):
     trial_id: str
     program_hash: str
     origin: Literal["parser", "upload", "revision"] = Field(
-        description="parser: the trial parser's output (match role); upload: a reviewed program (admin role); "
-        "revision: a corrected program (trial_owner or admin, POST /v1/trials/{id}/revisions)"
+        description="parser: the trial parser's output (match role); upload: a reviewed program "
+        "(admin role); revision: a corrected program (trial_owner or admin, POST /v1/trials/{id}/revisions)"
     )
     active: bool = Field(
         description="whether matches on trial_id use this version: the newest reviewed version is active, "
@@ -183,8 +182,10 @@ def _check_fhir(patient_id: str, rec: FhirPatientRecord) -> None:
     if rec.patient_id != patient_id:
         raise ValueError("`fhir.patient_id` must equal `patient_id`")
     if not rec.documents:
-        raise ValueError("`fhir.documents` is empty: the record has no DocumentReference or DiagnosticReport "
-                         "text for the value miner")
+        raise ValueError(
+            "`fhir.documents` is empty: the record has no DocumentReference or DiagnosticReport "
+            "text for the value miner"
+        )
     if len(rec.documents) > MAX_NOTES or len(rec.facts) > MAX_FHIR_FACTS:
         raise ValueError(f"`fhir` holds more than {MAX_NOTES} documents or {MAX_FHIR_FACTS} facts")
     ids = [d.id for d in rec.documents]
@@ -197,10 +198,13 @@ def _check_fhir(patient_id: str, rec: FhirPatientRecord) -> None:
             raise ValueError(f"`fhir.documents.{i}.id` is not a valid document id") from None
         if d.date is not None and not re.match(r"^\d{4}-\d{2}-\d{2}", d.date):
             raise ValueError(f"`fhir.documents.{i}.date` is not an ISO date")
-    if any(len(d.text) > MAX_NOTE_CHARS for d in rec.documents) or sum(
-            len(d.text) for d in rec.documents) > MAX_RECORD_CHARS:
-        raise ValueError(f"`fhir.documents` exceed {MAX_NOTE_CHARS} characters per document or "
-                         f"{MAX_RECORD_CHARS} in all")
+    if (
+        any(len(d.text) > MAX_NOTE_CHARS for d in rec.documents)
+        or sum(len(d.text) for d in rec.documents) > MAX_RECORD_CHARS
+    ):
+        raise ValueError(
+            f"`fhir.documents` exceed {MAX_NOTE_CHARS} characters per document or {MAX_RECORD_CHARS} in all"
+        )
     try:
         at = dt.date.fromisoformat(rec.reference_date)
     except ValueError:
@@ -218,8 +222,9 @@ def _check_fhir(patient_id: str, rec: FhirPatientRecord) -> None:
     else:
         ok = rec.age_years is None and rec.age_range == (max(span[0], 0), span[1])
     if not ok:
-        raise ValueError("`fhir.age_years` / `fhir.age_range` do not match `fhir.birth_date` at "
-                         "`fhir.reference_date`")
+        raise ValueError(
+            "`fhir.age_years` / `fhir.age_range` do not match `fhir.birth_date` at `fhir.reference_date`"
+        )
 
 
 class MatchRequest(_Strict):
@@ -270,9 +275,11 @@ class MatchResponse(BaseModel):
     rationale: dict[str, Any] = Field(description="structured rationale (criteria, to confirm, would change)")
     rationale_markdown: str
     rationale_text: str | None = Field(
-        None, description="the verbalizer's prose restatement of the decision (api.formalizer.verbalizer); null "
+        None,
+        description="the verbalizer's prose restatement of the decision (api.formalizer.verbalizer); null "
         "when it is off or its output was rejected (rationale.verbalizer says why). The structured rationale "
-        "and rationale_markdown are the source of truth")
+        "and rationale_markdown are the source of truth",
+    )
     extraction_conflicts: list[PassageConflict] = Field(
         default_factory=list,
         description="atoms whose documents or passages give values that cannot both hold: each value "
@@ -330,10 +337,14 @@ class DecisionRecord(BaseModel):
         description="decision, resolved patient, value-miner outputs, rationale"
     )
     note_stored: bool
-    parent_id: str | None = Field(None, description="the decision this one supersedes (a review or a re-screening)")
+    parent_id: str | None = Field(
+        None, description="the decision this one supersedes (a review or a re-screening)"
+    )
     lineage: dict[str, Any] | None = Field(
-        None, description="why it superseded its parent: kind (review, rescreen), the changes with reviewer role, "
-        "time and reason, program and policy versions; the whole chain: GET /v1/decisions/{id}/history")
+        None,
+        description="why it superseded its parent: kind (review, rescreen), the changes with reviewer role, "
+        "time and reason, program and policy versions; the whole chain: GET /v1/decisions/{id}/history",
+    )
 
 
 # ---- health -------------------------------------------------------------------------------------

@@ -19,24 +19,11 @@ import time
 import traceback
 import uuid
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import AsyncIterator
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
-
-from verdict.data_gen.egress import ENV_ALLOW as EGRESS_ENV
-from verdict.data_gen.egress import RULE as EGRESS_RULE
-from verdict.data_gen.egress import EgressPolicy
-from verdict.data_gen.errors import EgressRefused, EndpointError
-from verdict.data_gen.fhir.models import FhirPatientRecord
-from verdict.data_gen.fhir.resolve import CodedResolutions, coded_resolutions
-from verdict.data_gen.formalizer import Formalizer, core_schema, merge_sides
-from verdict.data_gen.formalizer.miner import BUDGET as MINER_BUDGET
-from verdict.data_gen.formalizer.miner import MinedValues, PassageConflict
-from verdict.data_gen.formalizer.value_reuse import ValueReuse
-from verdict.data_gen.formalizer.endpoints import EndpointPool
-from verdict.data_gen.protocol import PatientDoc, StageResult, TrialDoc
 from verdict.core.decision import ENGINE_VERSION, Decision
 from verdict.core.engine import Engine
 from verdict.core.errors import PatientError, PolicyError, ProgramError, VerdictError
@@ -44,6 +31,18 @@ from verdict.core.patient import ResolvedPatient
 from verdict.core.policy import Policy, load_policy, resolve
 from verdict.core.program import Provenance, TrialProgram, check_program, load_program
 from verdict.core.rationale import md, rationale_json, render_markdown
+from verdict.data_gen.egress import ENV_ALLOW as EGRESS_ENV
+from verdict.data_gen.egress import RULE as EGRESS_RULE
+from verdict.data_gen.egress import EgressPolicy
+from verdict.data_gen.errors import EgressRefused, EndpointError
+from verdict.data_gen.fhir.models import FhirPatientRecord
+from verdict.data_gen.fhir.resolve import CodedResolutions, coded_resolutions
+from verdict.data_gen.formalizer import Formalizer, core_schema, merge_sides
+from verdict.data_gen.formalizer.endpoints import EndpointPool
+from verdict.data_gen.formalizer.miner import BUDGET as MINER_BUDGET
+from verdict.data_gen.formalizer.miner import MinedValues, PassageConflict
+from verdict.data_gen.formalizer.value_reuse import ValueReuse
+from verdict.data_gen.protocol import PatientDoc, StageResult, TrialDoc
 
 from .api_config import ApiConfig
 from .audit import AuditStore, DecisionRow, TrialRow, open_store
@@ -102,8 +101,10 @@ def ctgov_doc(study: dict) -> TrialDoc:
     except VerdictError as e:
         raise InvalidInput("unreadable ClinicalTrials.gov study", [("ctgov_study", e.summary)]) from None
     if problems or len(items) != 1:
-        raise InvalidInput("unreadable ClinicalTrials.gov study",
-                           [("ctgov_study", m) for m in problems or ["expected exactly one study"]])
+        raise InvalidInput(
+            "unreadable ClinicalTrials.gov study",
+            [("ctgov_study", m) for m in problems or ["expected exactly one study"]],
+        )
     return items[0]
 
 
@@ -158,11 +159,19 @@ class MatchingService:
         # the check and every decision.
         self.engine = Engine(timeout_ms=config.solver_timeout_ms, alternatives=config.alternatives)
         self.parser = Formalizer(
-            parser_ep, engine=self.engine, egress=self.egress, prompts=fc.prompts, run="serve",
-            client=self.client
+            parser_ep,
+            engine=self.engine,
+            egress=self.egress,
+            prompts=fc.prompts,
+            run="serve",
+            client=self.client,
         )
         self.miner = Formalizer(
-            miner_ep, engine=self.engine, egress=self.egress, prompts=fc.prompts, run="serve",
+            miner_ep,
+            engine=self.engine,
+            egress=self.egress,
+            prompts=fc.prompts,
+            run="serve",
             client=self.client,
             value_reuse=ValueReuse() if fc.reuse_values else None,
         )
@@ -211,9 +220,15 @@ class MatchingService:
         """One request per stage schema: the per-criterion parser's and the value miner's."""
         from verdict.data_gen.formalizer.checks import with_atom_enum
 
-        return [(self.parser, "parser", core_schema("parsed-criterion"), "parsed_criterion"),
-                (self.miner, "miner_inclusion", with_atom_enum(core_schema("value-miner"), ["warm_up"]),
-                 "value_miner")]
+        return [
+            (self.parser, "parser", core_schema("parsed-criterion"), "parsed_criterion"),
+            (
+                self.miner,
+                "miner_inclusion",
+                with_atom_enum(core_schema("value-miner"), ["warm_up"]),
+                "value_miner",
+            ),
+        ]
 
     async def warm_grammars(self) -> str | None:
         """Send every up server not yet warm one constrained request per stage schema (no patient
@@ -229,15 +244,25 @@ class MatchingService:
                     continue
                 try:
                     for fz, stage, schema, name in self._warm_requests():
-                        msgs = [{"role": "system", "content": "Return JSON."}, {"role": "user", "content": "{}"}]
+                        msgs = [
+                            {"role": "system", "content": "Return JSON."},
+                            {"role": "user", "content": "{}"},
+                        ]
                         req = build_request(fz.endpoint, stage, msgs, schema, name)
                         req[fz.endpoint.max_tokens_param] = 1
-                        await m.client.complete(req, carries_patient_text=False, data_class="public",
-                                                what=f"{stage} grammar warm-up")
+                        await m.client.complete(
+                            req,
+                            carries_patient_text=False,
+                            data_class="public",
+                            what=f"{stage} grammar warm-up",
+                        )
                 except EndpointError as e:
                     problems.append(f"{origin_of(m.base_url)}: {failure_reason(e)}")
-                    log.warning("grammar warm-up of %s failed (%s); retried at the next readiness check",
-                                m.base_url, failure_reason(e))
+                    log.warning(
+                        "grammar warm-up of %s failed (%s); retried at the next readiness check",
+                        m.base_url,
+                        failure_reason(e),
+                    )
                     continue
                 self._warm.add(m.base_url)
             self._warm_problem = "; ".join(problems) or None
@@ -451,10 +476,12 @@ class MatchingService:
         note = record.text  # every document's text: what error messages must never quote
         skip = coded.decided if coded is not None else frozenset()
         t0 = time.perf_counter()
-        inc, exc = await _both(*(
-            self._stage(self.miner.mine_values(program, record, side, skip=skip), f"miner_{side}", note)
-            for side in ("inclusion", "exclusion")
-        ))
+        inc, exc = await _both(
+            *(
+                self._stage(self.miner.mine_values(program, record, side, skip=skip), f"miner_{side}", note)
+                for side in ("inclusion", "exclusion")
+            )
+        )
         timings["value_miner"] = _ms(t0)
         return inc, exc
 
@@ -474,14 +501,22 @@ class MatchingService:
         mined = merge_sides(inc.output, exc.output)  # passages, documents and sides: one merge rule
         try:
             patient = resolve(
-                program, record.patient_id, list(mined), policy, held_open=mined.held_open(),
+                program,
+                record.patient_id,
+                list(mined),
+                policy,
+                held_open=mined.held_open(),
                 sources=mined.sources,
             )
         except PatientError as e:  # the formalizer checks types; this is a second line of defence
             raise FormalizerFailed(  # the problems can quote values from the note: counted only
                 "value-miner output does not fit the trial program",
-                [("value_miner",
-                  f"{len(e.problems)} problem(s) (details withheld: they may quote the note)")],
+                [
+                    (
+                        "value_miner",
+                        f"{len(e.problems)} problem(s) (details withheld: they may quote the note)",
+                    )
+                ],
             ) from None
         if coded is not None:
             patient = coded.apply(patient)
@@ -492,14 +527,19 @@ class MatchingService:
         # Opt-in (api.formalizer.arbiter): facts contradicting definitions re-read, decided again.
         decision, arbiter = await arbitrate(self, program, record, patient, decision, timings)
         t0 = time.perf_counter()
-        markdown = (render_markdown(program, patient, decision) + conflicts_markdown(mined.conflicts)
-                    + arbiter_markdown(arbiter))
+        markdown = (
+            render_markdown(program, patient, decision)
+            + conflicts_markdown(mined.conflicts)
+            + arbiter_markdown(arbiter)
+        )
         rationale = rationale_json(program, patient, decision)
         rationale["extraction_conflicts"] = [c.model_dump(mode="json") for c in mined.conflicts]
         timings["render"] = self._observe("render", t0)
         # Opt-in (api.formalizer.verbalizer): prose restating the decision; decides nothing.
         rationale_text, verbalizer = await verbalize(self, program, record, patient, decision, timings)
-        rationale.update({k: v for k, v in (("arbiter", arbiter), ("verbalizer", verbalizer)) if v is not None})
+        rationale.update(
+            {k: v for k, v in (("arbiter", arbiter), ("verbalizer", verbalizer)) if v is not None}
+        )
         return _Decided(
             inc, exc, mined, patient, decision, arbiter, markdown, rationale, rationale_text, verbalizer
         )
@@ -545,27 +585,30 @@ class MatchingService:
                 decision=d.decision.decision,
                 models=models.model_dump(),
                 timings=timings,
-                artifacts=self._kept(record.text, {
-                    "decision": d.decision.model_dump(mode="json", by_alias=True),
-                    "patient": d.patient.model_dump(mode="json"),
-                    "value_miner": {
-                        r.stage: {
-                            "output": json.loads(r.output_json or "null"),
-                            "attempts": len(r.attempts),
-                            "prompt": r.prompt_version,
-                            "calls": [{"item": c.item, "attempts": len(c.attempts)} for c in r.calls],
-                            "sources": r.output.sources,
-                        }
-                        for r in (d.inc, d.exc)
+                artifacts=self._kept(
+                    record.text,
+                    {
+                        "decision": d.decision.model_dump(mode="json", by_alias=True),
+                        "patient": d.patient.model_dump(mode="json"),
+                        "value_miner": {
+                            r.stage: {
+                                "output": json.loads(r.output_json or "null"),
+                                "attempts": len(r.attempts),
+                                "prompt": r.prompt_version,
+                                "calls": [{"item": c.item, "attempts": len(c.attempts)} for c in r.calls],
+                                "sources": r.output.sources,
+                            }
+                            for r in (d.inc, d.exc)
+                        },
+                        "documents": documents_meta(req.patient.note, record),
+                        "fhir": fhir_meta(req.patient.fhir, coded),
+                        "extraction_conflicts": [c.model_dump(mode="json") for c in d.mined.conflicts],
+                        "rationale_markdown": d.markdown,
+                        "arbiter": d.arbiter,
+                        "verbalizer": d.verbalizer and {**d.verbalizer, "rationale_text": d.rationale_text},
+                        "trial_origin": row.origin,
                     },
-                    "documents": documents_meta(req.patient.note, record),
-                    "fhir": fhir_meta(req.patient.fhir, coded),
-                    "extraction_conflicts": [c.model_dump(mode="json") for c in d.mined.conflicts],
-                    "rationale_markdown": d.markdown,
-                    "arbiter": d.arbiter,
-                    "verbalizer": d.verbalizer and {**d.verbalizer, "rationale_text": d.rationale_text},
-                    "trial_origin": row.origin,
-                }),
+                ),
                 note_text=stored_note,
             )
         )
@@ -695,8 +738,12 @@ class MatchingService:
             reason = (exit_note(m.base_url) or m.reason) if m.state == "down" else m.reason
             states.append(
                 EndpointStatus(
-                    endpoint=origin_of(m.base_url), state=m.state, reason=reason, models=m.models,
-                    in_flight=m.in_flight, failures=m.failures,
+                    endpoint=origin_of(m.base_url),
+                    state=m.state,
+                    reason=reason,
+                    models=m.models,
+                    in_flight=m.in_flight,
+                    failures=m.failures,
                 )
             )
             if m.state == "up" and self._base_model is None:
@@ -714,8 +761,9 @@ class MatchingService:
                 await self.warm_grammars()
             up = [m for m in up if m.base_url in self._warm]
             if not up:
-                reason = ("warming up the structured-output grammars"
-                          + (f" (last attempt: {self._warm_problem})" if self._warm_problem else ""))
+                reason = "warming up the structured-output grammars" + (
+                    f" (last attempt: {self._warm_problem})" if self._warm_problem else ""
+                )
         return Readiness(
             ready=bool(up),
             formalizer=", ".join(origin_of(u) for u in self.base_urls),
@@ -746,8 +794,14 @@ class MatchingService:
             # A fixed message: stage, status, reference. Upstream text (servers echo prompts) never
             # passes through, whatever its length.
             ref, what = uuid.uuid4().hex[:12], endpoint_failure(e, self.config.formalizer.timeout_s)
-            log.warning("stage=%s formalizer error ref=%s status=%s retryable=%s: %s", stage, ref, e.status,
-                        e.retryable, what)
+            log.warning(
+                "stage=%s formalizer error ref=%s status=%s retryable=%s: %s",
+                stage,
+                ref,
+                e.status,
+                e.retryable,
+                what,
+            )
             if e.retryable:
                 raise FormalizerUnavailable(
                     f"the formalizer ({stage}) is unavailable: {what} (reference {ref})",
@@ -773,14 +827,20 @@ class MatchingService:
             # The checks' messages can carry model output, which can quote the note: for a stage that
             # read a note only their count and reason go out.
             problems = (
-                [(stage, f"{len(res.problems)} problem(s), first reason '{res.reason}' (details withheld: "
-                  f"the output may quote the note; reference {ref})")]
+                [
+                    (
+                        stage,
+                        f"{len(res.problems)} problem(s), first reason '{res.reason}' (details withheld: "
+                        f"the output may quote the note; reference {ref})",
+                    )
+                ]
                 if note
                 else [(stage, p) for p in res.problems][:20]
             )
             # a stage of several calls: which ones failed (document, passage, chunk ids; no text)
-            problems += [(stage, f"call {c.item} rejected (reason: {c.reason})") for c in res.calls
-                         if not c.accepted][:20]
+            problems += [
+                (stage, f"call {c.item} rejected (reason: {c.reason})") for c in res.calls if not c.accepted
+            ][:20]
             raise FormalizerFailed(
                 f"the {stage} output failed validation after one repair attempt (reason: {res.reason})",
                 problems,
@@ -863,9 +923,13 @@ def fhir_meta(rec: FhirPatientRecord | None, coded: CodedResolutions | None) -> 
     coded facts decided and why the others were left to the miner, the record's problems."""
     if rec is None or coded is None:
         return None
-    return {"patient": f"Patient/{rec.patient_id}", "reference_date": rec.reference_date,
-            "coded_atoms": {r.atom: r.evidence_source for r in coded.resolutions},
-            "left_for_miner": coded.notes, "problems": rec.problems}
+    return {
+        "patient": f"Patient/{rec.patient_id}",
+        "reference_date": rec.reference_date,
+        "coded_atoms": {r.atom: r.evidence_source for r in coded.resolutions},
+        "left_for_miner": coded.notes,
+        "problems": rec.problems,
+    }
 
 
 def conflicts_markdown(conflicts: list[PassageConflict]) -> str:

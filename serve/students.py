@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from verdict.data_gen.sft_record import TASKS, SftRecord  # noqa: F401  (TASKS: re-exported for the demo and tests)
 from verdict.core.progress import Progress
+from verdict.data_gen.sft_record import TASKS, SftRecord  # noqa: F401  (TASKS: re-exported for the demo and tests)
 
 # Context for the tiny tokenizer: a per-criterion parser prompt is under 1k tokens with it.
 MAX_MODEL_LEN = 4096
@@ -61,8 +61,8 @@ def teacher_programs(records: dict) -> dict:
 
 def teacher_values(program, patient: dict, side: str) -> list:
     """What the teacher's value miner answered for one pass: the side's atoms, in prompt order."""
-    from verdict.data_gen.formalizer import side_atoms
     from verdict.core.patient import MinedValue
+    from verdict.data_gen.formalizer import side_atoms
 
     out = []
     for name in side_atoms(program, side):
@@ -98,9 +98,9 @@ def parser_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[
     splits them (under `limits`, default the tiny students'), each with the teacher program's
     formalization of that criterion (`verdict.data_gen.formalizer.criterion_outputs`) as the target. A
     recurring criterion is one row. A criterion the teacher program does not have is an error."""
+    from verdict.core.program import ParsedCriterion
     from verdict.data_gen.formalizer import Formalizer, compact, criterion_outputs
     from verdict.data_gen.formalizer.criteria import normalize_criterion
-    from verdict.core.program import ParsedCriterion
 
     from .api_config import FormalizerConfig
     from .serving import trial_doc
@@ -117,15 +117,26 @@ def parser_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[
         for c in fz.trial_criteria(trial_doc(trial_text(t))).criteria:
             target = by_text.get(normalize_criterion(c.text, case=True))
             if target is None:
-                raise ValueError(f"teacher records: trial {t['trial_id']} criterion {c.id} '{c.text}' has no "
-                                 "formalization in its program (criterion texts must match the split)")
+                raise ValueError(
+                    f"teacher records: trial {t['trial_id']} criterion {c.id} '{c.text}' has no "
+                    "formalization in its program (criterion texts must match the split)"
+                )
             msgs = fz.criterion_messages(c)
             if json.dumps(msgs) in seen:
                 continue
             seen.add(json.dumps(msgs))
             answer = target.model_dump(mode="json", by_alias=True, exclude_defaults=True)
-            out.append(SftRecord.of_call(msgs, compact(answer), task="parser", record_id=f"parser:{t['trial_id']}#{c.id}",
-                                         trial_id=t["trial_id"], stage="parser", **meta).row())
+            out.append(
+                SftRecord.of_call(
+                    msgs,
+                    compact(answer),
+                    task="parser",
+                    record_id=f"parser:{t['trial_id']}#{c.id}",
+                    trial_id=t["trial_id"],
+                    stage="parser",
+                    **meta,
+                ).row()
+            )
     return out
 
 
@@ -135,10 +146,10 @@ def miner_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[d
     (`limits`: the service's `FormalizerConfig`; default: the tiny students' max_tokens). A chunk's
     target is the teacher's values for its atoms, an atom null where its quote is not in the call's
     passage."""
+    from verdict.core.patient import MinedValue
     from verdict.data_gen.formalizer import Formalizer, quote_in_note
     from verdict.data_gen.formalizer.miner import miner_target, plan_for
     from verdict.data_gen.protocol import PatientDoc
-    from verdict.core.patient import MinedValue
 
     from .api_config import FormalizerConfig
 
@@ -160,17 +171,24 @@ def miner_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[d
                         for a in call.atoms
                     ]
                     rid = f"miner_{side}:{tid}:{p['patient_id']}"
-                    out.append(SftRecord.of_call(
-                        call.messages, miner_target(values), task="value_miner",
-                        record_id=rid + (f":{call.call_id}" if len(plan) > 1 else ""), trial_id=tid,
-                        patient_id=p["patient_id"], stage=f"miner_{side}", **meta).row())
+                    out.append(
+                        SftRecord.of_call(
+                            call.messages,
+                            miner_target(values),
+                            task="value_miner",
+                            record_id=rid + (f":{call.call_id}" if len(plan) > 1 else ""),
+                            trial_id=tid,
+                            patient_id=p["patient_id"],
+                            stage=f"miner_{side}",
+                            **meta,
+                        ).row()
+                    )
     return out
 
 
 def write_student_export(records: dict, out: str | Path, limits=None) -> Path:
     """`out/parser` and `out/value_miner` in the SFT export layout (DatasetDict + split JSONL)."""
     from datasets import Dataset, DatasetDict
-
     from verdict.data_gen.sft_record import features, write_jsonl
 
     out = Path(out)

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
-
 from verdict.core.configs import StrictModel, source_checkout
 
 from .errors import ServeConfigError

@@ -25,11 +25,10 @@ import urllib.request
 from pathlib import Path
 
 from pydantic import BaseModel
+from verdict.core.progress import Progress
 
 from .errors import VLLMServerError
 from .vllm_config import VLLMConfig
-
-from verdict.core.progress import Progress
 
 LOG_TAIL_LINES = 40
 
@@ -45,7 +44,7 @@ class ServerState(BaseModel):
 
 
 # Servers this process started, by base URL: the service's readiness says how a dead one ended.
-_STARTED: dict[str, "VLLMServer"] = {}
+_STARTED: dict[str, VLLMServer] = {}
 
 
 def describe_exit(rc: int) -> str:
@@ -185,7 +184,7 @@ class VLLMServer:
         c.lora_rank()  # adapter folders exist and name a rank
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def start(self, wait: bool = True) -> "VLLMServer":
+    def start(self, wait: bool = True) -> VLLMServer:
         if self.process is not None:
             raise VLLMServerError("server already started")
         self.check_paths()
@@ -313,7 +312,7 @@ class VLLMServer:
             tmp_dir=str(self.tmp_dir) if self.tmp_dir else None,
         )
 
-    def __enter__(self) -> "VLLMServer":
+    def __enter__(self) -> VLLMServer:
         return self.start() if self.process is None else self
 
     def __exit__(self, *exc) -> None:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
-
 from verdict.core.cli_errors import fail, guarded
 
 app = typer.Typer(help="slurm commands", no_args_is_help=True)
@@ -67,7 +65,7 @@ def render_cmd(
     eval_config: str = EVAL_CONFIG_OPT,
     set_eval: list[str] = SET_EVAL,
     split: str = SPLIT_OPT,
-    out: Optional[Path] = CHAIN_OUT_OPT,
+    out: Path | None = CHAIN_OUT_OPT,
 ) -> None:
     """Render train.sbatch and eval.sbatch (+ eval_report.sbatch for sharded eval) for one run."""
     _run(
@@ -83,10 +81,10 @@ def render_cmd(
 @app.command("render-serve")
 def render_serve_cmd(
     name: str = typer.Option("students", help="job name suffix (verdict-serve-NAME)"),
-    serve_config: Optional[Path] = typer.Option(
+    serve_config: Path | None = typer.Option(
         None, help="serve config; the job runs `verdict serve vllm --config PATH`"
     ),
-    command: Optional[str] = typer.Option(None, help="or any one-line command to run in the job"),
+    command: str | None = typer.Option(None, help="or any one-line command to run in the job"),
     slurm: str = SLURM_OPT,
     set_: list[str] = SET_SLURM,
     out: Path = typer.Option(Path("slurm-jobs"), help="folder for serve.sbatch"),
@@ -113,9 +111,9 @@ def submit_cmd(
     eval_config: str = EVAL_CONFIG_OPT,
     set_eval: list[str] = SET_EVAL,
     split: str = SPLIT_OPT,
-    out: Optional[Path] = CHAIN_OUT_OPT,
-    only: Optional[str] = typer.Option(None, help="submit only 'train' or only 'eval'"),
-    after: Optional[str] = typer.Option(None, help="start after this job id completes (afterok)"),
+    out: Path | None = CHAIN_OUT_OPT,
+    only: str | None = typer.Option(None, help="submit only 'train' or only 'eval'"),
+    after: str | None = typer.Option(None, help="start after this job id completes (afterok)"),
     wait: bool = typer.Option(False, help="wait for the jobs and report their final states"),
     timeout: float = typer.Option(86400, help="--wait: give up after this many seconds"),
 ) -> None:

@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 
 from pydantic import Field, field_validator
-
 from verdict.core import configs
 from verdict.core.configs import StrictModel
 
@@ -133,7 +132,7 @@ class SlurmConfig(StrictModel):
                 )
         return v
 
-    def resolved(self) -> "SlurmConfig":
+    def resolved(self) -> SlurmConfig:
         ab = lambda p: str(Path(os.path.expanduser(p)).resolve())  # noqa: E731
         return self.model_copy(update={"workdir": ab(self.workdir), "log_dir": ab(self.log_dir)})
 

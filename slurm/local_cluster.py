@@ -129,7 +129,7 @@ class LocalCluster:
     def env(self) -> dict[str, str]:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
-    def start(self, timeout: float = 90) -> "LocalCluster":
+    def start(self, timeout: float = 90) -> LocalCluster:
         missing = [d for d in (*DAEMONS, "sbatch", "scontrol", "sinfo") if shutil.which(d) is None]
         if missing:
             raise ClusterError(

@@ -176,8 +176,8 @@ def render_train_chain(
     split: str = "test",
 ) -> ChainScripts:
     """train.sbatch, eval.sbatch (an array when jobs.eval.shards > 1) and eval_report.sbatch."""
-    from verdict.train.sft_config import load_train_config
     from verdict.core.configs import find_config
+    from verdict.train.sft_config import load_train_config
 
     train_overrides = list(train_overrides or [])
     eval_overrides = list(eval_overrides or [])

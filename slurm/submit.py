@@ -78,7 +78,11 @@ def submit_jobs(jobs: list[Job], env: dict | None = None, after: str | None = No
         missing = [a for a in j.after if a not in ids]
         if missing:
             raise SubmitError(f"job '{j.name}' depends on {', '.join(missing)}, not submitted before it")
-        dep = f"{j.when}:" + ":".join(ids[a] for a in j.after) if j.after else (f"afterok:{after}" if after else None)
+        dep = (
+            f"{j.when}:" + ":".join(ids[a] for a in j.after)
+            if j.after
+            else (f"afterok:{after}" if after else None)
+        )
         ids[j.name] = sbatch(j.script, dep, env)
     return ids
 

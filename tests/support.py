@@ -41,5 +41,6 @@ def run_together(*calls: Callable[[], object]) -> None:
 
 def run_verdict(*args: str, cwd: Path = REPO, timeout: float = 300) -> subprocess.CompletedProcess:
     """`verdict ARGS` from `cwd`, output captured as text, its exit code left to the caller."""
-    return subprocess.run([*VERDICT, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
-                          check=False)
+    return subprocess.run(
+        [*VERDICT, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, check=False
+    )

@@ -13,9 +13,9 @@ import venv
 from pathlib import Path
 
 import pytest
-
 import verdict.core
 import verdict.serve
+
 from tests.support import REPO
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -37,7 +37,9 @@ def test_every_package_folder_is_listed_and_nothing_claims_a_generic_top_level_n
     listed = set(SETUPTOOLS["packages"])
     assert {p.split(".")[0] for p in listed} == {"verdict"}
     # configs/ and examples/ ship their subfolders whole, as package data ("**" globs)
-    data_roots = [_folder(p) for p, globs in SETUPTOOLS["package-data"].items() if any("**" in g for g in globs)]
+    data_roots = [
+        _folder(p) for p, globs in SETUPTOOLS["package-data"].items() if any("**" in g for g in globs)
+    ]
     on_disk = set()
     for root in SETUPTOOLS["package-dir"].values():
         for d in [REPO / root, *(p for p in (REPO / root).rglob("*") if p.is_dir())]:
@@ -54,7 +56,9 @@ def test_the_editable_install_imports_from_the_checkout():
     assert Path(verdict.serve.__file__).parent == REPO / "serve"
 
 
-def _run(cmd: list[str], cwd: Path, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+def _run(
+    cmd: list[str], cwd: Path, env: dict | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -63,10 +67,27 @@ def installed(tmp_path_factory) -> Path:
     """A fresh venv with the wheel (core dependencies only, from the package index) installed."""
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"  # a copy, so the build writes nothing into the checkout
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
-        ".git", ".venv*", "node_modules", ".cache", "runs", "build", "dist", "*.egg-info", "__pycache__",
-        ".pytest_cache", ".hypothesis", ".ruff_cache"))
-    r = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp / "dist"), str(src)], tmp)
+    shutil.copytree(
+        REPO,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git",
+            ".venv*",
+            "node_modules",
+            ".cache",
+            "runs",
+            "build",
+            "dist",
+            "*.egg-info",
+            "__pycache__",
+            ".pytest_cache",
+            ".hypothesis",
+            ".ruff_cache",
+        ),
+    )
+    r = _run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp / "dist"), str(src)], tmp
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     (wheel,) = (tmp / "dist").glob("verdict_onsite-*.whl")
     venv.create(tmp / "venv", with_pip=True)
@@ -114,7 +135,10 @@ def test_samples_decide_and_policies_run_from_any_folder(installed, elsewhere):
     assert r.stdout.count("## DEMO-") == len(list((REPO / "examples" / "cases").glob("*.json")))
     r = _run([verdict, "policies"], elsewhere, _env())
     assert r.returncode == 0 and [line.split()[0] for line in r.stdout.splitlines()] == [
-        "exclusion-absent", "prescreen", "strict"]
+        "exclusion-absent",
+        "prescreen",
+        "strict",
+    ]
     r = _run([verdict, "decide", "case.json"], elsewhere, _env())
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -132,7 +156,9 @@ def test_a_part_without_its_extra_is_an_error_naming_the_extra(installed, elsewh
 
 
 @pytest.mark.slow
-def test_a_site_configs_folder_is_found_by_option_or_environment_never_by_the_working_folder(installed, elsewhere):
+def test_a_site_configs_folder_is_found_by_option_or_environment_never_by_the_working_folder(
+    installed, elsewhere
+):
     verdict = str(installed / "verdict")
     site = elsewhere / "site"
     (site / "policies").mkdir(parents=True)
@@ -146,11 +172,16 @@ def test_a_site_configs_folder_is_found_by_option_or_environment_never_by_the_wo
     shutil.copytree(site, elsewhere / "configs")
     r = _run([verdict, "decide", "--policy", "ward-7", "case.json"], elsewhere, _env())
     assert r.returncode == 2 and "no policies config named 'ward-7'" in r.stderr
-    r = _run([verdict, "--config-dir", str(site), "decide", "--policy", "ward-7", "case.json"], elsewhere, _env())
+    r = _run(
+        [verdict, "--config-dir", str(site), "decide", "--policy", "ward-7", "case.json"], elsewhere, _env()
+    )
     assert r.returncode == 0 and json.loads(r.stdout)["policy"] == {"name": "ward-7", "version": "1"}
-    # the record names a policy by name and version: a site file may not reuse a shipped one's with other rules
+    # the record names a policy by name and version: a site file may not reuse a shipped one's with
+    # other rules
     (site / "policies" / "strict.yaml").write_text(strict.replace("description:", "description: changed;"))
-    r = _run([verdict, "--config-dir", str(site), "decide", "--policy", "strict", "case.json"], elsewhere, _env())
+    r = _run(
+        [verdict, "--config-dir", str(site), "decide", "--policy", "strict", "case.json"], elsewhere, _env()
+    )
     assert r.returncode == 2 and "differs from the shipped policy of that name and version" in r.stderr
     r = _run([verdict, "--config-dir", str(elsewhere / "nowhere"), "policies"], elsewhere, _env())
     assert r.returncode == 2 and "is not a folder" in r.stderr

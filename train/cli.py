@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
-
 from verdict.core.cli_errors import fail, guarded
 
 app = typer.Typer(help="train commands", no_args_is_help=False, invoke_without_command=True)
@@ -26,7 +24,7 @@ def _run(fn):
 @app.callback()
 def train_cmd(
     ctx: typer.Context,
-    config: Optional[str] = typer.Option(
+    config: str | None = typer.Option(
         None, "--config", "-c", help="train config: a name in configs/train or a YAML path"
     ),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
@@ -173,7 +171,7 @@ def compare_cmd(
 @app.command("merge")
 def merge_cmd(
     run: Path = typer.Option(..., "--run", help="run directory"),
-    out: Optional[Path] = typer.Option(None, help="destination (default: RUN/merged)"),
+    out: Path | None = typer.Option(None, help="destination (default: RUN/merged)"),
 ) -> None:
     """Merge the run's adapter into its base model and save the result (export)."""
 

@@ -27,12 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from verdict.data_gen.sft_record import target as teacher_output
-from verdict.core.progress import Progress, to_stderr
 from verdict.core.errors import VerdictError
 from verdict.core.jsonl_store import JsonlStore
 from verdict.core.metrics import NO_JSON, format_rate, output_validity, percentile, rate
+from verdict.core.progress import Progress, to_stderr
+from verdict.data_gen.sft_record import target as teacher_output
 
 from . import sft_data
 from .eval_config import EvalConfig
@@ -268,9 +267,11 @@ def decision_agreement(
     from verdict.core.program import ParsedTrial
 
     if task == "parser" and any(sft_data.is_criterion_output(teacher_output(r)) for r in rows):
-        return {"available": False,
-                "reason": "per-criterion parser records: the decision agreement needs each trial's "
-                          "assembled program (verdict.data_gen.formalizer.assembly), not computed here yet"}
+        return {
+            "available": False,
+            "reason": "per-criterion parser records: the decision agreement needs each trial's "
+            "assembled program (verdict.data_gen.formalizer.assembly), not computed here yet",
+        }
     other = COMPANION[task]
     explicit = cfg.programs if task == "value_miner" else cfg.pairs
     src = Path(explicit) if explicit else dataset_path.parent / other
@@ -462,8 +463,13 @@ def generate(
         for b in range(0, len(todo), cfg.batch_size):
             batch = todo[b : b + cfg.batch_size]
             made = [
-                Prediction(record_id=r["record_id"], output=g.text, new_tokens=g.new_tokens,
-                           seconds=round(g.seconds, 4), batch_size=g.batch_size)
+                Prediction(
+                    record_id=r["record_id"],
+                    output=g.text,
+                    new_tokens=g.new_tokens,
+                    seconds=round(g.seconds, 4),
+                    batch_size=g.batch_size,
+                )
                 for r, g in zip(batch, gen.generate([r["messages"] for r in batch]))
             ]
             store.append_many(made)

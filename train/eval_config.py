@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
-
 from verdict.core import configs
 from verdict.core.configs import StrictModel
 

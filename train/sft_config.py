@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
-
-from verdict.data_gen.sft_record import TASKS, Task  # noqa: F401  (the one task list; re-exported)
 from verdict.core import configs
 from verdict.core.configs import StrictModel
+from verdict.data_gen.sft_record import TASKS, Task  # noqa: F401  (the one task list; re-exported)
 
 
 class DatasetSpec(StrictModel):
@@ -124,7 +123,7 @@ class TrainConfig(StrictModel):
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.name
 
-    def resolved(self) -> "TrainConfig":
+    def resolved(self) -> TrainConfig:
         """Paths made absolute, so the run directory and the adapter name what was really used."""
         ab = lambda p: str(Path(os.path.expanduser(p)).resolve()) if p else p  # noqa: E731
         return self.model_copy(

@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ValidationError
-
-from verdict.data_gen.sft_record import ROLES
 from verdict.core.errors import VerdictError
 from verdict.core.patient import ValueMinerOutput
 from verdict.core.program import ParsedCriterion, ParsedTrial
+from verdict.data_gen.sft_record import ROLES
 
 if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict
@@ -52,7 +51,7 @@ def is_criterion_output(content: str | dict) -> bool:
     return isinstance(obj, dict) and "in_scope" in obj
 
 
-def load_dataset_dict(path: str | Path) -> "DatasetDict":
+def load_dataset_dict(path: str | Path) -> DatasetDict:
     from datasets import DatasetDict, load_from_disk
 
     p = Path(path)
@@ -83,7 +82,7 @@ def card_task(path: str | Path) -> str | None:
         raise DatasetError(f"dataset '{path}': dataset_card.json is not a JSON object") from None
 
 
-def check_split(ds: "Dataset", task: str, where: str) -> None:
+def check_split(ds: Dataset, task: str, where: str) -> None:
     """Every row: the right task, a system/user/assistant conversation, and an assistant message
     that is valid JSON of the task's output schema."""
     missing = [c for c in REQUIRED_COLUMNS if c not in ds.column_names]
@@ -122,7 +121,7 @@ def check_split(ds: "Dataset", task: str, where: str) -> None:
         raise DatasetError(f"{where}: rows do not fit task '{task}'", problems)
 
 
-def load_checked(path: str | Path, task: str, splits: list[str]) -> dict[str, "Dataset"]:
+def load_checked(path: str | Path, task: str, splits: list[str]) -> dict[str, Dataset]:
     """The named splits of an exported dataset, checked for ``task`` (a missing split is an error)."""
     declared = card_task(path)
     if declared is not None and declared != task:
@@ -140,7 +139,7 @@ def load_checked(path: str | Path, task: str, splits: list[str]) -> dict[str, "D
     return out
 
 
-def fingerprint(ds: "Dataset") -> str:
+def fingerprint(ds: Dataset) -> str:
     """Content hash of a split (record ids and conversations, in order): stable across copies."""
     h = hashlib.sha256()
     for row in ds.select_columns(["record_id", "messages"]):
@@ -166,7 +165,7 @@ def mixed_indices(sizes: list[tuple[int, float]], seed: int) -> list[list[int]]:
     return [weighted_indices(n, w, seed + k) for k, (n, w) in enumerate(sizes)]
 
 
-def mix(parts: list[tuple["Dataset", float]], seed: int) -> "Dataset":
+def mix(parts: list[tuple[Dataset, float]], seed: int) -> Dataset:
     """One training set from several (dataset, weight) pairs; only ``messages`` is kept."""
     from datasets import concatenate_datasets
 

@@ -20,10 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import yaml
-
 from verdict.core import configs
-from verdict.core.progress import Progress, to_stderr
 from verdict.core.errors import VerdictError
+from verdict.core.progress import Progress, to_stderr
 
 from . import sft_data
 from .model_card import render_model_card
@@ -35,7 +34,6 @@ if TYPE_CHECKING:
 
 # Changing these does not change what is trained, so a resumed run may differ in them.
 BOOKKEEPING_KEYS = {"logging_steps", "save_steps", "save_total_limit", "merge"}
-
 
 
 class TrainError(VerdictError):
@@ -50,8 +48,8 @@ class TrainingInterrupted(VerdictError):
 class Prepared:
     cfg: TrainConfig
     tokenizer: object
-    train_set: "Dataset"
-    eval_set: "Dataset | None"
+    train_set: Dataset
+    eval_set: Dataset | None
     datasets: list[dict]
     dropped_overlong: int
     train_tokens: int
@@ -164,7 +162,7 @@ def use_training_template(tokenizer, path: str) -> None:
     tokenizer.chat_template = marked
 
 
-def token_lengths(tokenizer, ds: "Dataset") -> list[int]:
+def token_lengths(tokenizer, ds: Dataset) -> list[int]:
     out = []
     for msgs in ds["messages"]:
         ids = tokenizer.apply_chat_template(msgs, tokenize=True, return_dict=False)
@@ -269,8 +267,12 @@ def _config_dump(cfg: TrainConfig) -> dict:
         import json
 
         ac = json.loads((Path(cfg.init_adapter) / "adapter_config.json").read_text())
-        dump["lora"] = {"r": ac["r"], "alpha": ac["lora_alpha"], "dropout": ac.get("lora_dropout", 0.0),
-                        "target_modules": sorted(ac["target_modules"])}
+        dump["lora"] = {
+            "r": ac["r"],
+            "alpha": ac["lora_alpha"],
+            "dropout": ac.get("lora_dropout", 0.0),
+            "target_modules": sorted(ac["target_modules"]),
+        }
     return dump
 
 
@@ -350,7 +352,9 @@ def _callbacks(run: RunDir, progress: Progress):
                 if isinstance(v, (int, float)) and k in ("loss", "eval_loss", "learning_rate", "grad_norm")
             )
             if vals:
-                progress(f"step {state.global_step}/{state.max_steps} {vals} elapsed {el:.0f}s eta {eta:.0f}s")
+                progress(
+                    f"step {state.global_step}/{state.max_steps} {vals} elapsed {el:.0f}s eta {eta:.0f}s"
+                )
 
     class StopOnSignal(TrainerCallback):
         """SIGTERM/SIGINT (SLURM's warning before a time limit, Ctrl-C): save a checkpoint at the end

@@ -17,8 +17,8 @@ import importlib.util
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 import typer
 
@@ -27,16 +27,21 @@ from verdict.core.cli_errors import fail, guarded
 
 app = typer.Typer(
     help="Verdict on-site: accountable clinical-trial eligibility matching on your own hardware.",
-    no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
 )
 app.registered_commands += core_cli.app.registered_commands  # decide, schema, policies, samples
 
 
 @app.callback()
 def _options(
-    config_dir: Optional[Path] = typer.Option(
-        None, "--config-dir", envvar="VERDICT_CONFIG_DIR",
-        help="a site's configs folder (KIND/NAME.yaml), searched before the shipped configs"),
+    config_dir: Path | None = typer.Option(
+        None,
+        "--config-dir",
+        envvar="VERDICT_CONFIG_DIR",
+        help="a site's configs folder (KIND/NAME.yaml), searched before the shipped configs",
+    ),
 ) -> None:
     if config_dir is not None:
         if not config_dir.is_dir():
@@ -48,46 +53,55 @@ def _options(
 # Each part's typer app, imported where it is used (a part's missing dependency is its own error).
 def _teacher() -> typer.Typer:
     from verdict.data_gen.cli import app as part
+
     return part
 
 
 def _train() -> typer.Typer:
     from verdict.train.cli import app as part
+
     return part
 
 
 def _slurm() -> typer.Typer:
     from verdict.slurm.cli import app as part
+
     return part
 
 
 def _serve() -> typer.Typer:
     from verdict.serve.cli import app as part
+
     return part
 
 
 def _match() -> typer.Typer:
     from verdict.serve.match_cli import app as part
+
     return part
 
 
 def _fhir() -> typer.Typer:
     from verdict.data_gen.fhir.cli import app as part
+
     return part
 
 
 def _bench() -> typer.Typer:
     from verdict.bench.cli import app as part
+
     return part
 
 
 def _demo() -> Callable:
     from verdict.serve.demo import demo
+
     return demo
 
 
 def _screen() -> Callable:
     from verdict.serve.screen.cli import screen
+
     return screen
 
 
@@ -108,7 +122,12 @@ COMMANDS: dict[str, tuple[Callable[[], Callable], str]] = {
 }
 DISTRIBUTION = "verdict-onsite"
 # Requirement names whose import name is not the name itself (lower case, '-' -> '_').
-_IMPORT_NAMES = {"pyyaml": "yaml", "z3-solver": "z3", "python-multipart": "multipart", "fhir.resources": "fhir"}
+_IMPORT_NAMES = {
+    "pyyaml": "yaml",
+    "z3-solver": "z3",
+    "python-multipart": "multipart",
+    "fhir.resources": "fhir",
+}
 
 
 def _requirements() -> list[tuple[str, str | None]]:
@@ -155,25 +174,38 @@ def missing_dependency(e: ModuleNotFoundError, command: str, extra: str) -> str:
     command = f"verdict {command}".strip()
     declared = extra_modules(extra)
     if top in declared:
-        return (f"`{command}` needs the '{extra}' extra: package '{declared[top]}' (module '{top}') is not "
-                f"installed; install it with: pip install '{DISTRIBUTION}[{extra}]'")
+        return (
+            f"`{command}` needs the '{extra}' extra: package '{declared[top]}' (module '{top}') is not "
+            f"installed; install it with: pip install '{DISTRIBUTION}[{extra}]'"
+        )
     # a dependency of a dependency, reached first while the extra itself is not installed
     absent = sorted(req for mod, req in declared.items() if importlib.util.find_spec(mod) is None)
     if absent:
-        return (f"`{command}` needs the '{extra}' extra (module '{missing}' is missing, and the extra's "
-                f"{', '.join(repr(a) for a in absent[:4])}{' ...' if len(absent) > 4 else ''} not installed); "
-                f"install it with: pip install '{DISTRIBUTION}[{extra}]'")
-    what = ("a module of this project" if top == "verdict"
-            else "a package none of the project's extras declares (a dependency of a dependency)")
-    return (f"`{command}` cannot load: module '{missing}' is missing, {what}: the environment is "
-            "broken; reinstall it (e.g. scripts/setup.sh)")
+        return (
+            f"`{command}` needs the '{extra}' extra (module '{missing}' is missing, and the extra's "
+            f"{', '.join(repr(a) for a in absent[:4])}{' ...' if len(absent) > 4 else ''} not installed); "
+            f"install it with: pip install '{DISTRIBUTION}[{extra}]'"
+        )
+    what = (
+        "a module of this project"
+        if top == "verdict"
+        else "a package none of the project's extras declares (a dependency of a dependency)"
+    )
+    return (
+        f"`{command}` cannot load: module '{missing}' is missing, {what}: the environment is "
+        "broken; reinstall it (e.g. scripts/setup.sh)"
+    )
 
 
 def _unavailable(name: str, message: str, help_text: str) -> None:
     """A stand-in for a part that cannot load: listed in --help, and its use is an error that says why."""
 
-    @app.command(name, help=f"UNAVAILABLE ({message}). {help_text}", add_help_option=False,
-                 context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    @app.command(
+        name,
+        help=f"UNAVAILABLE ({message}). {help_text}",
+        add_help_option=False,
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )
     def _stand_in(ctx: typer.Context) -> None:
         fail(message)
 

@@ -14,9 +14,24 @@ from .policy import Policy, apply_policy, load_policy, resolve
 from .program import ParsedTrial, TrialProgram, load_program
 
 __all__ = [
-    "Decision", "MinedValue", "ParsedTrial", "PatientError", "Policy", "PolicyError", "ProgramError",
-    "ResolvedPatient", "TrialProgram", "ValueMinerOutput", "VerdictError", "apply_policy", "decide",
-    "check_satisfiable", "load_patient", "load_policy", "load_program", "resolve",
+    "Decision",
+    "MinedValue",
+    "ParsedTrial",
+    "PatientError",
+    "Policy",
+    "PolicyError",
+    "ProgramError",
+    "ResolvedPatient",
+    "TrialProgram",
+    "ValueMinerOutput",
+    "VerdictError",
+    "apply_policy",
+    "decide",
+    "check_satisfiable",
+    "load_patient",
+    "load_policy",
+    "load_program",
+    "resolve",
 ]
 
 

@@ -23,7 +23,9 @@ from .formula import Unknown, evaluate
 from .session import Session
 
 
-def classify(sess: Session, witness: z3.ModelRef, labels: list[CriterionLabel]) -> tuple[list[Assumption], dict]:
+def classify(
+    sess: Session, witness: z3.ModelRef, labels: list[CriterionLabel]
+) -> tuple[list[Assumption], dict]:
     """Returns (assumptions, forced). forced maps atom -> (value, admissible cells or None, flips):
     flips lists what confirming would make the patient ineligible while staying consistent with the
     definitions (the other bool value, or the inadmissible cells) - δ_I's single-atom candidates."""
@@ -57,7 +59,11 @@ def classify(sess: Session, witness: z3.ModelRef, labels: list[CriterionLabel]) 
                 if not _possible(sess, var == z3.BoolVal(not m, sess.ctx), lits):
                     continue  # settled by the facts and definitions: derived, not assumed
                 forced[u] = (m, None, [not m])
-                out.append(Assumption(atom=u, cls="forced", value=m, requirement=sess.requirement(u, m), criteria=crit))
+                out.append(
+                    Assumption(
+                        atom=u, cls="forced", value=m, requirement=sess.requirement(u, m), criteria=crit
+                    )
+                )
                 continue
         else:
             cells = cp.cells[u]
@@ -67,10 +73,21 @@ def classify(sess: Session, witness: z3.ModelRef, labels: list[CriterionLabel]) 
                 if not flips:
                     continue  # settled by the facts and definitions: derived, not assumed
                 region = sess.region(u, admissible)
-                value = admissible[0].lo if len(admissible) == 1 and admissible[0].lo == admissible[0].hi else None
+                value = (
+                    admissible[0].lo
+                    if len(admissible) == 1 and admissible[0].lo == admissible[0].hi
+                    else None
+                )
                 forced[u] = (value, admissible, flips)
-                out.append(Assumption(atom=u, cls="forced", value=value,
-                                      requirement=sess.requirement(u, value, region), criteria=crit))
+                out.append(
+                    Assumption(
+                        atom=u,
+                        cls="forced",
+                        value=value,
+                        requirement=sess.requirement(u, value, region),
+                        criteria=crit,
+                    )
+                )
                 continue
         # Admission reads u only through the criteria that mention it; if the facts settle all of
         # those, no consistent patient's admission can change with u.
@@ -138,8 +155,12 @@ def _flip_changes_admission(sess: Session, u: str) -> bool:
                 members = [cc for cc in cp.criteria if cc.cohort == cid]
                 vals = {cc.index: z3.is_true(m.eval(cc.indicator, model_completion=True)) for cc in members}
                 before |= all(vals.values())
-                after |= all(bool(evaluate(cc.criterion.formula, env)) == (cc.side == "inclusion")
-                             if cc.index in touched else vals[cc.index] for cc in members)
+                after |= all(
+                    bool(evaluate(cc.criterion.formula, env)) == (cc.side == "inclusion")
+                    if cc.index in touched
+                    else vals[cc.index]
+                    for cc in members
+                )
             if before != after:
                 return True
         except (Unknown, ZeroDivisionError, TypeError):
@@ -163,8 +184,11 @@ def _depends(sess: Session, var: z3.ExprRef, lits) -> bool:
     def admitted(x):
         cohorts = []
         for cid in cp.cohort_ids:
-            parts = [z3.substitute(cc.requirement, (var, x)) if cc.index in touched else cc.indicator
-                     for cc in cp.criteria if cc.cohort == cid]
+            parts = [
+                z3.substitute(cc.requirement, (var, x)) if cc.index in touched else cc.indicator
+                for cc in cp.criteria
+                if cc.cohort == cid
+            ]
             cohorts.append(fast_and(sess.ctx, parts))
         return fast_or(sess.ctx, cohorts)
 

@@ -64,10 +64,21 @@ def load_case(path: str | Path) -> Case:
     except ValueError as e:
         raise VerdictError(f"{path.name}: not valid JSON ({e})") from None
     if is_reference_format(data):
-        ref = import_reference(data, trial_id=path.name.split("__")[0], patient_id=path.parent.name or "patient",
-                               source=path.name)
-        return Case(program=ref.program, patient=ref.patient, patient_id=ref.patient.patient_id, source=str(path),
-                    recorded_sat=ref.recorded_sat, import_notes=ref.notes, conflicts=ref.conflicts)
+        ref = import_reference(
+            data,
+            trial_id=path.name.split("__")[0],
+            patient_id=path.parent.name or "patient",
+            source=path.name,
+        )
+        return Case(
+            program=ref.program,
+            patient=ref.patient,
+            patient_id=ref.patient.patient_id,
+            source=str(path),
+            recorded_sat=ref.recorded_sat,
+            import_notes=ref.notes,
+            conflicts=ref.conflicts,
+        )
     if not isinstance(data, dict) or data.get("format") != CASE_FORMAT:
         raise VerdictError(f"{path.name}: neither a '{CASE_FORMAT}' case file nor the reference format")
     try:
@@ -80,5 +91,11 @@ def load_case(path: str | Path) -> Case:
     patient = cf.patient
     if patient is not None:
         patient = check_patient(program, patient)
-    return Case(program=program, patient=patient, patient_id=cf.patient_id or (patient.patient_id if patient else "patient"),
-                mined=cf.mined, note=cf.note, source=str(path))
+    return Case(
+        program=program,
+        patient=patient,
+        patient_id=cf.patient_id or (patient.patient_id if patient else "patient"),
+        mined=cf.mined,
+        note=cf.note,
+        source=str(path),
+    )

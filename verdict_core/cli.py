@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -23,8 +22,11 @@ def decide(
     format: str = typer.Option("json", "--format", "-f", help="json (one object per line) | md | full-json"),
     alternatives: int = typer.Option(2, help="extra minimum pivotal sets to enumerate (0 = none)"),
     timeout_ms: int = typer.Option(5000, help="time limit per solver call"),
-    summary: bool = typer.Option(False, "--summary", help="print counts (decided, errors by kind, conflicts by "
-                                 "source) to stderr at the end"),
+    summary: bool = typer.Option(
+        False,
+        "--summary",
+        help="print counts (decided, errors by kind, conflicts by source) to stderr at the end",
+    ),
 ) -> None:
     """Decide eligibility for each FILE and print decision, assumptions and pivotal conditions.
 
@@ -46,15 +48,23 @@ def decide(
             failed += 1
             counts["errors"][error["error"]] += 1
             typer.echo(f"error: {path}: {error['message']}", err=True)
-            out = json.dumps(error, sort_keys=True) if format != "md" else (
-                f"## {path}: **ERROR** ({error['error']})\n\n{error['message']}"
-                + "".join(f"\n- {p}" for p in error["problems"]))
+            out = (
+                json.dumps(error, sort_keys=True)
+                if format != "md"
+                else (
+                    f"## {path}: **ERROR** ({error['error']})\n\n{error['message']}"
+                    + "".join(f"\n- {p}" for p in error["problems"])
+                )
+            )
         typer.echo(out)
     if summary:
         decided = counts["decided"]
-        typer.echo(f"files {len(files)}, decided {sum(decided.values())} ({_counts(decided)}), errors {failed}"
-                   f" ({_counts(counts['errors'])}), conflicts reported {sum(counts['conflicts'].values())}"
-                   f" ({_counts(counts['conflicts'])})", err=True)
+        typer.echo(
+            f"files {len(files)}, decided {sum(decided.values())} ({_counts(decided)}), errors {failed}"
+            f" ({_counts(counts['errors'])}), conflicts reported {sum(counts['conflicts'].values())}"
+            f" ({_counts(counts['conflicts'])})",
+            err=True,
+        )
     raise typer.Exit(1 if failed else 0)
 
 
@@ -62,7 +72,9 @@ def _counts(c: Counter) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(c.items())) or "none"
 
 
-def _decide_file(engine, pol, path: Path, format: str, counts: dict[str, Counter]) -> tuple[str | None, dict | None]:
+def _decide_file(
+    engine, pol, path: Path, format: str, counts: dict[str, Counter]
+) -> tuple[str | None, dict | None]:
     """(output text, None) or (None, error object) for one file; nothing raised."""
     from .cases import load_case
     from .rationale import render_markdown, summary_json
@@ -82,7 +94,9 @@ def _decide_file(engine, pol, path: Path, format: str, counts: dict[str, Counter
     except RecursionError:
         return error("ImportFormatError", "nested too deeply to read")
     except Exception as e:  # a defect must not cost the other files their decisions
-        return error("InternalError", f"unexpected {type(e).__name__} (a defect in verdict; please report it)")
+        return error(
+            "InternalError", f"unexpected {type(e).__name__} (a defect in verdict; please report it)"
+        )
     if case.conflicts:  # found while importing recorded values: reported like the engine's own
         d = d.model_copy(update={"conflicts": [*case.conflicts, *d.conflicts]})
     counts["decided"][d.decision] += 1
@@ -101,8 +115,10 @@ def _decide_file(engine, pol, path: Path, format: str, counts: dict[str, Counter
 
 @app.command()
 def schema(
-    which: str = typer.Argument("all", help="program | parsed-trial | value-miner | patient | decision | policy | all"),
-    out: Optional[Path] = typer.Option(None, help="write <name>.schema.json files into this folder"),
+    which: str = typer.Argument(
+        "all", help="program | parsed-trial | value-miner | patient | decision | policy | all"
+    ),
+    out: Path | None = typer.Option(None, help="write <name>.schema.json files into this folder"),
 ) -> None:
     """Print or write the JSON Schemas of the core's data models."""
     from .schemas import SCHEMAS, json_schema

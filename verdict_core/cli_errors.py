@@ -3,7 +3,8 @@ traceback. Shared by the CLI modules of all parts."""
 
 from __future__ import annotations
 
-from typing import Callable, NoReturn, TypeVar
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
 
 import typer
 
@@ -17,8 +18,9 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def guarded(fn: Callable[[], T], codes: dict[type[BaseException], int] | None = None,
-            interrupted: str | None = None) -> T:
+def guarded(
+    fn: Callable[[], T], codes: dict[type[BaseException], int] | None = None, interrupted: str | None = None
+) -> T:
     """Run a command (the `verdict` app runs every command through it): a VerdictError or an OS
     error becomes `error: ...` with exit 2; the exception types in ``codes`` get their own exit
     codes; Ctrl-C in a long run that says what was kept (``interrupted``) exits 130 with that."""

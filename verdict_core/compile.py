@@ -148,8 +148,12 @@ class CompiledProgram:
     def fact_expr(self, atom: str, value=None, bounds: Bounds | None = None) -> z3.BoolRef:
         """The constraint a resolved value puts on an atom, built once per program and value:
         the same facts recur across the patients screened against one trial."""
-        key = (atom, type(value).__name__, value,
-               None if bounds is None else (bounds.lo, bounds.hi, bounds.lo_strict, bounds.hi_strict))
+        key = (
+            atom,
+            type(value).__name__,
+            value,
+            None if bounds is None else (bounds.lo, bounds.hi, bounds.lo_strict, bounds.hi_strict),
+        )
         expr = self._fact_exprs.get(key)
         if expr is None:
             if len(self._fact_exprs) > 50_000:  # bounded: numeric values vary without end
@@ -168,7 +172,9 @@ class CompiledProgram:
         return frozenset(out)
 
 
-def compile_program(program: TrialProgram, timeout_ms: int = 2000, ctx: z3.Context | None = None) -> CompiledProgram:
+def compile_program(
+    program: TrialProgram, timeout_ms: int = 2000, ctx: z3.Context | None = None
+) -> CompiledProgram:
     """One SMT-LIB text for the whole program, parsed by Z3 in one call. Each criterion, side,
     cohort and numeric cell gets an indicator constant defined by an equivalence, so assumptions
     can switch it on (c) or off (not c) and `consequences` can read three-valued entailment."""
@@ -237,17 +243,31 @@ def compile_program(program: TrialProgram, timeout_ms: int = 2000, ctx: z3.Conte
     for i, cohort_id, side, cr in crit_meta:
         eq = parsed[nd + i]
         names = frozenset(atoms_in(cr.formula))
-        criteria.append(CompiledCriterion(i, cohort_id, side, cr, eq.arg(1), eq.arg(0), names, _cone(component, names)))
+        criteria.append(
+            CompiledCriterion(i, cohort_id, side, cr, eq.arg(1), eq.arg(0), names, _cone(component, names))
+        )
     lit = lambda name: _const(ctx, name, sorts["bool"])  # noqa: E731  (same name, same constant as in the text)
-    cells = {name: [Cell(*span, lit(f"!cell:{name}:{k}")) for k, span in enumerate(spans)]
-             for name, spans in cell_specs.items()}
+    cells = {
+        name: [Cell(*span, lit(f"!cell:{name}:{k}")) for k, span in enumerate(spans)]
+        for name, spans in cell_specs.items()
+    }
     return CompiledProgram(
-        program=program, ctx=ctx, vars=zvars, atoms=atoms, definitions=defs, criteria=criteria,
+        program=program,
+        ctx=ctx,
+        vars=zvars,
+        atoms=atoms,
+        definitions=defs,
+        criteria=criteria,
         cohort_ids=[c.id for c in program.cohorts],
         cohort_guard={c.id: lit("!cohort:" + c.id) for c in program.cohorts},
-        side_guard={(c.id, s): lit(f"!side:{c.id}:{s}") for c in program.cohorts for s in ("inclusion", "exclusion")},
-        phi_guard=lit("!phi"), cells=cells,
-        complex_numeric=frozenset(_complex_numeric(program)), component=component, solver=solver,
+        side_guard={
+            (c.id, s): lit(f"!side:{c.id}:{s}") for c in program.cohorts for s in ("inclusion", "exclusion")
+        },
+        phi_guard=lit("!phi"),
+        cells=cells,
+        complex_numeric=frozenset(_complex_numeric(program)),
+        component=component,
+        solver=solver,
         smt_text=text,
     )
 

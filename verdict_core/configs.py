@@ -17,8 +17,8 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from importlib import resources
 from collections.abc import Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,7 +26,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import VerdictError
-
 
 
 def shipped(package: str, *parts: str) -> Path:

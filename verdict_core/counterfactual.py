@@ -28,8 +28,13 @@ def apply_pivotal(patient: ResolvedPatient, conditions: list[PivotalCondition]) 
 
 
 def _cf(c: PivotalCondition) -> Resolution:
-    return Resolution(atom=c.atom, status="observed", value=c.target,
-                      evidence=f"counterfactual: {c.requirement.text}", note="counterfactual value (pivotal condition)")
+    return Resolution(
+        atom=c.atom,
+        status="observed",
+        value=c.target,
+        evidence=f"counterfactual: {c.requirement.text}",
+        note="counterfactual value (pivotal condition)",
+    )
 
 
 class FlipRate(BaseModel):
@@ -49,7 +54,9 @@ class FlipOutcome:
     flipped: bool
 
 
-def pivotal_flip_rate(engine, cases: list[tuple[str, TrialProgram, ResolvedPatient]]) -> tuple[list[FlipRate], list[FlipOutcome]]:
+def pivotal_flip_rate(
+    engine, cases: list[tuple[str, TrialProgram, ResolvedPatient]]
+) -> tuple[list[FlipRate], list[FlipOutcome]]:
     """Decide each case, apply its primary δ, decide again. Cases without δ (undetermined, or no
     modelled change flips them) are outside the denominator, as in Def. 3."""
     outcomes = []
@@ -58,7 +65,9 @@ def pivotal_flip_rate(engine, cases: list[tuple[str, TrialProgram, ResolvedPatie
         if d.decision == "undetermined" or d.pivotal is None or not d.pivotal.conditions:
             continue
         d2 = engine.decide(program, apply_pivotal(patient, d.pivotal.conditions))
-        outcomes.append(FlipOutcome(name, d.pivotal.direction, d2.decision not in (d.decision, "undetermined")))
+        outcomes.append(
+            FlipOutcome(name, d.pivotal.direction, d2.decision not in (d.decision, "undetermined"))
+        )
     rates = []
     for direction in ("to_eligible", "to_ineligible"):
         sub = [o for o in outcomes if o.direction == direction]

@@ -7,14 +7,14 @@ timings or other run-dependent data, so its canonical JSON is byte-for-byte repr
 from __future__ import annotations
 
 import json
-from typing import Literal, Union
+from typing import Literal
 
 from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from .configs import StrictModel
 from .patient import Bounds, PolicyRef
 
-Value = Union[StrictBool, StrictInt, StrictFloat]
+Value = StrictBool | StrictInt | StrictFloat
 DECISION_FORMAT = "verdict.decision/v1"
 ENGINE_VERSION = "1"
 
@@ -43,13 +43,18 @@ class Requirement(StrictModel):
     text: str = Field(description="e.g. 'creatinine (mg/dL) <= 2.0' or 'has type 2 diabetes: false'")
     value: Value | None = Field(default=None, description="bool atoms: the value it must take")
     intervals: list[Interval] = Field(default_factory=list, description="numeric atoms: union of intervals")
-    exact: bool = Field(default=True, description="false when the atom occurs in nonlinear terms and the "
-                        "requirement is the solver's witness region only")
+    exact: bool = Field(
+        default=True,
+        description="false when the atom occurs in nonlinear terms and the "
+        "requirement is the solver's witness region only",
+    )
 
 
 class PivotalCondition(StrictModel):
     atom: str
-    action: Literal["change", "confirm"] = Field(description="change a resolved fact, or confirm an open atom")
+    action: Literal["change", "confirm"] = Field(
+        description="change a resolved fact, or confirm an open atom"
+    )
     current: Value | None = Field(default=None, description="current value; null for an unresolved atom")
     current_bounds: Bounds | None = None
     target: Value = Field(description="a representative value meeting the requirement")
@@ -66,7 +71,9 @@ class Pivotal(StrictModel):
 
     direction: Literal["to_eligible", "to_ineligible"]
     conditions: list[PivotalCondition] = Field(default_factory=list)
-    alternatives: list[PivotalSet] = Field(default_factory=list, description="other minimum sets, canonical order")
+    alternatives: list[PivotalSet] = Field(
+        default_factory=list, description="other minimum sets, canonical order"
+    )
     complete: bool = Field(default=True, description="false if a solver limit cut the search short")
     note: str | None = None
 
@@ -80,7 +87,9 @@ class Assumption(StrictModel):
     cls: Literal["forced", "alternative", "inert"] = Field(alias="class")
     value: Value | None = None
     requirement: Requirement | None = None
-    criteria: list[str] = Field(default_factory=list, description="criteria (cohort/criterion) that mention it")
+    criteria: list[str] = Field(
+        default_factory=list, description="criteria (cohort/criterion) that mention it"
+    )
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
@@ -90,7 +99,9 @@ class CriterionLabel(StrictModel):
     side: Literal["inclusion", "exclusion"]
     label: Literal["satisfied", "violated", "deferred"]
     facts: list[str] = Field(default_factory=list, description="facts that entail the label (minimal)")
-    open_atoms: list[str] = Field(default_factory=list, description="deferred: the unresolved atoms it waits on")
+    open_atoms: list[str] = Field(
+        default_factory=list, description="deferred: the unresolved atoms it waits on"
+    )
 
 
 class TraceStep(StrictModel):
@@ -129,16 +140,21 @@ class ExtractionConflict(StrictModel):
     definitions: list[str]
     set_aside: list[str] = Field(description="facts treated as unresolved for this decision")
     source: Literal["definitions", "threshold_helpers", "passes"] = Field(
-        default="definitions", description="what the facts contradict: the definitions, or each other")
-    values: list[str] = Field(default_factory=list, description="the recorded values involved, as "
-                              "'<where>: <atom> <value>' (no note text)")
+        default="definitions", description="what the facts contradict: the definitions, or each other"
+    )
+    values: list[str] = Field(
+        default_factory=list,
+        description="the recorded values involved, as '<where>: <atom> <value>' (no note text)",
+    )
 
     def text(self) -> str:
         """One line for a rationale."""
         if self.source == "definitions":
             return f"{', '.join(self.atoms)} contradict definitions {', '.join(self.definitions)}"
         what = "threshold helpers" if self.source == "threshold_helpers" else "inclusion and exclusion passes"
-        return f"{', '.join(self.atoms)}: the recorded {what} contradict each other ({'; '.join(self.values)})"
+        return (
+            f"{', '.join(self.atoms)}: the recorded {what} contradict each other ({'; '.join(self.values)})"
+        )
 
 
 class Override(StrictModel):
@@ -167,5 +183,9 @@ class Decision(StrictModel):
     incomplete: list[str] = Field(default_factory=list, description="artifacts a solver limit cut short")
 
     def canonical_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json", by_alias=True), sort_keys=True, ensure_ascii=False,
-                          separators=(",", ":"))
+        return json.dumps(
+            self.model_dump(mode="json", by_alias=True),
+            sort_keys=True,
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )

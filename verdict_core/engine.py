@@ -15,10 +15,11 @@ import atexit
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 import z3
 
+from .assumptions import classify
 from .compile import CompiledProgram, compile_program
 from .conflicts import find_conflicts
 from .decision import Decision, ExtractionConflict, Override, Pivotal, Trace
@@ -29,7 +30,6 @@ from .pivotal import to_eligible, to_ineligible
 from .policy import Policy, apply_policy
 from .program import TrialProgram
 from .session import Session, SolverLimit
-from .assumptions import classify
 from .trace import eligible_trace, ineligible_trace, side_statuses
 
 # An arbiter re-reads the chart for conflicting atoms and proposes overrides (appendix A.4).
@@ -37,7 +37,9 @@ Arbiter = Callable[[list[ExtractionConflict], TrialProgram, ResolvedPatient], li
 
 
 class Engine:
-    def __init__(self, timeout_ms: int = 5000, alternatives: int = 2, enumeration_cap: int = 32, cache_size: int = 256):
+    def __init__(
+        self, timeout_ms: int = 5000, alternatives: int = 2, enumeration_cap: int = 32, cache_size: int = 256
+    ):
         self.timeout_ms = timeout_ms
         self.alternatives = alternatives
         self.enumeration_cap = max(enumeration_cap, alternatives + 1)
@@ -87,8 +89,11 @@ class Engine:
                 alone = [cc.key for cc in never if cc.cohort == cid]
                 joint = alone or _conflicting_criteria(s, [cc for cc in cp.criteria if cc.cohort == cid])
                 what = "can never be met" if alone else "cannot all be met together"
-                problems.append(f"cohort '{cid}': criteria {', '.join(joint)} {what} (with the definitions)"
-                                if joint else f"cohort '{cid}': its criteria contradict each other or the definitions")
+                problems.append(
+                    f"cohort '{cid}': criteria {', '.join(joint)} {what} (with the definitions)"
+                    if joint
+                    else f"cohort '{cid}': its criteria contradict each other or the definitions"
+                )
         for cc in never:
             problems.append(f"criterion '{cc.key}': can never be met ({cc.side})")
         if r == z3.unknown:
@@ -104,8 +109,13 @@ class Engine:
         return cp._settled[key]
 
     # -- deciding ----------------------------------------------------------------------------------
-    def decide(self, program: TrialProgram, patient: ResolvedPatient, policy: Policy | None = None,
-               arbiter: Arbiter | None = None) -> Decision:
+    def decide(
+        self,
+        program: TrialProgram,
+        patient: ResolvedPatient,
+        policy: Policy | None = None,
+        arbiter: Arbiter | None = None,
+    ) -> Decision:
         check_patient(program, patient)
         if policy is not None:
             patient = apply_policy(program, patient, policy)
@@ -121,10 +131,15 @@ class Engine:
         finally:
             cp.solver.pop()
 
-    def _decide(self, cp: CompiledProgram, program: TrialProgram, patient: ResolvedPatient, arbiter) -> Decision:
+    def _decide(
+        self, cp: CompiledProgram, program: TrialProgram, patient: ResolvedPatient, arbiter
+    ) -> Decision:
         base = dict(
-            trial_id=program.trial_id, patient_id=patient.patient_id, program_hash=cp.content_hash,
-            patient_hash=patient.content_hash(), policy=patient.policy,
+            trial_id=program.trial_id,
+            patient_id=patient.patient_id,
+            program_hash=cp.content_hash,
+            patient_hash=patient.content_hash(),
+            policy=patient.policy,
         )
         sess = Session(cp, patient.resolutions, self.timeout_ms)
         try:
@@ -132,16 +147,28 @@ class Engine:
             eligible = sess.check(cp.phi_guard, *sess.lits())
             witness = sess.model(admitting=True) if eligible else None
         except SolverLimit as e:
-            return Decision(**base, decision="undetermined", reason=f"solver limit while deciding: {e}",
-                            trace=Trace(summary="undetermined: the solver did not finish"))
-        decision = Decision(**base, decision="eligible" if eligible else "ineligible", conflicts=conflicts,
-                            overrides=overrides, trace=Trace(summary=""))
+            return Decision(
+                **base,
+                decision="undetermined",
+                reason=f"solver limit while deciding: {e}",
+                trace=Trace(summary="undetermined: the solver did not finish"),
+            )
+        decision = Decision(
+            **base,
+            decision="eligible" if eligible else "ineligible",
+            conflicts=conflicts,
+            overrides=overrides,
+            trace=Trace(summary=""),
+        )
         incomplete: list[str] = []
         nobody = [] if eligible else self._admits_no_patient(cp)
         if nobody:  # no patient can be eligible: a property of the trial program, not of this chart
             decision.reason = "the trial program admits no patient: " + "; ".join(nobody)
-            decision.pivotal = Pivotal(direction="to_eligible", note="no change of the patient's facts makes anyone "
-                                       "eligible: the trial program admits no patient (review the program)")
+            decision.pivotal = Pivotal(
+                direction="to_eligible",
+                note="no change of the patient's facts makes anyone "
+                "eligible: the trial program admits no patient (review the program)",
+            )
 
         def attempt(name, fn, default):
             try:
@@ -156,16 +183,24 @@ class Engine:
         if eligible:
             assumptions, forced = attempt("assumptions", lambda: classify(sess, witness, labels), ([], {}))
             decision.assumptions = assumptions
-            decision.pivotal = attempt("pivotal", lambda: to_ineligible(
-                sess, forced, witness, sides, self.alternatives, self.enumeration_cap), None)
+            decision.pivotal = attempt(
+                "pivotal",
+                lambda: to_ineligible(sess, forced, witness, sides, self.alternatives, self.enumeration_cap),
+                None,
+            )
             if labels:
                 decision.trace = eligible_trace(sess, sides, labels, support, assumptions)
         else:
             if not nobody:
-                decision.pivotal = attempt("pivotal", lambda: to_eligible(
-                    sess, labels, self.alternatives, self.enumeration_cap), None)
+                decision.pivotal = attempt(
+                    "pivotal",
+                    lambda: to_eligible(sess, labels, self.alternatives, self.enumeration_cap),
+                    None,
+                )
             if labels:
-                decision.trace = attempt("trace", lambda: ineligible_trace(sess, labels, support), decision.trace)
+                decision.trace = attempt(
+                    "trace", lambda: ineligible_trace(sess, labels, support), decision.trace
+                )
         if not decision.trace.summary:
             decision.trace = Trace(summary=f"{decision.decision} (trace incomplete: solver limit)")
         decision.incomplete = incomplete
@@ -198,7 +233,8 @@ def apply_overrides(patient: ResolvedPatient, overrides: list[Override]) -> Reso
     """The patient with an arbiter's overrides in place of its values (what `decide` does with them)."""
     by_atom = {o.atom: o for o in overrides}
     return patient.model_copy(
-        update={"resolutions": [_overridden(r, by_atom.get(r.atom)) for r in patient.resolutions]})
+        update={"resolutions": [_overridden(r, by_atom.get(r.atom)) for r in patient.resolutions]}
+    )
 
 
 def _overridden(r: Resolution, o: Override | None) -> Resolution:
@@ -206,7 +242,13 @@ def _overridden(r: Resolution, o: Override | None) -> Resolution:
         return r
     if o.value is None:
         return Resolution(atom=r.atom, status="unresolved", note=f"arbiter: {o.reason}")
-    return Resolution(atom=r.atom, status="observed", value=o.value, evidence=r.evidence, note=f"arbiter override: {o.reason}")
+    return Resolution(
+        atom=r.atom,
+        status="observed",
+        value=o.value,
+        evidence=r.evidence,
+        note=f"arbiter override: {o.reason}",
+    )
 
 
 def _conflicting_criteria(s, criteria) -> list[str]:
@@ -265,7 +307,7 @@ class Z3Lock:
     def release(self) -> None:
         self._lock.release()
 
-    def __enter__(self) -> "Z3Lock":
+    def __enter__(self) -> Z3Lock:
         self.acquire()
         return self
 
@@ -318,14 +360,20 @@ def _shared_context() -> tuple[z3.Context, Z3Lock]:
         @atexit.register
         def _forget() -> None:
             ctx.owner, ctx.ctx = False, None
+
     return _CONTEXT
 
 
 def _finalized_classes() -> list[type]:
     """The z3 classes that define a finalizer releasing a z3 object (not the context itself)."""
-    return [c for c in vars(z3.z3).values()
-            if isinstance(c, type) and "__del__" in c.__dict__ and c.__module__ == "z3.z3"
-            and c not in (z3.Context, z3.UserPropagateBase)]
+    return [
+        c
+        for c in vars(z3.z3).values()
+        if isinstance(c, type)
+        and "__del__" in c.__dict__
+        and c.__module__ == "z3.z3"
+        and c not in (z3.Context, z3.UserPropagateBase)
+    ]
 
 
 def _route_finalizer(cls: type, ctx: z3.Context, lock: Z3Lock) -> None:
@@ -350,8 +398,12 @@ def _engine() -> Engine:
     return _default_engine
 
 
-def decide(program: TrialProgram, patient: ResolvedPatient, policy: Policy | None = None,
-           arbiter: Arbiter | None = None) -> Decision:
+def decide(
+    program: TrialProgram,
+    patient: ResolvedPatient,
+    policy: Policy | None = None,
+    arbiter: Arbiter | None = None,
+) -> Decision:
     return _engine().decide(program, patient, policy=policy, arbiter=arbiter)
 
 

@@ -10,7 +10,9 @@ class VerdictError(ValueError):
 
     def __init__(self, message: str, problems: list[str] | None = None):
         self.problems = problems or []
-        full = message if not self.problems else message + ":\n" + "\n".join(f"  - {p}" for p in self.problems)
+        full = (
+            message if not self.problems else message + ":\n" + "\n".join(f"  - {p}" for p in self.problems)
+        )
         super().__init__(full)
         self.summary = message
 
@@ -45,11 +47,23 @@ def describe_validation_error(err: ValidationError, what: str) -> list[str]:
     for e in err.errors(include_url=False, include_input=False):
         loc = tuple(str(p) for p in e["loc"] if not _internal_loc(p))
         found.append((loc, e["type"], e["msg"]))
-    kept = [(loc, msg) for loc, kind, msg in found
-            if not (kind in ("string_type", "model_type", "dict_type", "model_attributes_type") and
-                    any(other[:len(loc)] == loc and (len(other) > len(loc) or k2 == "value_error")
-                        for other, k2, _ in found if (other, k2) != (loc, kind)))]
-    lines = list(dict.fromkeys(f"{'.'.join(loc) or what}: {msg}" for loc, msg in kept or [(lc, m) for lc, _, m in found]))
+    kept = [
+        (loc, msg)
+        for loc, kind, msg in found
+        if not (
+            kind in ("string_type", "model_type", "dict_type", "model_attributes_type")
+            and any(
+                other[: len(loc)] == loc and (len(other) > len(loc) or k2 == "value_error")
+                for other, k2, _ in found
+                if (other, k2) != (loc, kind)
+            )
+        )
+    ]
+    lines = list(
+        dict.fromkeys(
+            f"{'.'.join(loc) or what}: {msg}" for loc, msg in kept or [(lc, m) for lc, _, m in found]
+        )
+    )
     # Deeply nested unions report one error per alternative; keep the list readable.
     if len(lines) > 12:
         lines = lines[:12] + [f"... and {len(lines) - 12} more"]
@@ -58,4 +72,6 @@ def describe_validation_error(err: ValidationError, what: str) -> list[str]:
 
 def _internal_loc(part) -> bool:
     # pydantic names its validator steps in the location: function-after[...], tagged-union[...]
-    return isinstance(part, str) and ("[" in part or part in ("constrained-str", "function-after", "function-before"))
+    return isinstance(part, str) and (
+        "[" in part or part in ("constrained-str", "function-after", "function-before")
+    )

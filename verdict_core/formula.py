@@ -28,10 +28,21 @@ where a Term is expected. Whether the name is declared and of the right domain i
 
 from __future__ import annotations
 
-from typing import Annotated, Iterator, Literal, Union
+from collections.abc import Iterator
+from typing import Annotated, Literal
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt,
-                      StringConstraints, WithJsonSchema)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+    WithJsonSchema,
+)
 
 # Atom names: identifiers plus the separators real formalizers use ("@@qualifier", "::", "-", ".").
 # At most MAX_NAME characters, checked by a validator with its own clear message; the JSON schema
@@ -48,8 +59,12 @@ def _short(s: str) -> str:
 
 def identifier(pattern: str):
     """A string type for names and ids: the pattern and at most MAX_NAME characters."""
-    return Annotated[str, StringConstraints(pattern=pattern), AfterValidator(_short),
-                     WithJsonSchema({"type": "string", "pattern": pattern, "maxLength": MAX_NAME})]
+    return Annotated[
+        str,
+        StringConstraints(pattern=pattern),
+        AfterValidator(_short),
+        WithJsonSchema({"type": "string", "pattern": pattern, "maxLength": MAX_NAME}),
+    ]
 
 
 AtomName = identifier(ATOM_NAME_PATTERN)
@@ -71,8 +86,10 @@ def number_problem(x) -> str | None:
     if isinstance(x, float) and x != x:
         return "NaN is not a number a program or chart can use"
     if abs(x) > MAX_MAGNITUDE:
-        return f"{'infinite' if isinstance(x, float) and abs(x) == float('inf') else 'too large'}: numbers must be " \
-               f"finite and at most {MAX_MAGNITUDE:g} in magnitude"
+        return (
+            f"{'infinite' if isinstance(x, float) and abs(x) == float('inf') else 'too large'}: numbers must "
+            f"be finite and at most {MAX_MAGNITUDE:g} in magnitude"
+        )
     return None
 
 
@@ -81,6 +98,8 @@ def _bounded_number(x):
     if why:
         raise ValueError(why)
     return x
+
+
 Rel = Literal["lt", "le", "gt", "ge", "eq", "ne"]
 REL_SYMBOL: dict[str, str] = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=", "ne": "!="}
 NEGATED_REL: dict[str, str] = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
@@ -99,74 +118,74 @@ class Const(_Node):
 
 class Not(_Node):
     op: Literal["not"]
-    arg: "Formula"
+    arg: Formula
 
 
 class And(_Node):
     op: Literal["and"]
-    args: list["Formula"] = Field(min_length=1)
+    args: list[Formula] = Field(min_length=1)
 
 
 class Or(_Node):
     op: Literal["or"]
-    args: list["Formula"] = Field(min_length=1)
+    args: list[Formula] = Field(min_length=1)
 
 
 class Implies(_Node):
     op: Literal["implies"]
-    if_: "Formula" = Field(alias="if")
-    then: "Formula"
+    if_: Formula = Field(alias="if")
+    then: Formula
 
 
 class Iff(_Node):
     op: Literal["iff"]
-    args: list["Formula"] = Field(min_length=2, max_length=2)
+    args: list[Formula] = Field(min_length=2, max_length=2)
 
 
 class Cmp(_Node):
     op: Literal["cmp"]
-    lhs: "Term"
+    lhs: Term
     rel: Rel
-    rhs: "Term"
+    rhs: Term
 
 
 class AtLeast(_Node):
     op: Literal["at_least"]
     k: StrictInt = Field(ge=0)
-    args: list["Formula"] = Field(min_length=1)
+    args: list[Formula] = Field(min_length=1)
 
 
 class AtMost(_Node):
     op: Literal["at_most"]
     k: StrictInt = Field(ge=0)
-    args: list["Formula"] = Field(min_length=1)
+    args: list[Formula] = Field(min_length=1)
 
 
 # ---- numeric terms ----------------------------------------------------------------------------
 class Arith(_Node):
     op: Literal["add", "sub", "mul", "div"]
-    args: list["Term"] = Field(min_length=2)
+    args: list[Term] = Field(min_length=2)
 
 
 class Count(_Node):
     op: Literal["count"]
-    args: list["Formula"] = Field(min_length=1)
+    args: list[Formula] = Field(min_length=1)
 
 
 class TermIte(_Node):
     op: Literal["ite"]
-    if_: "Formula" = Field(alias="if")
-    then: "Term"
-    else_: "Term" = Field(alias="else")
+    if_: Formula = Field(alias="if")
+    then: Term
+    else_: Term = Field(alias="else")
 
 
 FormulaNode = Annotated[
-    Union[Const, Not, And, Or, Implies, Iff, Cmp, AtLeast, AtMost], Field(discriminator="op")
+    Const | Not | And | Or | Implies | Iff | Cmp | AtLeast | AtMost, Field(discriminator="op")
 ]
-Formula = Union[AtomName, FormulaNode]
-TermNode = Annotated[Union[Arith, Count, TermIte], Field(discriminator="op")]
-Number = Annotated[Union[StrictInt, StrictFloat], AfterValidator(_bounded_number)]
-Term = Union[Number, AtomName, TermNode]
+Formula = AtomName | FormulaNode
+TermNode = Annotated[Arith | Count | TermIte, Field(discriminator="op")]
+Number = Annotated[StrictInt | StrictFloat, AfterValidator(_bounded_number)]
+Term = Number | AtomName | TermNode
 
 for _cls in (Not, And, Or, Implies, Iff, Cmp, AtLeast, AtMost, Arith, Count, TermIte):
     _cls.model_rebuild()
@@ -201,7 +220,9 @@ def nesting_depth(data, stop: int = MAX_DEPTH) -> tuple[int, str]:
 def _bounded_depth(data):
     depth, path = nesting_depth(data)
     if depth > MAX_DEPTH:
-        raise ValueError(f"formula nested deeper than {MAX_DEPTH} levels (at {_compact_path(path) or 'the top'})")
+        raise ValueError(
+            f"formula nested deeper than {MAX_DEPTH} levels (at {_compact_path(path) or 'the top'})"
+        )
     return data
 
 
@@ -243,7 +264,9 @@ def children(node: Formula | Term) -> Iterator[tuple[str, Formula | Term, bool]]
         yield ".else", node.else_, False
 
 
-def atom_refs(node: Formula | Term, is_formula: bool = True, path: str = "") -> Iterator[tuple[str, str, bool]]:
+def atom_refs(
+    node: Formula | Term, is_formula: bool = True, path: str = ""
+) -> Iterator[tuple[str, str, bool]]:
     """Every atom reference under ``node`` as (name, path, used_as_formula)."""
     if isinstance(node, str):
         yield node, path, is_formula
@@ -256,7 +279,9 @@ def atoms_in(node: Formula | Term, is_formula: bool = True) -> set[str]:
     return {name for name, _, _ in atom_refs(node, is_formula)}
 
 
-def polarities(node: Formula, positive: bool = True, out: dict[str, set[str]] | None = None) -> dict[str, set[str]]:
+def polarities(
+    node: Formula, positive: bool = True, out: dict[str, set[str]] | None = None
+) -> dict[str, set[str]]:
     """Polarity of each bool atom occurrence ('+' / '-'); atoms under iff, comparisons or counts
     get both, since their truth can push the formula either way."""
     out = {} if out is None else out
@@ -310,7 +335,9 @@ def numeric_in_complex_terms(f: Formula) -> set[str]:
 
     def walk(node, is_formula):
         if isinstance(node, Cmp):
-            simple = (isinstance(node.lhs, str) and is_number(node.rhs)) or (isinstance(node.rhs, str) and is_number(node.lhs))
+            simple = (isinstance(node.lhs, str) and is_number(node.rhs)) or (
+                isinstance(node.rhs, str) and is_number(node.lhs)
+            )
             if not simple:
                 out.update(atoms_in(node.lhs, False) | atoms_in(node.rhs, False))
             for _, child, child_is_formula in children(node):
@@ -387,7 +414,9 @@ def _rename_dump(data, mapping):
     if isinstance(data, list):
         return [_rename_dump(x, mapping) for x in data]
     if isinstance(data, dict):
-        return {k: (v if k in ("op", "rel", "k", "value") else _rename_dump(v, mapping)) for k, v in data.items()}
+        return {
+            k: (v if k in ("op", "rel", "k", "value") else _rename_dump(v, mapping)) for k, v in data.items()
+        }
     return data
 
 
@@ -421,7 +450,9 @@ def evaluate(node: Formula | Term, env: dict, is_formula: bool = True):
             return ev(node.args[0]) == ev(node.args[1])
         case Cmp():
             a, b = ev(node.lhs, False), ev(node.rhs, False)
-            return {"lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b, "eq": a == b, "ne": a != b}[node.rel]
+            return {"lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b, "eq": a == b, "ne": a != b}[
+                node.rel
+            ]
         case AtLeast():
             return sum(bool(ev(a)) for a in node.args) >= node.k
         case AtMost():

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
-from typing import Callable, Generic, Hashable, Iterable, TypeVar
+from typing import Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -32,8 +33,9 @@ R = TypeVar("R", bound=BaseModel)
 class JsonlStore(Generic[R]):
     """One JSONL file of ``model`` records. Thread-safe appends; one writer process per file."""
 
-    def __init__(self, path: str | Path, model: type[R], *, durable: bool = False,
-                 exclude_defaults: bool = False):
+    def __init__(
+        self, path: str | Path, model: type[R], *, durable: bool = False, exclude_defaults: bool = False
+    ):
         self.path = Path(path)
         self.model = model
         self.durable = durable  # fsync after every append: a power loss keeps what was acknowledged
@@ -61,7 +63,8 @@ class JsonlStore(Generic[R]):
                 out.append(self.model.model_validate_json(raw))
             except (ValidationError, ValueError):
                 self.problems.append(
-                    f"{self.path.name}:{n}: unreadable record line ignored (its work is redone)")
+                    f"{self.path.name}:{n}: unreadable record line ignored (its work is redone)"
+                )
         return out
 
     def latest(self, key: Callable[[R], Hashable]) -> dict:
@@ -95,7 +98,7 @@ class JsonlStore(Generic[R]):
         self.torn_tail = True
         return True
 
-    def open(self) -> "JsonlStore[R]":
+    def open(self) -> JsonlStore[R]:
         """Open for appending (after repairing a torn tail); idempotent."""
         with self._lock:
             if self._sink is None:
@@ -126,7 +129,7 @@ class JsonlStore(Generic[R]):
                 self._sink.close()
                 self._sink = None
 
-    def __enter__(self) -> "JsonlStore[R]":
+    def __enter__(self) -> JsonlStore[R]:
         return self.open()
 
     def __exit__(self, *_exc) -> None:

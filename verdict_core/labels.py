@@ -21,7 +21,9 @@ from .formula import kleene
 from .session import FactLit, Session
 
 
-def minimal_facts(sess: Session, guards: list[z3.BoolRef], facts: list[FactLit], entails=None) -> list[FactLit]:
+def minimal_facts(
+    sess: Session, guards: list[z3.BoolRef], facts: list[FactLit], entails=None
+) -> list[FactLit]:
     """Deletion-minimal subset of ``facts`` that keeps guards+facts unsat (facts in key order).
     ``entails(subset)`` may answer first without the solver (True = still entails)."""
     core = list(facts)
@@ -60,11 +62,18 @@ def label_criteria(sess: Session) -> tuple[list[CriterionLabel], dict[int, list[
         if label != "deferred":
             facts = _citation(sess, cc, label, hint)
             support[cc.index] = facts
-        labels.append(CriterionLabel(
-            cohort=cc.cohort, criterion=cc.criterion.id, side=cc.side, label=label,
-            facts=[f.atom for f in facts],
-            open_atoms=sorted((a for a in cc.cone if a not in have), key=sess.key.__getitem__) if label == "deferred" else [],
-        ))
+        labels.append(
+            CriterionLabel(
+                cohort=cc.cohort,
+                criterion=cc.criterion.id,
+                side=cc.side,
+                label=label,
+                facts=[f.atom for f in facts],
+                open_atoms=sorted((a for a in cc.cone if a not in have), key=sess.key.__getitem__)
+                if label == "deferred"
+                else [],
+            )
+        )
     return labels, support
 
 

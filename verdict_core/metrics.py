@@ -18,7 +18,7 @@ Pure functions, no LLM: every part may import this module.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 # First-output categories that mean "no usable JSON" / "JSON, but not the output model".
 NO_JSON = ("empty", "truncated", "json")
@@ -38,8 +38,12 @@ def percentile(xs: Iterable[float], q: float) -> float | None:
 
 def latency_summary(xs: Sequence[float]) -> dict:
     """n, p50, p95 and mean of latencies (in whatever unit they are given)."""
-    return {"n": len(xs), "p50": percentile(xs, 50), "p95": percentile(xs, 95),
-            "mean": sum(xs) / len(xs) if xs else None}
+    return {
+        "n": len(xs),
+        "p50": percentile(xs, 50),
+        "p95": percentile(xs, 95),
+        "mean": sum(xs) / len(xs) if xs else None,
+    }
 
 
 def wilson_ci(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Literal, Union
+from typing import Literal
 
 from pydantic import (
     Field,
@@ -29,7 +29,7 @@ from .errors import PatientError, describe_validation_error
 from .formula import AtomName, number_problem
 from .program import TrialProgram
 
-Value = Union[StrictBool, StrictInt, StrictFloat]
+Value = StrictBool | StrictInt | StrictFloat
 Status = Literal["observed", "imputed", "unresolved"]
 PATIENT_FORMAT = "verdict.resolved_patient/v1"
 
@@ -79,7 +79,9 @@ class MinedValue(StrictModel):
     atom: AtomName
     value: Value | None = Field(description="the value the note establishes, or null if it does not")
     evidence: str = Field(default="", description="verbatim quote from the note; empty when value is null")
-    bounds: Bounds | None = Field(default=None, description="numeric atoms only: interval the note establishes")
+    bounds: Bounds | None = Field(
+        default=None, description="numeric atoms only: interval the note establishes"
+    )
 
     @field_validator("bounds", mode="before")
     @classmethod
@@ -116,7 +118,9 @@ class Resolution(StrictModel):
         if self.status == "observed" and not has_value:
             raise ValueError(f"atom '{self.atom}': observed but no value or bounds")
         if self.status == "imputed" and (not has_value or self.imputation is None):
-            raise ValueError(f"atom '{self.atom}': imputed needs a value (or bounds) and an imputation record")
+            raise ValueError(
+                f"atom '{self.atom}': imputed needs a value (or bounds) and an imputation record"
+            )
         if self.status == "observed" and self.imputation is not None:
             raise ValueError(f"atom '{self.atom}': observed values carry no imputation record")
         return self
@@ -167,7 +171,9 @@ def check_patient(program: TrialProgram, patient: ResolvedPatient) -> ResolvedPa
     give each a value of the atom's domain. Atoms the patient omits are unresolved."""
     problems: list[str] = []
     if patient.trial_id != program.trial_id:
-        problems.append(f"trial_id: patient file is for trial '{patient.trial_id}', program is '{program.trial_id}'")
+        problems.append(
+            f"trial_id: patient file is for trial '{patient.trial_id}', program is '{program.trial_id}'"
+        )
     elif patient.program_hash != program.content_hash:
         problems.append(
             f"program_hash: patient was resolved for program version {patient.program_hash}, "
@@ -186,7 +192,9 @@ def check_patient(program: TrialProgram, patient: ResolvedPatient) -> ResolvedPa
             continue
         problems.extend(f"{where}: {p}" for p in value_type_problems(atom.domain, r.value, r.bounds))
     if problems:
-        raise PatientError(f"patient '{patient.patient_id}' does not fit trial program '{program.trial_id}'", problems)
+        raise PatientError(
+            f"patient '{patient.patient_id}' does not fit trial program '{program.trial_id}'", problems
+        )
     return patient
 
 
@@ -199,7 +207,11 @@ def value_type_problems(domain: str, value, bounds: Bounds | None) -> list[str]:
         return []
     if isinstance(value, bool):
         return [f"value {value!r} is a boolean but the atom domain is {domain}"]
-    for x, what in ((value, "value"), (bounds and bounds.lo, "bounds.lo"), (bounds and bounds.hi, "bounds.hi")):
+    for x, what in (
+        (value, "value"),
+        (bounds and bounds.lo, "bounds.lo"),
+        (bounds and bounds.hi, "bounds.hi"),
+    ):
         why = number_problem(x)
         if why:  # 10**400 from a note must be a miner-output problem, not a crash in the solver
             return [f"{what}: {why}"]

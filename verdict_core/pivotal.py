@@ -28,6 +28,7 @@ from .session import FactLit, Session, SolverLimit, py_value, true_in
 
 CEGAR_ITERATIONS = 400
 
+
 def _conditions(sess: Session, change: dict[str, tuple]) -> list[PivotalCondition]:
     """change: atom -> (target value, intervals or None)."""
     facts = {f.atom: f for f in sess.facts}
@@ -36,17 +37,27 @@ def _conditions(sess: Session, change: dict[str, tuple]) -> list[PivotalConditio
         target, intervals = change[atom]
         f = facts.get(atom)
         r = f.resolution if f else None
-        req = sess.requirement(atom, target, intervals) if intervals is not None else sess.requirement(atom, target)
-        out.append(PivotalCondition(
-            atom=atom, action="change" if f else "confirm",
-            current=r.value if r else None, current_bounds=r.bounds if r else None,
-            target=target, requirement=req,
-        ))
+        req = (
+            sess.requirement(atom, target, intervals)
+            if intervals is not None
+            else sess.requirement(atom, target)
+        )
+        out.append(
+            PivotalCondition(
+                atom=atom,
+                action="change" if f else "confirm",
+                current=r.value if r else None,
+                current_bounds=r.bounds if r else None,
+                target=target,
+                requirement=req,
+            )
+        )
     return out
 
 
-def _numeric_region(sess: Session, atom: str, base: list[z3.BoolRef], flips_when_sat: bool, current,
-                    single: bool = False):
+def _numeric_region(
+    sess: Session, atom: str, base: list[z3.BoolRef], flips_when_sat: bool, current, single: bool = False
+):
     """Cells of ``atom`` that produce the wanted outcome with ``base`` assumptions; returns
     (target, intervals) or None. flips_when_sat: True for δ_E (want sat), False for δ_I (want
     unsat and still consistent with the definitions)."""
@@ -61,7 +72,11 @@ def _numeric_region(sess: Session, atom: str, base: list[z3.BoolRef], flips_when
                 chosen.append(c)
             continue
         # only a single change on top of the actual facts may reuse the kept models
-        rep = c.representative(cp.atoms[atom].domain == "int") if single and atom not in cp.complex_numeric else None
+        rep = (
+            c.representative(cp.atoms[atom].domain == "int")
+            if single and atom not in cp.complex_numeric
+            else None
+        )
         if rep is not None and still_admits(sess, atom, rep):
             continue  # a model with the atom in this cell still admits the patient
         if not sess.check(*phi_base, c.guard) and sess.check(*base, c.guard):
@@ -82,6 +97,7 @@ def _first_raw(sess: Session, sets: list[dict], alternatives: int) -> list[dict]
     """The first sets in content order, before widening numeric targets to regions (widening
     costs solver calls, so only the sets that are reported get it). A numeric value is keyed by
     its cell: every value in a cell behaves alike."""
+
     def key(values: dict):
         out = []
         for a, v in values.items():
@@ -97,8 +113,11 @@ def _first_raw(sess: Session, sets: list[dict], alternatives: int) -> list[dict]
     return [unique[k] for k in sorted(unique)][: 1 + alternatives]
 
 
-def _assemble(sess: Session, direction: str, sets: list[dict], complete: bool, alternatives: int, note=None) -> Pivotal:
+def _assemble(
+    sess: Session, direction: str, sets: list[dict], complete: bool, alternatives: int, note=None
+) -> Pivotal:
     """Order the minimum sets by content (atom keys, then targets) and keep distinct ones."""
+
     def key(change: dict):
         return tuple(sorted((sess.key[a], repr(t), repr(ivs)) for a, (t, ivs) in change.items()))
 
@@ -107,9 +126,16 @@ def _assemble(sess: Session, direction: str, sets: list[dict], complete: bool, a
         unique.setdefault(key(change), change)
     ordered = [unique[k] for k in sorted(unique)]
     if not ordered:
-        return Pivotal(direction=direction, complete=complete, note=note or "no change of the modelled conditions flips the decision")
+        return Pivotal(
+            direction=direction,
+            complete=complete,
+            note=note or "no change of the modelled conditions flips the decision",
+        )
     primary = _conditions(sess, ordered[0])
-    alts = [PivotalSet(direction=direction, conditions=_conditions(sess, s)) for s in ordered[1 : 1 + alternatives]]
+    alts = [
+        PivotalSet(direction=direction, conditions=_conditions(sess, s))
+        for s in ordered[1 : 1 + alternatives]
+    ]
     return Pivotal(direction=direction, conditions=primary, alternatives=alts, complete=complete, note=note)
 
 
@@ -118,8 +144,10 @@ def to_eligible(sess: Session, labels, alternatives: int, cap: int) -> Pivotal:
     cp = sess.cp
     # A cohort keeps a violated criterion whose cone the changed fact does not reach: such a fact
     # cannot admit the patient on its own, so it needs no solver call.
-    blocking = {cid: [cc.cone for cc, lb in zip(cp.criteria, labels) if cc.cohort == cid and lb.label == "violated"]
-                for cid in cp.cohort_ids}
+    blocking = {
+        cid: [cc.cone for cc, lb in zip(cp.criteria, labels) if cc.cohort == cid and lb.label == "violated"]
+        for cid in cp.cohort_ids
+    }
     singles: list[dict] = []
     for f in sess.facts:  # content order; stop once the primary and the alternatives are found
         if all(any(f.atom not in cone for cone in blocking[cid]) for cid in cp.cohort_ids):
@@ -139,15 +167,23 @@ def to_eligible(sess: Session, labels, alternatives: int, cap: int) -> Pivotal:
         return _assemble(sess, "to_eligible", singles, True, alternatives)
     sets, complete = _maxsmt_sets(sess, cap)
     chosen = _first_raw(sess, sets, alternatives)
-    return _assemble(sess, "to_eligible", [_widened(sess, v, True) for v in chosen], complete, alternatives,
-                     _cap_note(sets, complete))
+    return _assemble(
+        sess,
+        "to_eligible",
+        [_widened(sess, v, True) for v in chosen],
+        complete,
+        alternatives,
+        _cap_note(sets, complete),
+    )
 
 
 def _cap_note(sets: list, complete: bool) -> str | None:
     if complete or not sets:
         return None
-    return (f"enumeration stopped after {len(sets)} minimum sets; the primary set is the first in content "
-            "order among those found")
+    return (
+        f"enumeration stopped after {len(sets)} minimum sets; the primary set is the first in content "
+        "order among those found"
+    )
 
 
 def _maxsmt_sets(sess: Session, cap: int) -> tuple[list[dict], bool]:
@@ -208,7 +244,9 @@ def _widened(sess: Session, values: dict, want_eligible: bool) -> dict:
 
 
 # ---- δ_I: eligible -> ineligible ---------------------------------------------------------------
-def to_ineligible(sess: Session, forced: dict, witness: z3.ModelRef, sides, alternatives: int, cap: int) -> Pivotal:
+def to_ineligible(
+    sess: Session, forced: dict, witness: z3.ModelRef, sides, alternatives: int, cap: int
+) -> Pivotal:
     """Single changes are tried in content order and the scan stops once the primary pivot and
     `alternatives` more are found: the result is the same as a full scan, at a fraction of the
     solver calls."""
@@ -216,7 +254,11 @@ def to_ineligible(sess: Session, forced: dict, witness: z3.ModelRef, sides, alte
     facts = {f.atom: f for f in sess.facts}
     singles: list[dict] = []
     for atom in sorted(set(forced) | set(facts), key=sess.key.__getitem__):
-        got = _forced_single(sess, atom, forced[atom]) if atom in forced else _fact_single(sess, facts[atom], admitting)
+        got = (
+            _forced_single(sess, atom, forced[atom])
+            if atom in forced
+            else _fact_single(sess, facts[atom], admitting)
+        )
         if got:
             singles.append({atom: got})
             if len(singles) > alternatives:
@@ -225,8 +267,14 @@ def to_ineligible(sess: Session, forced: dict, witness: z3.ModelRef, sides, alte
         return _assemble(sess, "to_ineligible", singles, True, alternatives)
     sets, complete = _cegar_sets(sess, witness, cap)
     chosen = _first_raw(sess, sets, alternatives)
-    return _assemble(sess, "to_ineligible", [_widened(sess, v, False) for v in chosen], complete, alternatives,
-                     _cap_note(sets, complete))
+    return _assemble(
+        sess,
+        "to_ineligible",
+        [_widened(sess, v, False) for v in chosen],
+        complete,
+        alternatives,
+        _cap_note(sets, complete),
+    )
 
 
 def _forced_single(sess: Session, u: str, info: tuple):
@@ -276,8 +324,11 @@ def still_admits(sess: Session, atom: str, value) -> bool:
             for cid in cp.cohort_ids:
                 if not z3.is_true(m.eval(cp.cohort_guard[cid], model_completion=True)):
                     continue
-                if all(bool(evaluate(cc.criterion.formula, env)) == (cc.side == "inclusion")
-                       for cc in crits if cc.cohort == cid):
+                if all(
+                    bool(evaluate(cc.criterion.formula, env)) == (cc.side == "inclusion")
+                    for cc in crits
+                    if cc.cohort == cid
+                ):
                     return True
         except (Unknown, ZeroDivisionError, TypeError):
             continue
@@ -288,7 +339,11 @@ def _cegar_sets(sess: Session, witness: z3.ModelRef, cap: int) -> tuple[list[dic
     cp, ctx = sess.cp, sess.ctx
     exact = {f.atom: f for f in sess.facts if f.resolution.value is not None}
     bounded = {f.atom: f for f in sess.facts if f.resolution.bounds is not None}
-    used = set().union(*(cc.cone for cc in cp.criteria), *(n for _, _, n in cp.definitions)) if cp.criteria else set()
+    used = (
+        set().union(*(cc.cone for cc in cp.criteria), *(n for _, _, n in cp.definitions))
+        if cp.criteria
+        else set()
+    )
     atoms = sorted(used, key=sess.key.__getitem__)
     ch = {a: z3.Bool(f"!ch:{a}", ctx) for a in atoms}
     nv = {a: z3.FreshConst(cp.vars[a].sort(), "!nv") for a in atoms}
@@ -296,7 +351,9 @@ def _cegar_sets(sess: Session, witness: z3.ModelRef, cap: int) -> tuple[list[dic
     opt.set("timeout", sess.call_limit_ms())
     for a in atoms:  # new numeric values range over cell representatives: exact for simple atoms, finite
         if cp.atoms[a].domain != "bool":
-            reps = [r for c in cp.cells[a] if (r := c.representative(cp.atoms[a].domain == "int")) is not None]
+            reps = [
+                r for c in cp.cells[a] if (r := c.representative(cp.atoms[a].domain == "int")) is not None
+            ]
             opt.add(z3.Or([nv[a] == num_val(nv[a], r) for r in reps]))
         if a in exact and isinstance(exact[a].resolution.value, bool):
             opt.add(z3.Implies(ch[a], nv[a] == z3.BoolVal(not exact[a].resolution.value, ctx)))

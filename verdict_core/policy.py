@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal, Union
+from typing import Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, model_validator
 
@@ -37,7 +37,7 @@ from .patient import (
 )
 from .program import AtomKind, Domain, TrialProgram
 
-ImputeValue = Union[StrictBool, StrictInt, StrictFloat, Literal["not_established"]]
+ImputeValue = StrictBool | StrictInt | StrictFloat | Literal["not_established"]
 
 
 class Match(StrictModel):
@@ -102,9 +102,11 @@ def _refuse_shadowing(policy: Policy, path: Path) -> None:
         except PolicyError:
             continue
         if shipped.ref == policy.ref and shipped != policy:
-            raise PolicyError(f"policy file {path.name}: policy '{policy.name}' v{policy.version} differs from the "
-                              f"shipped policy of that name and version; give the site's policy its own name or "
-                              f"a new version, so that a decision's record says which rules decided it")
+            raise PolicyError(
+                f"policy file {path.name}: policy '{policy.name}' v{policy.version} differs from the "
+                f"shipped policy of that name and version; give the site's policy its own name or "
+                f"a new version, so that a decision's record says which rules decided it"
+            )
 
 
 # ---- resolving a patient ----------------------------------------------------------------------
@@ -139,7 +141,8 @@ def resolve(
 
     ``held_open`` (atom -> why) are atoms that stay unresolved with that note, whatever the mined
     value or the policy says: the miner found contradicting values (e.g. two documents), or a
-    miner call that asked them failed validation (the chart may hold them). ``sources`` (atom -> document id) names the document each evidence quote is from."""
+    miner call that asked them failed validation (the chart may hold them). ``sources`` (atom ->
+    document id) names the document each evidence quote is from."""
     if isinstance(mined, list):
         mined, disagreements = merge_passes(mined)
         notes = {**disagreements, **(notes or {})}
@@ -159,19 +162,33 @@ def resolve(
     for atom in program.atoms:
         mv = mined.get(atom.name)
         if atom.name in held_open:  # a policy never imputes over contradicting or unread evidence
-            resolutions.append(Resolution(atom=atom.name, status="unresolved",
-                                          note=_join(notes.get(atom.name), held_open[atom.name])))
+            resolutions.append(
+                Resolution(
+                    atom=atom.name,
+                    status="unresolved",
+                    note=_join(notes.get(atom.name), held_open[atom.name]),
+                )
+            )
         elif mv is not None and (mv.value is not None or mv.bounds is not None):
             resolutions.append(
-                Resolution(atom=atom.name, status="observed", value=mv.value, bounds=mv.bounds,
-                           evidence=mv.evidence or None, evidence_source=sources.get(atom.name),
-                           note=notes.get(atom.name))
+                Resolution(
+                    atom=atom.name,
+                    status="observed",
+                    value=mv.value,
+                    bounds=mv.bounds,
+                    evidence=mv.evidence or None,
+                    evidence_source=sources.get(atom.name),
+                    note=notes.get(atom.name),
+                )
             )
         else:
             resolutions.append(impute(program, atom.name, policy, note=notes.get(atom.name)))
     return ResolvedPatient(
-        patient_id=patient_id, trial_id=program.trial_id, program_hash=program.content_hash or program.compute_hash(),
-        policy=policy.ref, resolutions=resolutions,
+        patient_id=patient_id,
+        trial_id=program.trial_id,
+        program_hash=program.content_hash or program.compute_hash(),
+        policy=policy.ref,
+        resolutions=resolutions,
     )
 
 
@@ -184,7 +201,11 @@ def apply_policy(program: TrialProgram, patient: ResolvedPatient, policy: Policy
     out = []
     for atom in program.atoms:
         r = have.get(atom.name)
-        out.append(r if r is not None and r.resolved else impute(program, atom.name, policy, note=r.note if r else None))
+        out.append(
+            r
+            if r is not None and r.resolved
+            else impute(program, atom.name, policy, note=r.note if r else None)
+        )
     return patient.model_copy(update={"resolutions": out, "policy": policy.ref})
 
 
@@ -199,16 +220,24 @@ def impute(program: TrialProgram, name: str, policy: Policy, note: str | None = 
         for side in sides or ["unused"]:
             rule = next((r for r in policy.rules if _matches(r.match, atom.kind, side, atom.domain)), None)
             choices[side] = (rule.id, rule) if rule else ("default", None)
-    outcomes = {side: _outcome(analysis, name, side, rule_id, action) for side, (rule_id, action) in choices.items()}
+    outcomes = {
+        side: _outcome(analysis, name, side, rule_id, action) for side, (rule_id, action) in choices.items()
+    }
     distinct = {(o[0], repr(o[1]), repr(o[2])) for o in outcomes.values()}
     if len(distinct) > 1:
         detail = "; ".join(f"{s}: {o[3]}" for s, o in sorted(outcomes.items()))
-        return Resolution(atom=name, status="unresolved", note=_join(note, f"policy rules disagree across sides ({detail})"))
+        return Resolution(
+            atom=name, status="unresolved", note=_join(note, f"policy rules disagree across sides ({detail})")
+        )
     value, bounds, rule_id, reason = next(iter(outcomes.values()))
     if value is None and bounds is None:
         return Resolution(atom=name, status="unresolved", note=_join(note, reason))
     return Resolution(
-        atom=name, status="imputed", value=value, bounds=bounds, note=note,
+        atom=name,
+        status="imputed",
+        value=value,
+        bounds=bounds,
+        note=note,
         imputation=Imputation(policy=policy.name, policy_version=policy.version, rule=rule_id, reason=reason),
     )
 
@@ -225,7 +254,7 @@ def _matches(m: Match, kind: str, side: str, domain: str) -> bool:
     )
 
 
-def _outcome(analysis: "_Analysis", name: str, side: str, rule_id: str, action: Action | None):
+def _outcome(analysis: _Analysis, name: str, side: str, rule_id: str, action: Action | None):
     """(value, bounds, rule id, reason) for one side; value and bounds None = unresolved."""
     if action is None or action.action == "unresolved":
         reason = action.reason if action else "no policy rule matches; left for the screening visit"
@@ -245,10 +274,20 @@ def _outcome(analysis: "_Analysis", name: str, side: str, rule_id: str, action: 
             return False, None, rule_id, action.reason
         if pol == {"-"}:
             return True, None, rule_id, action.reason
-        return None, None, rule_id, f"{action.reason} (not applied: '{name}' occurs with both polarities on the {side} side)"
+        return (
+            None,
+            None,
+            rule_id,
+            f"{action.reason} (not applied: '{name}' occurs with both polarities on the {side} side)",
+        )
     bounds = analysis.unestablished_bounds.get((name, side))
     if bounds is None:
-        return None, None, rule_id, f"{action.reason} (not applied: no single interval leaves '{name}' unestablished)"
+        return (
+            None,
+            None,
+            rule_id,
+            f"{action.reason} (not applied: no single interval leaves '{name}' unestablished)",
+        )
     return None, bounds, rule_id, action.reason
 
 
@@ -293,7 +332,11 @@ def _falsifying_interval(comps: list[tuple[str, float, bool]]) -> Bounds | None:
     """Interval where every positive comparison is false and every negative one true."""
     lo, lo_s, hi, hi_s = None, False, None, False
     for rel, c, positive in comps:
-        need = rel if not positive else {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}[rel]
+        need = (
+            rel
+            if not positive
+            else {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}[rel]
+        )
         if need in ("gt", "ge"):
             strict = need == "gt"
             if lo is None or c > lo or (c == lo and strict):

@@ -34,7 +34,8 @@ class TimeScope(StrictModel):
     """Which period a time-scoped atom refers to."""
 
     kind: Literal["current", "ever", "within", "before"] = Field(
-        description="current state; any time in history; within the last `amount` `unit`; longer ago than that"
+        description="current state; any time in history; within the last `amount` `unit`; longer ago "
+        "than that"
     )
     amount: float | None = Field(default=None, ge=0)
     unit: Literal["hours", "days", "weeks", "months", "years"] | None = None
@@ -62,7 +63,9 @@ class Atom(StrictModel):
 class Criterion(StrictModel):
     id: Id
     text: str = Field(description="the criterion as written in the trial")
-    formula: BoundedFormula = Field(description="inclusion: must hold; exclusion: excludes the patient when it holds")
+    formula: BoundedFormula = Field(
+        description="inclusion: must hold; exclusion: excludes the patient when it holds"
+    )
 
 
 class Definition(StrictModel):
@@ -94,15 +97,22 @@ class ParsedCriterion(StrictModel):
     makes one trial program from a trial's outputs. The side (inclusion/exclusion) is the caller's:
     an exclusion formula describes the excluding condition, not its negation."""
 
-    in_scope: bool = Field(description="false: not chart-checkable (consent, willingness, logistics, "
-                           "investigator judgment); then no atoms and no formula")
+    in_scope: bool = Field(
+        description="false: not chart-checkable (consent, willingness, logistics, "
+        "investigator judgment); then no atoms and no formula"
+    )
     reason: str = Field(default="", description="why the criterion is out of scope (required then)")
     atoms: list[Atom] = Field(default_factory=list, description="every atom the formula and definitions use")
     formula: BoundedFormula | None = Field(default=None, description="the condition the criterion states")
-    definitions: list[Definition] = Field(default_factory=list, description="local definitions "
-                                          "(a qualifier implies its stem, derived quantities)")
-    cohorts: list[str] = Field(default_factory=list, description="labels of the populations the criterion "
-                               "applies to when it names some ('Part B'); empty: every population")
+    definitions: list[Definition] = Field(
+        default_factory=list,
+        description="local definitions (a qualifier implies its stem, derived quantities)",
+    )
+    cohorts: list[str] = Field(
+        default_factory=list,
+        description="labels of the populations the criterion "
+        "applies to when it names some ('Part B'); empty: every population",
+    )
 
     @model_validator(mode="after")
     def _scope_matches_content(self):
@@ -140,7 +150,12 @@ class TrialProgram(ParsedTrial):
         return {a.name: a for a in self.atoms}
 
     def criteria(self) -> list[tuple[Cohort, Side, Criterion]]:
-        return [(c, side, cr) for c in self.cohorts for side in ("inclusion", "exclusion") for cr in getattr(c, side)]
+        return [
+            (c, side, cr)
+            for c in self.cohorts
+            for side in ("inclusion", "exclusion")
+            for cr in getattr(c, side)
+        ]
 
     def atom_sides(self) -> dict[str, set[str]]:
         """On which side(s) each atom is used, directly or through definitions linking it to a
@@ -166,7 +181,9 @@ def load_program(data: dict | str | bytes) -> TrialProgram:
     """Parse and check a trial program; raise ProgramError naming every problem found."""
     try:
         program = (
-            TrialProgram.model_validate_json(data) if isinstance(data, (str, bytes)) else TrialProgram.model_validate(data)
+            TrialProgram.model_validate_json(data)
+            if isinstance(data, (str, bytes))
+            else TrialProgram.model_validate(data)
         )
     except ValidationError as e:
         raise ProgramError("invalid trial program", describe_validation_error(e, "program")) from None
@@ -193,7 +210,9 @@ def check_program(program: TrialProgram) -> TrialProgram:
             if atom is None:
                 problems.append(f"{where}.formula{path}: undeclared atom '{name}'")
             elif as_formula and atom.domain != "bool":
-                problems.append(f"{where}.formula{path}: atom '{name}' is {atom.domain} but is used as a condition")
+                problems.append(
+                    f"{where}.formula{path}: atom '{name}' is {atom.domain} but is used as a condition"
+                )
             elif not as_formula and atom.domain == "bool":
                 problems.append(f"{where}.formula{path}: atom '{name}' is bool but is used as a number")
 

@@ -4,7 +4,7 @@ one line of text (what is done, what is left). The CLI passes stderr; tests pass
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 Progress = Callable[[str], None]
 

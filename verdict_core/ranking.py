@@ -5,7 +5,8 @@ own accountability artifacts, never from a score a model makes up (issue: site-w
 
 Tiers, best first:
   1. eligible, nothing to confirm;
-  2. eligible with k assumptions to confirm (the non-inert ones of ρ, as the rationale lists them), fewer first;
+  2. eligible with k assumptions to confirm (the non-inert ones of ρ, as the rationale lists them),
+     fewer first;
   3. ineligible with |δ_E| = 1 ("would be eligible if ..."), then 2, ...; a δ_E the solver limit cut
      short counts as found but ranks after complete ones of the same size;
   4. ineligible with no way to eligibility known (no δ_E, or none found);
@@ -38,7 +39,8 @@ class RankedRow(BaseModel):
     distance: int = Field(description="assumptions to confirm (eligible) or |δ_E| (near miss); 0 otherwise")
     to_confirm: list[str] = Field(default_factory=list, description="atoms to confirm at the screening visit")
     would_be_eligible_if: list[str] = Field(
-        default_factory=list, description="δ_E conditions, as 'atom: current -> target' (near misses)")
+        default_factory=list, description="δ_E conditions, as 'atom: current -> target' (near misses)"
+    )
     complete: bool = Field(True, description="false when a solver limit cut the pivotal search short")
     reason: str = Field(description="one line: why this row is where it is")
 
@@ -69,7 +71,10 @@ def _reason(tier: Tier, distance: int, d: Decision) -> str:
     if tier == "eligible":
         return "eligible, nothing to confirm"
     if tier == "eligible_to_confirm":
-        return f"eligible if {distance} assumption{'s' * (distance != 1)} {'is' if distance == 1 else 'are'} confirmed"
+        return (
+            f"eligible if {distance} assumption{'s' * (distance != 1)} "
+            f"{'is' if distance == 1 else 'are'} confirmed"
+        )
     if tier == "near_miss":
         return f"ineligible; would be eligible if {distance} condition{'s' * (distance != 1)} changed"
     if tier == "ineligible":
@@ -85,7 +90,18 @@ def rank(decisions: list[Decision]) -> list[RankedRow]:
         key = (_TIER_ORDER[tier], distance, not complete, d.trial_id, d.patient_id)
         keyed.append((key, d, tier, distance, confirm, flips, complete))
     keyed.sort(key=lambda k: k[0])
-    return [RankedRow(rank=i + 1, trial_id=d.trial_id, patient_id=d.patient_id, decision=d.decision, tier=tier,
-                      distance=distance, to_confirm=confirm, would_be_eligible_if=flips, complete=complete,
-                      reason=_reason(tier, distance, d))
-            for i, (_, d, tier, distance, confirm, flips, complete) in enumerate(keyed)]
+    return [
+        RankedRow(
+            rank=i + 1,
+            trial_id=d.trial_id,
+            patient_id=d.patient_id,
+            decision=d.decision,
+            tier=tier,
+            distance=distance,
+            to_confirm=confirm,
+            would_be_eligible_if=flips,
+            complete=complete,
+            reason=_reason(tier, distance, d),
+        )
+        for i, (_, d, tier, distance, confirm, flips, complete) in enumerate(keyed)
+    ]

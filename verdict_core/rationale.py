@@ -15,12 +15,17 @@ from .program import TrialProgram
 # Labels are about the requirement; an exclusion's requirement is that it does not apply.
 MARK = {
     "inclusion": {"satisfied": "met", "violated": "NOT met", "deferred": "open (confirm at visit)"},
-    "exclusion": {"satisfied": "does not apply", "violated": "APPLIES (excludes)", "deferred": "open (confirm at visit)"},
+    "exclusion": {
+        "satisfied": "does not apply",
+        "violated": "APPLIES (excludes)",
+        "deferred": "open (confirm at visit)",
+    },
 }
 
 
-_MD_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", "[": "\\[", "]": "\\]",
-                              "`": "\\`", "\\": "\\\\"})
+_MD_ESCAPES = str.maketrans(
+    {"&": "&amp;", "<": "&lt;", ">": "&gt;", "[": "\\[", "]": "\\]", "`": "\\`", "\\": "\\\\"}
+)
 
 
 def md(text) -> str:
@@ -62,28 +67,67 @@ def rationale_json(program: TrialProgram, patient: ResolvedPatient, d: Decision)
     criteria = []
     for lb in d.labels:
         cr = next(c for co, _, c in program.criteria() if co.id == lb.cohort and c.id == lb.criterion)
-        criteria.append({
-            "cohort": lb.cohort, "criterion": lb.criterion, "side": lb.side, "label": lb.label, "text": cr.text,
-            "evidence": [{"atom": a, "value": res[a].value, "bounds": res[a].bounds.model_dump() if res[a].bounds else None,
-                          "status": res[a].status, "quote": res[a].evidence} for a in lb.facts if a in res],
-            "open": lb.open_atoms,
-        })
-    confirm = [{"atom": a.atom, "class": a.cls, "definition": atoms[a.atom].definition,
-                "requirement": a.requirement.text if a.requirement else None, "criteria": a.criteria}
-               for a in d.assumptions if a.cls != "inert"]
+        criteria.append(
+            {
+                "cohort": lb.cohort,
+                "criterion": lb.criterion,
+                "side": lb.side,
+                "label": lb.label,
+                "text": cr.text,
+                "evidence": [
+                    {
+                        "atom": a,
+                        "value": res[a].value,
+                        "bounds": res[a].bounds.model_dump() if res[a].bounds else None,
+                        "status": res[a].status,
+                        "quote": res[a].evidence,
+                    }
+                    for a in lb.facts
+                    if a in res
+                ],
+                "open": lb.open_atoms,
+            }
+        )
+    confirm = [
+        {
+            "atom": a.atom,
+            "class": a.cls,
+            "definition": atoms[a.atom].definition,
+            "requirement": a.requirement.text if a.requirement else None,
+            "criteria": a.criteria,
+        }
+        for a in d.assumptions
+        if a.cls != "inert"
+    ]
     change = []
     if d.pivotal:
-        change = [{"atom": p.atom, "action": p.action, "text": _pivot_text(program, p)} for p in d.pivotal.conditions]
-    return {"trial_id": d.trial_id, "patient_id": d.patient_id, "decision": d.decision, "summary": d.trace.summary,
-            "policy": d.policy.model_dump() if d.policy else None, "criteria": criteria, "to_confirm": confirm,
-            "would_change": change, "conflicts": [c.model_dump() for c in d.conflicts], "reason": d.reason}
+        change = [
+            {"atom": p.atom, "action": p.action, "text": _pivot_text(program, p)}
+            for p in d.pivotal.conditions
+        ]
+    return {
+        "trial_id": d.trial_id,
+        "patient_id": d.patient_id,
+        "decision": d.decision,
+        "summary": d.trace.summary,
+        "policy": d.policy.model_dump() if d.policy else None,
+        "criteria": criteria,
+        "to_confirm": confirm,
+        "would_change": change,
+        "conflicts": [c.model_dump() for c in d.conflicts],
+        "reason": d.reason,
+    }
 
 
 def render_markdown(program: TrialProgram, patient: ResolvedPatient, d: Decision) -> str:
     atoms = program.atom_table()
     res = patient.by_atom()
     pol = f" under policy `{d.policy.name}` v{d.policy.version}" if d.policy else ""
-    out = [f"## {md(d.trial_id)} / {md(d.patient_id)}: **{d.decision.upper()}**{pol}", "", md(d.trace.summary)]
+    out = [
+        f"## {md(d.trial_id)} / {md(d.patient_id)}: **{d.decision.upper()}**{pol}",
+        "",
+        md(d.trace.summary),
+    ]
     if d.reason:
         out += ["", f"Reason: {md(d.reason)}"]
     if d.labels:
@@ -91,15 +135,21 @@ def render_markdown(program: TrialProgram, patient: ResolvedPatient, d: Decision
         texts = {(co.id, c.id): c.text for co, _, c in program.criteria()}
         for lb in d.labels:
             cohort = f"[{lb.cohort}] " if len(program.cohorts) > 1 else ""
-            line = f"- {cohort}{lb.side} `{lb.criterion}` - {MARK[lb.side][lb.label]}: {md(texts[(lb.cohort, lb.criterion)])}"
+            line = (
+                f"- {cohort}{lb.side} `{lb.criterion}` - {MARK[lb.side][lb.label]}: "
+                f"{md(texts[(lb.cohort, lb.criterion)])}"
+            )
             quotes = []
             for a in lb.facts:
                 r = res.get(a)
                 if r is None:
                     continue
                 shown = r.bounds.text(a) if r.bounds else f"{a} = {_val(r.value)}"
-                src = f'"{md(r.evidence)}"' if r.status == "observed" and r.evidence else (
-                    f"imputed by rule `{r.imputation.rule}`" if r.imputation else r.status)
+                src = (
+                    f'"{md(r.evidence)}"'
+                    if r.status == "observed" and r.evidence
+                    else (f"imputed by rule `{r.imputation.rule}`" if r.imputation else r.status)
+                )
                 quotes.append(f"{shown} ({src})")
             if quotes:
                 line += "\n  - evidence: " + "; ".join(quotes)
@@ -137,18 +187,35 @@ def summary_json(program: TrialProgram, patient: ResolvedPatient, d: Decision, s
     pivotal = []
     if d.pivotal:
         for p in d.pivotal.conditions:
-            pivotal.append({"atom": p.atom, "current": p.current, "target": p.target,
-                            "requirement": p.requirement.text, "action": p.action})
+            pivotal.append(
+                {
+                    "atom": p.atom,
+                    "current": p.current,
+                    "target": p.target,
+                    "requirement": p.requirement.text,
+                    "action": p.action,
+                }
+            )
     return {
-        "source": source, "trial_id": d.trial_id, "patient_id": d.patient_id, "decision": d.decision,
+        "source": source,
+        "trial_id": d.trial_id,
+        "patient_id": d.patient_id,
+        "decision": d.decision,
         "reason": d.reason,
         "assumptions": [{"atom": a.atom, "value": a.value, "class": a.cls} for a in d.assumptions],
         "pivotal": pivotal,
         "pivotal_direction": d.pivotal.direction if d.pivotal else None,
-        "sides": {s.cohort: {"inclusion": s.inclusion_satisfiable, "exclusion": s.exclusion_satisfiable,
-                             "admits": s.admits} for s in d.cohorts},
+        "sides": {
+            s.cohort: {
+                "inclusion": s.inclusion_satisfiable,
+                "exclusion": s.exclusion_satisfiable,
+                "admits": s.admits,
+            }
+            for s in d.cohorts
+        },
         "conflicts": [c.model_dump() for c in d.conflicts],
         "labels": {f"{lb.cohort}/{lb.criterion}": lb.label for lb in d.labels},
-        "program_hash": d.program_hash, "policy": d.policy.model_dump() if d.policy else None,
+        "program_hash": d.program_hash,
+        "policy": d.policy.model_dump() if d.policy else None,
         "incomplete": d.incomplete,
     }

@@ -40,7 +40,21 @@ from pydantic import ValidationError
 
 from .decision import ExtractionConflict
 from .errors import ImportFormatError, UnsupportedConstructError, VerdictError, describe_validation_error
-from .formula import NEGATED_REL, And, Arith, Cmp, Const, Count, Iff, Implies, Not, Or, TermIte, atoms_in, render
+from .formula import (
+    NEGATED_REL,
+    And,
+    Arith,
+    Cmp,
+    Const,
+    Count,
+    Iff,
+    Implies,
+    Not,
+    Or,
+    TermIte,
+    atoms_in,
+    render,
+)
 from .patient import Bounds, Imputation, MinedValue, PolicyRef, Resolution, ResolvedPatient
 from .program import Atom, Cohort, Criterion, Definition, Provenance, TrialProgram, check_program
 
@@ -58,8 +72,10 @@ class ReferenceCase:
 
 
 def is_reference_format(data) -> bool:
-    return isinstance(data, dict) and set(SIDES) <= set(data) and all(
-        isinstance(data[s], dict) and "raw" in data[s] for s in SIDES
+    return (
+        isinstance(data, dict)
+        and set(SIDES) <= set(data)
+        and all(isinstance(data[s], dict) and "raw" in data[s] for s in SIDES)
     )
 
 
@@ -75,7 +91,9 @@ def load_reference(path: str | Path) -> ReferenceCase:
 
 def import_reference(data: dict, trial_id: str, patient_id: str, source: str = "") -> ReferenceCase:
     if not is_reference_format(data):
-        raise ImportFormatError(f"{source or trial_id}: not the reference format (needs inclusion/exclusion with raw)")
+        raise ImportFormatError(
+            f"{source or trial_id}: not the reference format (needs inclusion/exclusion with raw)"
+        )
     where = source or trial_id
     sorts: dict[str, str] = {}
     skolems: dict[str, str] = {}  # fresh atom -> the definition it comes from
@@ -95,15 +113,21 @@ def import_reference(data: dict, trial_id: str, patient_id: str, source: str = "
         try:
             decls, macros, asserts = _parse_program(raw.get("smt_program_lines") or [])
         except _Unsupported as e:
-            raise UnsupportedConstructError(f"{where}: cannot be imported soundly", [f"{side} side: {e}"]) from None
+            raise UnsupportedConstructError(
+                f"{where}: cannot be imported soundly", [f"{side} side: {e}"]
+            ) from None
         except (ValueError, IndexError, TypeError) as e:
             raise ImportFormatError(f"{where}: {side} side: cannot parse SMT program: {e}") from None
         for name, sort in decls.items():
             if sort not in ("Bool", "Int", "Real"):
-                raise UnsupportedConstructError(f"{where}: cannot be imported soundly",
-                                                [f"{side} side: atom '{name}' has sort {sort!r} (Bool/Int/Real only)"])
+                raise UnsupportedConstructError(
+                    f"{where}: cannot be imported soundly",
+                    [f"{side} side: atom '{name}' has sort {sort!r} (Bool/Int/Real only)"],
+                )
             if sorts.setdefault(name, sort) != sort:
-                raise ImportFormatError(f"{where}: atom '{name}' is {sorts[name]} on one side and {sort} on the other")
+                raise ImportFormatError(
+                    f"{where}: atom '{name}' is {sorts[name]} on one side and {sort} on the other"
+                )
         prefix = "inc" if side == "inclusion" else "exc"
         for name, expr in asserts:
             cid = f"{prefix}.{name}"
@@ -113,23 +137,34 @@ def import_reference(data: dict, trial_id: str, patient_id: str, source: str = "
                     f = conv.formula(expr)
                     for atom in conv.fresh:
                         skolems[atom] = cid
-                    kind = "qualifier_implies_stem" if "QUAL_IMPLIES_STEM" in name or _is_qualifier_link(f) else "definition"
+                    kind = (
+                        "qualifier_implies_stem"
+                        if "QUAL_IMPLIES_STEM" in name or _is_qualifier_link(f)
+                        else "definition"
+                    )
                     definitions.append(Definition(id=cid, kind=kind, formula=f, text=render(f)))
                     continue
                 if side == "exclusion":
-                    f = conv.formula(expr[1]) if isinstance(expr, list) and expr[0] == "not" and len(expr) == 2 \
+                    f = (
+                        conv.formula(expr[1])
+                        if isinstance(expr, list) and expr[0] == "not" and len(expr) == 2
                         else Not(op="not", arg=conv.formula(expr))
+                    )
                 else:
                     f = conv.formula(expr)
                 text = f"[recorded {side} component {name}] " + render(f)
                 getattr(cohort, side).append(Criterion(id=cid, text=text, formula=f))
             except _Unsupported as e:
-                raise UnsupportedConstructError(f"{where}: cannot be imported soundly",
-                                                [f"{side} side, assertion {name}: {e}"]) from None
+                raise UnsupportedConstructError(
+                    f"{where}: cannot be imported soundly", [f"{side} side, assertion {name}: {e}"]
+                ) from None
             except (ValueError, IndexError, TypeError, KeyError, RecursionError) as e:
-                raise ImportFormatError(f"{where}: cannot import an assertion",
-                                        [f"{side} side, assertion {name}: {_short(e)}"]) from None
-        side_values, side_extra, side_notes, side_conflicts = _values(raw.get("patient_var_values_rich") or {}, sorts, side)
+                raise ImportFormatError(
+                    f"{where}: cannot import an assertion", [f"{side} side, assertion {name}: {_short(e)}"]
+                ) from None
+        side_values, side_extra, side_notes, side_conflicts = _values(
+            raw.get("patient_var_values_rich") or {}, sorts, side
+        )
         passes[side] = {mv.atom: mv for mv in side_values}
         extra.update(side_extra)
         notes += side_notes
@@ -139,13 +174,25 @@ def import_reference(data: dict, trial_id: str, patient_id: str, source: str = "
         for cr in getattr(cohort, side):
             for name in atoms_in(cr.formula):
                 mentions.setdefault(name, []).append(cr.id)
-    atoms = [_atom(name, sort, mentions.get(name, []), skolem_of=skolems.get(name)) for name, sort in sorts.items()]
+    atoms = [
+        _atom(name, sort, mentions.get(name, []), skolem_of=skolems.get(name)) for name, sort in sorts.items()
+    ]
     program = TrialProgram(
-        trial_id=trial_id, title=f"recorded formalization of {trial_id}", atoms=atoms, definitions=definitions,
-        cohorts=[cohort], provenance=Provenance(source="reference-import", details={
-            "file": source,
-            # said once here rather than per atom: a per-atom prefix is tokens every training target pays
-            "atom_definitions": "the recorded atom names spelled out (the recorded outputs carry no definitions)"}),
+        trial_id=trial_id,
+        title=f"recorded formalization of {trial_id}",
+        atoms=atoms,
+        definitions=definitions,
+        cohorts=[cohort],
+        provenance=Provenance(
+            source="reference-import",
+            details={
+                "file": source,
+                # said once here rather than per atom: a per-atom prefix is tokens every training target pays
+                "atom_definitions": (
+                    "the recorded atom names spelled out (the recorded outputs carry no definitions)"
+                ),
+            },
+        ),
     )
     try:
         program = check_program(program)
@@ -162,24 +209,56 @@ def import_reference(data: dict, trial_id: str, patient_id: str, source: str = "
         info = extra.get(atom.name, {})
         note = info.get("assessment") or None
         if atom.name in aside:
-            resolutions.append(Resolution(atom=atom.name, status="unresolved",
-                                          note="set aside: the recorded values contradict each other (extraction conflict)"))
+            resolutions.append(
+                Resolution(
+                    atom=atom.name,
+                    status="unresolved",
+                    note="set aside: the recorded values contradict each other (extraction conflict)",
+                )
+            )
             continue
         if mv is None or (mv.value is None and mv.bounds is None):
             resolutions.append(Resolution(atom=atom.name, status="unresolved", note=note))
             continue
         silent = (mv.evidence or "").strip().lower().startswith("silent")
         if silent:
-            imp = Imputation(policy=RECORDED_POLICY.name, policy_version=RECORDED_POLICY.version,
-                             rule="miner-silence-default", reason=info.get("assessment") or mv.evidence)
-            resolutions.append(Resolution(atom=atom.name, status="imputed", value=mv.value, bounds=mv.bounds,
-                                          imputation=imp, note=mv.evidence or None))
+            imp = Imputation(
+                policy=RECORDED_POLICY.name,
+                policy_version=RECORDED_POLICY.version,
+                rule="miner-silence-default",
+                reason=info.get("assessment") or mv.evidence,
+            )
+            resolutions.append(
+                Resolution(
+                    atom=atom.name,
+                    status="imputed",
+                    value=mv.value,
+                    bounds=mv.bounds,
+                    imputation=imp,
+                    note=mv.evidence or None,
+                )
+            )
         else:
-            resolutions.append(Resolution(atom=atom.name, status="observed", value=mv.value, bounds=mv.bounds,
-                                          evidence=mv.evidence or info.get("assessment") or "(recorded value)", note=note))
-    patient = ResolvedPatient(patient_id=patient_id, trial_id=trial_id, program_hash=program.content_hash,
-                              policy=RECORDED_POLICY, resolutions=resolutions)
-    return ReferenceCase(program=program, patient=patient, recorded_sat=recorded, notes=notes, conflicts=conflicts)
+            resolutions.append(
+                Resolution(
+                    atom=atom.name,
+                    status="observed",
+                    value=mv.value,
+                    bounds=mv.bounds,
+                    evidence=mv.evidence or info.get("assessment") or "(recorded value)",
+                    note=note,
+                )
+            )
+    patient = ResolvedPatient(
+        patient_id=patient_id,
+        trial_id=trial_id,
+        program_hash=program.content_hash,
+        policy=RECORDED_POLICY,
+        resolutions=resolutions,
+    )
+    return ReferenceCase(
+        program=program, patient=patient, recorded_sat=recorded, notes=notes, conflicts=conflicts
+    )
 
 
 def _shape_problems(raw) -> list[str]:
@@ -216,14 +295,30 @@ def _meet(a: MinedValue, b: MinedValue) -> MinedValue | None:
         return a if a.value == b.value and isinstance(a.value, bool) == isinstance(b.value, bool) else None
     if a.value is not None or b.value is not None:
         v, r = (a, b) if a.value is not None else (b, a)
-        return v if isinstance(v.value, (int, float)) and not isinstance(v.value, bool) and r.bounds.contains(v.value) else None
-    lo, lo_s = max((a.bounds.lo, a.bounds.lo_strict), (b.bounds.lo, b.bounds.lo_strict),
-                   key=lambda t: (float("-inf") if t[0] is None else t[0], t[1]))
-    hi, hi_s = min((a.bounds.hi, a.bounds.hi_strict), (b.bounds.hi, b.bounds.hi_strict),
-                   key=lambda t: (float("inf") if t[0] is None else t[0], not t[1]))
+        return (
+            v
+            if isinstance(v.value, (int, float))
+            and not isinstance(v.value, bool)
+            and r.bounds.contains(v.value)
+            else None
+        )
+    lo, lo_s = max(
+        (a.bounds.lo, a.bounds.lo_strict),
+        (b.bounds.lo, b.bounds.lo_strict),
+        key=lambda t: (float("-inf") if t[0] is None else t[0], t[1]),
+    )
+    hi, hi_s = min(
+        (a.bounds.hi, a.bounds.hi_strict),
+        (b.bounds.hi, b.bounds.hi_strict),
+        key=lambda t: (float("inf") if t[0] is None else t[0], not t[1]),
+    )
     try:
-        return MinedValue(atom=a.atom, value=None, evidence=a.evidence or b.evidence,
-                          bounds=Bounds(lo=lo, hi=hi, lo_strict=lo_s, hi_strict=hi_s))
+        return MinedValue(
+            atom=a.atom,
+            value=None,
+            evidence=a.evidence or b.evidence,
+            bounds=Bounds(lo=lo, hi=hi, lo_strict=lo_s, hi_strict=hi_s),
+        )
     except ValueError:
         return None
 
@@ -237,23 +332,35 @@ def _merge_passes(passes: dict[str, dict[str, MinedValue]], mentions: dict[str, 
     for atom in names:
         if atom in aside:
             continue
-        recs = {side: passes[side][atom] for side in SIDES if atom in passes.get(side, {})
-                and (passes[side][atom].value is not None or passes[side][atom].bounds is not None)}
+        recs = {
+            side: passes[side][atom]
+            for side in SIDES
+            if atom in passes.get(side, {})
+            and (passes[side][atom].value is not None or passes[side][atom].bounds is not None)
+        }
         if not recs:
             merged[atom] = MinedValue(atom=atom, value=None)
         elif len(recs) == 1:
-            (side, mv), = recs.items()
+            ((side, mv),) = recs.items()
             merged[atom] = mv
             other = "exclusion" if side == "inclusion" else "inclusion"
             if any(c.startswith(other[:3] + ".") for c in mentions.get(atom, [])):
-                notes.append(f"{atom}: {_record_text(mv)} was recorded by the {side} pass only (the {other} pass "
-                             f"left it open); it is one chart fact, so it also decides {other} criteria")
+                notes.append(
+                    f"{atom}: {_record_text(mv)} was recorded by the {side} pass only (the {other} pass "
+                    f"left it open); it is one chart fact, so it also decides {other} criteria"
+                )
         else:
             meet = _meet(recs["inclusion"], recs["exclusion"])
             if meet is None:
-                conflicts.append(ExtractionConflict(
-                    atoms=[atom], definitions=[], set_aside=[atom], source="passes",
-                    values=[f"{side} pass: {_record_text(mv)}" for side, mv in recs.items()]))
+                conflicts.append(
+                    ExtractionConflict(
+                        atoms=[atom],
+                        definitions=[],
+                        set_aside=[atom],
+                        source="passes",
+                        values=[f"{side} pass: {_record_text(mv)}" for side, mv in recs.items()],
+                    )
+                )
             else:
                 merged[atom] = meet
     return merged, conflicts, notes
@@ -271,7 +378,9 @@ def _values(rich: dict, sorts: dict[str, str], side: str):
         if key.startswith("__THRESH__::"):
             parts = key.split("::")
             if len(parts) == 4 and v.get("value") is not None:
-                thresh.setdefault(parts[1], []).append((parts[2], parts[3], v.get("value"), v.get("evidence") or ""))
+                thresh.setdefault(parts[1], []).append(
+                    (parts[2], parts[3], v.get("value"), v.get("evidence") or "")
+                )
             continue
         if key not in sorts:
             notes.append(f"value for undeclared atom '{key}' ignored")
@@ -283,7 +392,11 @@ def _values(rich: dict, sorts: dict[str, str], side: str):
         if sorts[key] == "Bool" and value is not None and not isinstance(value, bool):
             notes.append(f"'{key}': non-boolean value {value!r} for a Bool atom ignored")
             value = None
-        if sorts[key] != "Bool" and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        if (
+            sorts[key] != "Bool"
+            and value is not None
+            and (isinstance(value, bool) or not isinstance(value, (int, float)))
+        ):
             notes.append(f"'{key}': non-numeric value {value!r} for a numeric atom ignored")
             value = None
         if sorts[key] == "Int" and isinstance(value, float) and value.is_integer():
@@ -312,16 +425,22 @@ def _threshold_record(atom: str, comps: list, own: MinedValue | None, sort: str,
     contradict each other or the atom's own value/range."""
     iv = {"lo": None, "hi": None, "lo_strict": False, "hi_strict": False}
     holes: list[float] = []
-    shown = [f"{side} pass: __THRESH__::{atom}::{op}::{num} = {json.dumps(holds)}" for op, num, holds, _ in comps]
+    shown = [
+        f"{side} pass: __THRESH__::{atom}::{op}::{num} = {json.dumps(holds)}" for op, num, holds, _ in comps
+    ]
     for op, num, holds, _ in comps:
         try:
             x = float(num)
         except ValueError:
             continue
         rel = op if holds is True else NEGATED_REL.get(op) if holds is False else None
-        if rel in ("gt", "ge", "eq") and (iv["lo"] is None or x > iv["lo"] or (x == iv["lo"] and rel == "gt")):
+        if rel in ("gt", "ge", "eq") and (
+            iv["lo"] is None or x > iv["lo"] or (x == iv["lo"] and rel == "gt")
+        ):
             iv["lo"], iv["lo_strict"] = x, rel == "gt"
-        if rel in ("lt", "le", "eq") and (iv["hi"] is None or x < iv["hi"] or (x == iv["hi"] and rel == "lt")):
+        if rel in ("lt", "le", "eq") and (
+            iv["hi"] is None or x < iv["hi"] or (x == iv["hi"] and rel == "lt")
+        ):
             iv["hi"], iv["hi_strict"] = x, rel == "lt"
         if rel == "ne":
             holes.append(x)
@@ -341,15 +460,18 @@ def _threshold_record(atom: str, comps: list, own: MinedValue | None, sort: str,
             else:
                 record = MinedValue(atom=atom, value=None, bounds=b, evidence=comps[0][3])
     if not empty and own is not None:
-        if own.value is not None and (own.value in holes or (record is not None and _meet(own, record) is None)):
+        if own.value is not None and (
+            own.value in holes or (record is not None and _meet(own, record) is None)
+        ):
             empty = True
         elif own.value is None and record is not None and _meet(own, record) is None:
             empty = True
         if empty:
             shown.append(f"{side} pass: {_record_text(own)}")
     if empty:
-        return ExtractionConflict(atoms=[atom], definitions=[], set_aside=[atom], source="threshold_helpers",
-                                  values=shown)
+        return ExtractionConflict(
+            atoms=[atom], definitions=[], set_aside=[atom], source="threshold_helpers", values=shown
+        )
     return record
 
 
@@ -357,8 +479,12 @@ def _bounds(r) -> Bounds | None:
     if not isinstance(r, dict) or (r.get("min") is None and r.get("max") is None):
         return None
     try:
-        return Bounds(lo=r.get("min"), hi=r.get("max"), lo_strict=bool(r.get("min_strict")),
-                      hi_strict=bool(r.get("max_strict")))
+        return Bounds(
+            lo=r.get("min"),
+            hi=r.get("max"),
+            lo_strict=bool(r.get("min_strict")),
+            hi_strict=bool(r.get("max_strict")),
+        )
     except ValueError:
         return None
 
@@ -366,9 +492,18 @@ def _bounds(r) -> Bounds | None:
 # ---- atoms ------------------------------------------------------------------------------------
 _KIND_PATTERNS = [
     ("demographic", r"(^|_)(age|sex|gender|female|male|pregnan|weight|height|bmi|body_mass)"),
-    ("medication", r"(medication|drug|therapy|treated_with|receiv|taking|dose|administration|prednisone|steroid|insulin|heparin)"),
-    ("procedure", r"(undergone|procedure|surgery|transplant|implant|biopsy|catheter|dialysis|ventilat|intubat)"),
-    ("lab_value", r"(measurement|_value_|level|count|concentration|clearance|score|ratio|percent|_ml_|_mg_|_g_per)"),
+    (
+        "medication",
+        r"(medication|drug|therapy|treated_with|receiv|taking|dose|administration|prednisone|steroid|insulin|heparin)",
+    ),
+    (
+        "procedure",
+        r"(undergone|procedure|surgery|transplant|implant|biopsy|catheter|dialysis|ventilat|intubat)",
+    ),
+    (
+        "lab_value",
+        r"(measurement|_value_|level|count|concentration|clearance|score|ratio|percent|_ml_|_mg_|_g_per)",
+    ),
     ("timing", r"(duration|time_since|since_|within|_weeks|_months|_hours|_days|datetime)"),
     ("diagnosis", r"(diagnosis|finding|disease|disorder|syndrome|history_of|has_)"),
 ]
@@ -377,26 +512,39 @@ _KIND_PATTERNS = [
 def _atom(name: str, sort: str, sources: list[str], skolem_of: str | None = None) -> Atom:
     domain = {"Bool": "bool", "Int": "int", "Real": "real"}[sort]
     if skolem_of is not None:
-        return Atom(name=name, domain=domain, kind="other", source_criteria=sources,
-                    definition=f"(fresh constant) a witness of the existential in definition {skolem_of}; "
-                    "not a chart fact")
+        return Atom(
+            name=name,
+            domain=domain,
+            kind="other",
+            source_criteria=sources,
+            definition=f"(fresh constant) a witness of the existential in definition {skolem_of}; "
+            "not a chart fact",
+        )
     low = name.lower()
     kind = next((k for k, pat in _KIND_PATTERNS if re.search(pat, low)), "other")
     if domain == "bool" and kind == "lab_value":
         kind = "diagnosis"
     unit = None
     if domain != "bool":
-        m = re.search(r"withunit_([a-z0-9_]+)$", low) or re.search(r"_in_(years|months|weeks|days|hours|minutes)\b", low)
+        m = re.search(r"withunit_([a-z0-9_]+)$", low) or re.search(
+            r"_in_(years|months|weeks|days|hours|minutes)\b", low
+        )
         unit = m.group(1) if m else None
     stem, _, qualifier = name.partition("@@")
     words = stem.replace("_", " ").replace("inthehistory", "in the history").strip()
     definition = f"{words}" + (f", qualified as: {qualifier.replace('_', ' ')}" if qualifier else "")
-    return Atom(name=name, domain=domain, kind=kind, unit=unit,
-                definition=definition, source_criteria=sources)
+    return Atom(
+        name=name, domain=domain, kind=kind, unit=unit, definition=definition, source_criteria=sources
+    )
 
 
 def _is_qualifier_link(f) -> bool:
-    return isinstance(f, Implies) and isinstance(f.if_, str) and isinstance(f.then, str) and f.if_.startswith(f.then + "@@")
+    return (
+        isinstance(f, Implies)
+        and isinstance(f.if_, str)
+        and isinstance(f.then, str)
+        and f.if_.startswith(f.then + "@@")
+    )
 
 
 # ---- SMT-LIB subset ---------------------------------------------------------------------------
@@ -465,7 +613,9 @@ class _Converter:
     """SMT-LIB s-expressions -> formula AST. ``skolem_prefix`` (definitions only) allows existentials
     at positive positions: each bound variable becomes a fresh atom (listed in ``fresh``)."""
 
-    def __init__(self, sorts: dict[str, str], macros: dict[str, tuple[str, object]], skolem_prefix: str | None = None):
+    def __init__(
+        self, sorts: dict[str, str], macros: dict[str, tuple[str, object]], skolem_prefix: str | None = None
+    ):
         self.sorts, self.macros = sorts, macros
         self.skolem_prefix = skolem_prefix
         self.bound: dict[str, str] = {}  # bound variable -> its fresh atom, in scope
@@ -521,14 +671,18 @@ class _Converter:
         if head == "=>":
             if len(args) != 2:
                 raise ValueError(f"'=>' with {len(args)} arguments")
-            return Implies(op="implies", **{"if": self.formula(args[0], -pol), "then": self.formula(args[1], pol)})
+            return Implies(
+                op="implies", **{"if": self.formula(args[0], -pol), "then": self.formula(args[1], pol)}
+            )
         if head in ("=", "distinct"):
             if len(args) != 2:
                 raise ValueError(f"'{head}' with {len(args)} arguments")
             if self.sort(args[0]) == "Bool":
                 f = Iff(op="iff", args=[self.formula(args[0], 0), self.formula(args[1], 0)])
                 return f if head == "=" else Not(op="not", arg=f)
-            return Cmp(op="cmp", lhs=self.term(args[0]), rel="eq" if head == "=" else "ne", rhs=self.term(args[1]))
+            return Cmp(
+                op="cmp", lhs=self.term(args[0]), rel="eq" if head == "=" else "ne", rhs=self.term(args[1])
+            )
         if head in _RELS:
             if len(args) != 2:
                 raise ValueError(f"chained comparison {head} with {len(args)} arguments")
@@ -536,7 +690,9 @@ class _Converter:
         if head == "ite":
             c = self.formula(args[0], 0)
             a, b = self.formula(args[1], pol), self.formula(args[2], pol)
-            return Or(op="or", args=[And(op="and", args=[c, a]), And(op="and", args=[Not(op="not", arg=c), b])])
+            return Or(
+                op="or", args=[And(op="and", args=[c, a]), And(op="and", args=[Not(op="not", arg=c), b])]
+            )
         if head == "xor":
             return Not(op="not", arg=Iff(op="iff", args=[self.formula(args[0], 0), self.formula(args[1], 0)]))
         raise _Unsupported(f"operator '{head}'")
@@ -546,15 +702,23 @@ class _Converter:
         # definition says "some v": a fresh constant per variable keeps the same set of patients.
         existential = (head == "exists" and pol == 1) or (head == "forall" and pol == -1)
         if self.skolem_prefix is None or not existential:
-            where = "a criterion" if self.skolem_prefix is None else \
-                "a position where it is not an existential (under a negation, an equivalence or an ite condition)"
+            where = (
+                "a criterion"
+                if self.skolem_prefix is None
+                else "a position where it is not an existential (under a negation, an equivalence or an ite "
+                "condition)"
+            )
             raise _Unsupported(f"'{head}' quantifier in {where}")
         if len(args) != 2 or not isinstance(args[0], list) or not args[0]:
             raise ValueError(f"malformed '{head}'")
         saved = dict(self.bound)
         for binding in args[0]:
-            if not (isinstance(binding, list) and len(binding) == 2 and isinstance(binding[0], str)
-                    and binding[1] in ("Bool", "Int", "Real")):
+            if not (
+                isinstance(binding, list)
+                and len(binding) == 2
+                and isinstance(binding[0], str)
+                and binding[1] in ("Bool", "Int", "Real")
+            ):
                 raise _Unsupported(f"'{head}' binding {binding!r} (a variable of sort Bool, Int or Real)")
             var, sort = binding
             base = "skolem::" + self.skolem_prefix[:180] + "::" + re.sub(r"[^A-Za-z0-9_]", "_", var)[:40]
@@ -602,7 +766,10 @@ class _Converter:
                 return out
             return Arith(op=op, args=terms)
         if head == "ite":
-            return TermIte(op="ite", **{"if": self.formula(args[0], 0), "then": self.term(args[1]), "else": self.term(args[2])})
+            return TermIte(
+                op="ite",
+                **{"if": self.formula(args[0], 0), "then": self.term(args[1]), "else": self.term(args[2])},
+            )
         if head == "to_real":
             return self.term(args[0])
         raise _Unsupported(f"numeric operator '{head}'")

@@ -48,5 +48,5 @@ def grammar_form(node):
     pattern, most = out.get("pattern"), out.get("maxLength")
     if isinstance(pattern, str) and isinstance(most, int) and pattern.endswith("]*$"):
         del out["maxLength"]
-        out["pattern"] = pattern[:-2] + "{0,%d}$" % (min(most, GRAMMAR_MAX_NAME) - 1)
+        out["pattern"] = pattern[:-2] + f"{{0,{min(most, GRAMMAR_MAX_NAME) - 1}}}$"
     return out

@@ -32,8 +32,14 @@ class FactLit:
 
     def cite(self) -> Fact:
         r = self.resolution
-        return Fact(atom=r.atom, value=r.value, bounds=r.bounds, status=r.status, evidence=r.evidence,
-                    rule=r.imputation.rule if r.imputation else None)
+        return Fact(
+            atom=r.atom,
+            value=r.value,
+            bounds=r.bounds,
+            status=r.status,
+            evidence=r.evidence,
+            rule=r.imputation.rule if r.imputation else None,
+        )
 
 
 class Session:
@@ -76,8 +82,10 @@ class Session:
 
     def fact_env(self, facts=None) -> dict:
         """atom -> value or Bounds, for three-valued evaluation."""
-        return {f.atom: (f.resolution.value if f.resolution.value is not None else f.resolution.bounds)
-                for f in (self.facts if facts is None else facts)}
+        return {
+            f.atom: (f.resolution.value if f.resolution.value is not None else f.resolution.bounds)
+            for f in (self.facts if facts is None else facts)
+        }
 
     def lits(self, facts=None) -> list[z3.BoolRef]:
         return [f.lit for f in (self.facts if facts is None else facts)]
@@ -119,7 +127,9 @@ class Session:
             return False
         raise self._unknown()
 
-    def consequences(self, assumptions: list[z3.BoolRef], targets: list[z3.BoolRef]) -> dict[int, tuple[bool, list[FactLit] | None]]:
+    def consequences(
+        self, assumptions: list[z3.BoolRef], targets: list[z3.BoolRef]
+    ) -> dict[int, tuple[bool, list[FactLit] | None]]:
         """Which targets the assumptions entail, in one solver call: target id -> (value, facts
         used). The facts used are reported only when none or a single fact settles the target
         (None otherwise): reading long antecedents back through the Python API costs more than
@@ -192,8 +202,14 @@ class Session:
                 continue
             if run:
                 lo, hi = run[0].lo, run[-1].hi
-                out.append(Interval(lo=lo, hi=hi, lo_strict=lo is not None and run[0].lo_strict,
-                                    hi_strict=hi is not None and run[-1].hi_strict))
+                out.append(
+                    Interval(
+                        lo=lo,
+                        hi=hi,
+                        lo_strict=lo is not None and run[0].lo_strict,
+                        hi_strict=hi is not None and run[-1].hi_strict,
+                    )
+                )
                 run = []
         return out
 
@@ -274,7 +290,10 @@ def interval_text(name: str, iv: Interval, integer: bool = False) -> str:
         return f"{name} {'<' if iv.hi_strict else '<='} {fmt_number(hi)}"
     if hi is None:
         return f"{name} {'>' if iv.lo_strict else '>='} {fmt_number(lo)}"
-    return f"{fmt_number(lo)} {'<' if iv.lo_strict else '<='} {name} {'<' if iv.hi_strict else '<='} {fmt_number(hi)}"
+    return (
+        f"{fmt_number(lo)} {'<' if iv.lo_strict else '<='} {name} "
+        f"{'<' if iv.hi_strict else '<='} {fmt_number(hi)}"
+    )
 
 
 def _pick(iv: Interval, current: float | None, integer: bool):
@@ -309,4 +328,3 @@ def _pick(iv: Interval, current: float | None, integer: bool):
         return None
     best = min(cands, key=lambda c: abs(c - current)) if current is not None else cands[0]
     return int(best) if integer else best
-

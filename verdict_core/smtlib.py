@@ -5,7 +5,23 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from .formula import And, Arith, AtLeast, AtMost, Cmp, Const, Count, Formula, Iff, Implies, Not, Or, Term, TermIte, is_number
+from .formula import (
+    And,
+    Arith,
+    AtLeast,
+    AtMost,
+    Cmp,
+    Const,
+    Count,
+    Formula,
+    Iff,
+    Implies,
+    Not,
+    Or,
+    Term,
+    TermIte,
+    is_number,
+)
 
 SORT = {"bool": "Bool", "int": "Int", "real": "Real"}
 _REL = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "="}
@@ -38,7 +54,11 @@ class Writer:
             case Not():
                 return f"(not {self.formula(f.arg)})"
             case And() | Or():
-                return f"({f.op} {' '.join(self.formula(a) for a in f.args)})" if len(f.args) > 1 else self.formula(f.args[0])
+                return (
+                    f"({f.op} {' '.join(self.formula(a) for a in f.args)})"
+                    if len(f.args) > 1
+                    else self.formula(f.args[0])
+                )
             case Implies():
                 return f"(=> {self.formula(f.if_)} {self.formula(f.then)})"
             case Iff():

@@ -26,14 +26,24 @@ def side_statuses(sess: Session) -> list[SideStatus]:
             return True
         return False
 
-    return [SideStatus(cohort=cid, admits=sat(cp.cohort_guard[cid]),
-                       inclusion_satisfiable=sat(cp.side_guard[(cid, "inclusion")]),
-                       exclusion_satisfiable=sat(cp.side_guard[(cid, "exclusion")]))
-            for cid in cp.cohort_ids]
+    return [
+        SideStatus(
+            cohort=cid,
+            admits=sat(cp.cohort_guard[cid]),
+            inclusion_satisfiable=sat(cp.side_guard[(cid, "inclusion")]),
+            exclusion_satisfiable=sat(cp.side_guard[(cid, "exclusion")]),
+        )
+        for cid in cp.cohort_ids
+    ]
 
 
-def eligible_trace(sess: Session, sides: list[SideStatus], labels: list[CriterionLabel], support,
-                   assumptions: list[Assumption]) -> Trace:
+def eligible_trace(
+    sess: Session,
+    sides: list[SideStatus],
+    labels: list[CriterionLabel],
+    support,
+    assumptions: list[Assumption],
+) -> Trace:
     cp = sess.cp
     admitting = [s.cohort for s in sides if s.admits]
     assumed = {a.atom for a in assumptions if a.cls != "inert"}
@@ -46,15 +56,33 @@ def eligible_trace(sess: Session, sides: list[SideStatus], labels: list[Criterio
         lb = by_key[(cc.cohort, cc.criterion.id)]
         if lb.label == "satisfied":
             met += 1
-            steps.append(TraceStep(cohort=cc.cohort, criterion=cc.criterion.id, side=cc.side, status="satisfied",
-                                   text=cc.criterion.text, facts=[f.cite() for f in support[cc.index]]))
+            steps.append(
+                TraceStep(
+                    cohort=cc.cohort,
+                    criterion=cc.criterion.id,
+                    side=cc.side,
+                    status="satisfied",
+                    text=cc.criterion.text,
+                    facts=[f.cite() for f in support[cc.index]],
+                )
+            )
         else:
             deferred += 1
-            steps.append(TraceStep(cohort=cc.cohort, criterion=cc.criterion.id, side=cc.side, status="assumed",
-                                   text=cc.criterion.text, assumptions=[a for a in lb.open_atoms if a in assumed]))
+            steps.append(
+                TraceStep(
+                    cohort=cc.cohort,
+                    criterion=cc.criterion.id,
+                    side=cc.side,
+                    status="assumed",
+                    text=cc.criterion.text,
+                    assumptions=[a for a in lb.open_atoms if a in assumed],
+                )
+            )
     through = f"cohort {admitting[0]}" if len(admitting) == 1 else f"cohorts {', '.join(admitting)}"
-    summary = (f"eligible through {through}: {met} criteria met by the chart, {deferred} resting on "
-               f"assumptions to confirm at the visit")
+    summary = (
+        f"eligible through {through}: {met} criteria met by the chart, {deferred} resting on "
+        f"assumptions to confirm at the visit"
+    )
     return Trace(summary=summary, admitting_cohorts=admitting, steps=steps)
 
 
@@ -71,16 +99,38 @@ def ineligible_trace(sess: Session, labels: list[CriterionLabel], support) -> Tr
         rest = [cc for cc in ccs if cc not in violated]
         extra = [] if sess.check(*[cc.pos for cc in rest], *lits) else _fewest_to_drop(sess, rest)
         for cc in violated:
-            steps.append(TraceStep(cohort=cid, criterion=cc.criterion.id, side=cc.side, status="violated",
-                                   text=cc.criterion.text, facts=[f.cite() for f in support[cc.index]]))
+            steps.append(
+                TraceStep(
+                    cohort=cid,
+                    criterion=cc.criterion.id,
+                    side=cc.side,
+                    status="violated",
+                    text=cc.criterion.text,
+                    facts=[f.cite() for f in support[cc.index]],
+                )
+            )
         keep = [cc for cc in rest if cc not in extra]
         for cc in extra:
             cone = cc.cone.union(*(k.cone for k in keep))
-            facts = minimal_facts(sess, [cc.pos] + [k.pos for k in keep], [f for f in sess.facts if f.atom in cone])
-            steps.append(TraceStep(cohort=cid, criterion=cc.criterion.id, side=cc.side, status="violated",
-                                   text=cc.criterion.text, facts=[f.cite() for f in facts]))
+            facts = minimal_facts(
+                sess, [cc.pos] + [k.pos for k in keep], [f for f in sess.facts if f.atom in cone]
+            )
+            steps.append(
+                TraceStep(
+                    cohort=cid,
+                    criterion=cc.criterion.id,
+                    side=cc.side,
+                    status="violated",
+                    text=cc.criterion.text,
+                    facts=[f.cite() for f in facts],
+                )
+            )
         names = [cc.criterion.id for cc in violated + extra]
-        parts.append(f"cohort {cid} fails {', '.join(names)}" if len(cp.cohort_ids) > 1 else f"fails {', '.join(names)}")
+        parts.append(
+            f"cohort {cid} fails {', '.join(names)}"
+            if len(cp.cohort_ids) > 1
+            else f"fails {', '.join(names)}"
+        )
     return Trace(summary="ineligible: " + "; ".join(parts), steps=steps)
 
 

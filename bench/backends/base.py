@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import ClassVar
 
 from pydantic import Field, ValidationError
-
 from verdict.core.configs import StrictModel, describe
 
 from ..datasets import BenchDataset
@@ -116,8 +115,15 @@ class Backend:
 
     # -- helpers ----------------------------------------------------------------------------------
     def result(self, pair: LabeledPair, repeat: int, **kw) -> PairResult:
-        return PairResult(backend=self.name, repeat=repeat, pair_id=pair.pair_id, patient_id=pair.patient_id,
-                          trial_id=pair.trial_id, label=pair.label, **kw)
+        return PairResult(
+            backend=self.name,
+            repeat=repeat,
+            pair_id=pair.pair_id,
+            patient_id=pair.patient_id,
+            trial_id=pair.trial_id,
+            label=pair.label,
+            **kw,
+        )
 
 
 BACKENDS: dict[str, type[Backend]] = {}
@@ -128,6 +134,7 @@ def register_backend(kind: str):
         cls.kind = kind
         BACKENDS[kind] = cls
         return cls
+
     return deco
 
 
@@ -158,8 +165,13 @@ def decide_formal(engine, program, patient, case: str) -> tuple[object, list[Fli
     flips = []
     if d.decision != "undetermined" and d.pivotal is not None and d.pivotal.conditions:
         d2 = engine.decide(program, apply_pivotal(patient, d.pivotal.conditions))
-        flips.append(Flip(case=case, direction=d.pivotal.direction,
-                          flipped=d2.decision not in (d.decision, "undetermined")))
+        flips.append(
+            Flip(
+                case=case,
+                direction=d.pivotal.direction,
+                flipped=d2.decision not in (d.decision, "undetermined"),
+            )
+        )
     return d, flips, solve_ms
 
 

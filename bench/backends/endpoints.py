@@ -15,16 +15,19 @@ EndpointRef = str | dict[str, Any]
 class EndpointPlacement(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    base_url: str | None = Field(None, description="send the calls here instead of the endpoint config's base_url")
-    local_vllm: bool = Field(False, description="send the calls to the vLLM server this run starts (config 'vllm')")
+    base_url: str | None = Field(
+        None, description="send the calls here instead of the endpoint config's base_url"
+    )
+    local_vllm: bool = Field(
+        False, description="send the calls to the vLLM server this run starts (config 'vllm')"
+    )
 
 
 def resolve_endpoint(ref: EndpointRef, placement: EndpointPlacement, vllm_url: str | None, what: str):
     from pydantic import ValidationError
-
-    from verdict.data_gen.teacher_config import TeacherConfig, load_teacher
     from verdict.core.configs import describe
     from verdict.core.errors import VerdictError, describe_validation_error
+    from verdict.data_gen.teacher_config import TeacherConfig, load_teacher
 
     try:
         endpoint = load_teacher(ref) if isinstance(ref, str) else TeacherConfig.model_validate(ref)
@@ -35,7 +38,9 @@ def resolve_endpoint(ref: EndpointRef, placement: EndpointPlacement, vllm_url: s
     url = placement.base_url
     if placement.local_vllm:
         if vllm_url is None:
-            raise BenchError(f"{what}: local_vllm needs the run's 'vllm' server (add a 'vllm' block to the config)")
+            raise BenchError(
+                f"{what}: local_vllm needs the run's 'vllm' server (add a 'vllm' block to the config)"
+            )
         url = vllm_url
     if url:
         try:

@@ -36,16 +36,28 @@ class FormalizerPrompts(BaseModel):
 
 class FormalizerConfig(BackendConfig, EndpointPlacement):
     kind: Literal["formalizer"] = "formalizer"
-    parser: EndpointRef = Field(description="trial-parser endpoint: teacher config name, path or inline mapping")
-    miner: EndpointRef = Field(description="value-miner endpoint: teacher config name, path or inline mapping")
-    prompts: FormalizerPrompts = Field(default_factory=FormalizerPrompts, description="prompt version per stage")
-    arbiter: bool = Field(False, description="opt-in extraction-resolution arbiter (paper appendix A.5), as the "
-                          "service's api.formalizer.arbiter: when mined facts contradict definitional constraints "
-                          "the miner endpoint re-reads them and the pair is decided again; its calls are counted in "
-                          "the pair's stages; a failure keeps the solver result")
-    verbalizer: bool = Field(False, description="opt-in verbalizer (paper appendix A.6), as the service's "
-                             "api.formalizer.verbalizer: restates the decision as prose; it decides nothing, only "
-                             "its calls are counted in the pair's stages")
+    parser: EndpointRef = Field(
+        description="trial-parser endpoint: teacher config name, path or inline mapping"
+    )
+    miner: EndpointRef = Field(
+        description="value-miner endpoint: teacher config name, path or inline mapping"
+    )
+    prompts: FormalizerPrompts = Field(
+        default_factory=FormalizerPrompts, description="prompt version per stage"
+    )
+    arbiter: bool = Field(
+        False,
+        description="opt-in extraction-resolution arbiter (paper appendix A.5), as the "
+        "service's api.formalizer.arbiter: when mined facts contradict definitional constraints "
+        "the miner endpoint re-reads them and the pair is decided again; its calls are counted in "
+        "the pair's stages; a failure keeps the solver result",
+    )
+    verbalizer: bool = Field(
+        False,
+        description="opt-in verbalizer (paper appendix A.6), as the service's "
+        "api.formalizer.verbalizer: restates the decision as prose; it decides nothing, only "
+        "its calls are counted in the pair's stages",
+    )
 
 
 def stage_stat(res, cache, shared: bool = False) -> StageStat:
@@ -59,10 +71,20 @@ def stage_stat(res, cache, shared: bool = False) -> StageStat:
         ms += (call.latency_s if call is not None else 0.0) * 1000
     firsts = [r.attempts[0].reason for r in (res.calls or [res]) if r.attempts]
     u = res.usage
-    return StageStat(stage=res.stage, status=res.status, reason=res.reason,
-                     first_reason=next((x for x in firsts if x is not None), None), attempts=len(attempts),
-                     cached_calls=u.cache_hits, prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
-                     cost_usd=u.cost_usd, paid_usd=u.paid_usd, model_ms=round(ms, 3), shared=shared)
+    return StageStat(
+        stage=res.stage,
+        status=res.status,
+        reason=res.reason,
+        first_reason=next((x for x in firsts if x is not None), None),
+        attempts=len(attempts),
+        cached_calls=u.cache_hits,
+        prompt_tokens=u.prompt_tokens,
+        completion_tokens=u.completion_tokens,
+        cost_usd=u.cost_usd,
+        paid_usd=u.paid_usd,
+        model_ms=round(ms, 3),
+        shared=shared,
+    )
 
 
 class _Overridden:
@@ -89,10 +111,13 @@ class FormalizerBackend(Backend):
         self._parses: dict[tuple[int, str], asyncio.Future] = {}
 
     def preflight(self) -> None:
-        self.ctx.egress.check(self.miner_ep.base_url, carries_patient_text=True,
-                              data_class=self.ctx.dataset.data_class,
-                              what=f"backend '{self.name}' (value miner '{self.miner_ep.name}')",
-                              via_proxy=self.miner_ep.proxy)
+        self.ctx.egress.check(
+            self.miner_ep.base_url,
+            carries_patient_text=True,
+            data_class=self.ctx.dataset.data_class,
+            what=f"backend '{self.name}' (value miner '{self.miner_ep.name}')",
+            via_proxy=self.miner_ep.proxy,
+        )
 
     def unavailable(self, pair: LabeledPair) -> str | None:
         return self.missing_texts(pair)
@@ -103,60 +128,101 @@ class FormalizerBackend(Backend):
             from verdict.data_gen.formalizer import Formalizer
 
             ep = self.parser_ep if role == "parser" else self.miner_ep
-            self._fz[key] = Formalizer(ep, engine=self.ctx.engine, cache=self.ctx.cache(repeat),
-                                       ledger=self.ctx.ledger,
-                                       egress=self.ctx.egress, prompts=self.config.prompts.model_dump(),
-                                       run=f"bench:{self.ctx.run_name}")
+            self._fz[key] = Formalizer(
+                ep,
+                engine=self.ctx.engine,
+                cache=self.ctx.cache(repeat),
+                ledger=self.ctx.ledger,
+                egress=self.ctx.egress,
+                prompts=self.config.prompts.model_dump(),
+                run=f"bench:{self.ctx.run_name}",
+            )
         return self._fz[key]
 
     async def _parsed(self, trial_id: str, repeat: int):
         key = (repeat, trial_id)
         if key not in self._parses:  # one parse per trial; its pairs wait on it
             self._parses[key] = asyncio.ensure_future(
-                self.formalizer(repeat, "parser").parse_trial(self.ctx.dataset.trials[trial_id]))
+                self.formalizer(repeat, "parser").parse_trial(self.ctx.dataset.trials[trial_id])
+            )
         return await asyncio.shield(self._parses[key])
 
     async def decide(self, pair: LabeledPair, repeat: int) -> PairResult:
-        from verdict.data_gen.formalizer import merge_sides
         from verdict.core.errors import PatientError
         from verdict.core.policy import resolve
+        from verdict.data_gen.formalizer import merge_sides
 
         parsed = await self._parsed(pair.trial_id, repeat)
         parser_fz = self.formalizer(repeat, "parser")
         stages = {"parser": stage_stat(parsed, parser_fz.cache, shared=True)}
         if not parsed.accepted:
-            return self.result(pair, repeat, status="failed", stages=stages,
-                               reason=f"parser output rejected after one repair ({parsed.reason})")
+            return self.result(
+                pair,
+                repeat,
+                status="failed",
+                stages=stages,
+                reason=f"parser output rejected after one repair ({parsed.reason})",
+            )
         program = parsed.output
         miner = self.formalizer(repeat, "miner")
         note = self.ctx.dataset.patients[pair.patient_id]
-        inc, exc = await asyncio.gather(miner.mine_values(program, note, "inclusion"),
-                                        miner.mine_values(program, note, "exclusion"))
+        inc, exc = await asyncio.gather(
+            miner.mine_values(program, note, "inclusion"), miner.mine_values(program, note, "exclusion")
+        )
         for res in (inc, exc):
             stages[res.stage] = stage_stat(res, miner.cache)
         bad = [r for r in (inc, exc) if not r.accepted]
         if bad:
-            return self.result(pair, repeat, status="failed", stages=stages, program_hash=program.content_hash,
-                               reason="; ".join(f"{r.stage} output rejected after one repair ({r.reason})"
-                                                for r in bad))
+            return self.result(
+                pair,
+                repeat,
+                status="failed",
+                stages=stages,
+                program_hash=program.content_hash,
+                reason="; ".join(f"{r.stage} output rejected after one repair ({r.reason})" for r in bad),
+            )
         t0 = time.perf_counter()
         try:
             mined = merge_sides(inc.output, exc.output)  # the service's merge: conflicts stay unresolved
-            patient = resolve(program, pair.patient_id, list(mined), self.policy,
-                              held_open=mined.held_open(), sources=mined.sources)
+            patient = resolve(
+                program,
+                pair.patient_id,
+                list(mined),
+                self.policy,
+                held_open=mined.held_open(),
+                sources=mined.sources,
+            )
         except PatientError as e:
-            return self.result(pair, repeat, status="failed", stages=stages, program_hash=program.content_hash,
-                               reason=f"value-miner output does not fit the program ({e.summary})")
+            return self.result(
+                pair,
+                repeat,
+                status="failed",
+                stages=stages,
+                program_hash=program.content_hash,
+                reason=f"value-miner output does not fit the program ({e.summary})",
+            )
         resolve_ms = (time.perf_counter() - t0) * 1000
-        d, flips, solve_ms = await asyncio.to_thread(decide_formal, self.ctx.engine, program, patient,
-                                                     pair.pair_id)
+        d, flips, solve_ms = await asyncio.to_thread(
+            decide_formal, self.ctx.engine, program, patient, pair.pair_id
+        )
         miners_ms = max(stages["miner_inclusion"].model_ms, stages["miner_exclusion"].model_ms)
-        d, flips, more_ms = await self._optional_stages(program, note, patient, d, flips, stages, repeat, pair.pair_id)
+        d, flips, more_ms = await self._optional_stages(
+            program, note, patient, d, flips, stages, repeat, pair.pair_id
+        )
         solve_ms += more_ms
         miners_ms += sum(stages[s].model_ms for s in ("arbiter", "verbalizer") if s in stages)
-        return self.result(pair, repeat, status="decided", decision=d.decision, stages=stages, flips=flips,
-                           solve_ms=round(resolve_ms + solve_ms, 3), latency_ms=round(miners_ms + resolve_ms + solve_ms, 3),
-                           program_hash=program.content_hash, patient_hash=d.patient_hash)
+        return self.result(
+            pair,
+            repeat,
+            status="decided",
+            decision=d.decision,
+            stages=stages,
+            flips=flips,
+            solve_ms=round(resolve_ms + solve_ms, 3),
+            latency_ms=round(miners_ms + resolve_ms + solve_ms, 3),
+            program_hash=program.content_hash,
+            patient_hash=d.patient_hash,
+        )
 
     async def _optional_stages(self, program, note, patient, d, flips, stages, repeat, case):
         """The opt-in arbiter and verbalizer, as in the service (serve/optional_stages.py): the
@@ -174,7 +240,8 @@ class FormalizerBackend(Backend):
                 overrides = list(res.output)
                 # Decided again with the overrides, and its counterfactual too (the decision it flips).
                 d, flips, _ = await asyncio.to_thread(
-                    decide_formal, _Overridden(self.ctx.engine, overrides), program, patient, case)
+                    decide_formal, _Overridden(self.ctx.engine, overrides), program, patient, case
+                )
                 extra_ms += (time.perf_counter() - t0) * 1000
         if self.config.verbalizer:
             res = await miner.verbalize(program, patient, d, data_class=self.ctx.dataset.data_class)

@@ -61,9 +61,9 @@ def _endpoint_with_stage(endpoint, max_tokens: int):
 
 
 def _direct_matcher_class():
+    from verdict.core.errors import describe_validation_error
     from verdict.data_gen.formalizer import Check, Formalizer, parse_json
     from verdict.data_gen.prompt_templates import load_prompt
-    from verdict.core.errors import describe_validation_error
 
     class DirectMatcher(Formalizer):
         def __init__(self, *args, prompt_version: str = "v1", **kw):
@@ -75,8 +75,12 @@ def _direct_matcher_class():
 
         async def match(self, trial, note):
             """Note + criteria -> StageResult whose output is an LlmMatchOutput."""
-            messages = self.match_prompt.render(NOTE=note.text.strip(), TRIAL_ID=trial.trial_id,
-                                                TITLE=trial.title or "(untitled)", CRITERIA=trial.criteria_text())
+            messages = self.match_prompt.render(
+                NOTE=note.text.strip(),
+                TRIAL_ID=trial.trial_id,
+                TITLE=trial.title or "(untitled)",
+                CRITERIA=trial.criteria_text(),
+            )
             limit = self.endpoint.max_tokens.for_stage(STAGE)
 
             def validate(call) -> Check:
@@ -89,9 +93,17 @@ def _direct_matcher_class():
                     return Check([("schema", p) for p in describe_validation_error(e, "output")])
                 return Check([], out, out.model_dump_json())
 
-            return await self._stage(STAGE, messages, LlmMatchOutput.model_json_schema(), "llm_match_output",
-                                     validate, patient_text=True, data_class=note.data_class,
-                                     ids=f"trial={trial.trial_id} patient={note.patient_id}", sensitive=(note.text,))
+            return await self._stage(
+                STAGE,
+                messages,
+                LlmMatchOutput.model_json_schema(),
+                "llm_match_output",
+                validate,
+                patient_text=True,
+                data_class=note.data_class,
+                ids=f"trial={trial.trial_id} patient={note.patient_id}",
+                sensitive=(note.text,),
+            )
 
     return DirectMatcher
 
@@ -107,8 +119,13 @@ class LlmMatchBackend(Backend):
         self._matchers: dict[int, object] = {}
 
     def preflight(self) -> None:
-        self.ctx.egress.check(self.endpoint.base_url, carries_patient_text=True, data_class=self.ctx.dataset.data_class,
-                              what=f"backend '{self.name}' (endpoint '{self.endpoint.name}')", via_proxy=self.endpoint.proxy)
+        self.ctx.egress.check(
+            self.endpoint.base_url,
+            carries_patient_text=True,
+            data_class=self.ctx.dataset.data_class,
+            what=f"backend '{self.name}' (endpoint '{self.endpoint.name}')",
+            via_proxy=self.endpoint.proxy,
+        )
 
     def unavailable(self, pair: LabeledPair) -> str | None:
         return self.missing_texts(pair)
@@ -116,21 +133,40 @@ class LlmMatchBackend(Backend):
     def matcher(self, repeat: int):
         if repeat not in self._matchers:
             self._matchers[repeat] = _direct_matcher_class()(
-                self.endpoint, cache=self.ctx.cache(repeat), ledger=self.ctx.ledger, egress=self.ctx.egress,
-                run=f"bench:{self.ctx.run_name}", prompt_version=self.config.prompt)
+                self.endpoint,
+                cache=self.ctx.cache(repeat),
+                ledger=self.ctx.ledger,
+                egress=self.ctx.egress,
+                run=f"bench:{self.ctx.run_name}",
+                prompt_version=self.config.prompt,
+            )
         return self._matchers[repeat]
 
     async def decide(self, pair: LabeledPair, repeat: int) -> PairResult:
         from .formalizer import stage_stat
 
         m = self.matcher(repeat)
-        res = await m.match(self.ctx.dataset.trials[pair.trial_id], self.ctx.dataset.patients[pair.patient_id])
+        res = await m.match(
+            self.ctx.dataset.trials[pair.trial_id], self.ctx.dataset.patients[pair.patient_id]
+        )
         stat = stage_stat(res, m.cache)
         if not res.accepted:
-            return self.result(pair, repeat, status="failed", stages={STAGE: stat},
-                               reason=f"{STAGE} output rejected after one repair ({res.reason})")
-        return self.result(pair, repeat, status="decided", decision=res.output.verdict, stages={STAGE: stat},
-                           latency_ms=stat.model_ms, rationale=res.output.rationale)
+            return self.result(
+                pair,
+                repeat,
+                status="failed",
+                stages={STAGE: stat},
+                reason=f"{STAGE} output rejected after one repair ({res.reason})",
+            )
+        return self.result(
+            pair,
+            repeat,
+            status="decided",
+            decision=res.output.verdict,
+            stages={STAGE: stat},
+            latency_ms=stat.model_ms,
+            rationale=res.output.rationale,
+        )
 
     async def aclose(self) -> None:
         for m in self._matchers.values():

@@ -18,8 +18,13 @@ from pydantic import Field
 from ..protocol import PAIR_SEP, BenchError, LabeledPair, PairResult, pair_id
 from .base import Backend, BackendConfig, register_backend
 
-_VALUES = {"eligible": "eligible", "ineligible": "ineligible", "undetermined": "undetermined", True: "eligible",
-           False: "ineligible"}
+_VALUES = {
+    "eligible": "eligible",
+    "ineligible": "ineligible",
+    "undetermined": "undetermined",
+    True: "eligible",
+    False: "ineligible",
+}
 
 
 class PredictionsConfig(BackendConfig):

@@ -24,7 +24,9 @@ _STEM = re.compile(r"^(NCT\d+)")
 
 class RecordedConfig(BackendConfig):
     kind: Literal["recorded"] = "recorded"
-    path: str = Field("../shared/data/reference/v6", description="folder of <patient>/<trial>[variant]__full.json")
+    path: str = Field(
+        "../shared/data/reference/v6", description="folder of <patient>/<trial>[variant]__full.json"
+    )
 
 
 @register_backend("recorded")
@@ -63,14 +65,30 @@ class RecordedBackend(Backend):
                 patient = case.patient_under(self.policy)
             except VerdictError as e:  # a corrupt file fails its pair, visibly
                 return self.result(pair, repeat, status="failed", reason=f"{f.name}: {e.summary}")
-            d, fl, ms = decide_formal(self.ctx.engine, case.program, patient, case=f"{f.parent.name}/{f.name}")
+            d, fl, ms = decide_formal(
+                self.ctx.engine, case.program, patient, case=f"{f.parent.name}/{f.name}"
+            )
             decisions.append(d.decision)
             flips += fl
             solve += ms
             hashes.append(d.program_hash)
             patients.append(d.patient_hash)
-        decision = ("eligible" if "eligible" in decisions else
-                    "undetermined" if "undetermined" in decisions else "ineligible")
-        return self.result(pair, repeat, status="decided", decision=decision, flips=flips, solve_ms=solve,
-                           latency_ms=solve, variants=len(decisions), program_hash="+".join(hashes),
-                           patient_hash="+".join(patients))
+        decision = (
+            "eligible"
+            if "eligible" in decisions
+            else "undetermined"
+            if "undetermined" in decisions
+            else "ineligible"
+        )
+        return self.result(
+            pair,
+            repeat,
+            status="decided",
+            decision=decision,
+            flips=flips,
+            solve_ms=solve,
+            latency_ms=solve,
+            variants=len(decisions),
+            program_hash="+".join(hashes),
+            patient_hash="+".join(patients),
+        )

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Optional
 
 import typer
-
 from verdict.core.cli_errors import fail
 
 app = typer.Typer(
@@ -28,10 +26,10 @@ def load(
         ..., help="a Bundle .json file, a Bulk Data NDJSON folder, or an http(s) base URL"
     ),
     at: str = typer.Option(..., "--at", help="reference date YYYY-MM-DD: ages are computed at it"),
-    patient: Optional[str] = typer.Option(None, "--patient", help="only this Patient id"),
-    out: Optional[Path] = typer.Option(None, "--out", help="write the records as JSONL here"),
+    patient: str | None = typer.Option(None, "--patient", help="only this Patient id"),
+    out: Path | None = typer.Option(None, "--out", help="write the records as JSONL here"),
     codes: str = typer.Option("codes", "--codes", help="code map: name in configs/fhir or a YAML path"),
-    config: Optional[Path] = typer.Option(
+    config: Path | None = typer.Option(
         None, "--config", help="REST client config YAML (FhirRestConfig); its base_url is SOURCE"
     ),
 ) -> None:

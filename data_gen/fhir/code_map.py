@@ -12,7 +12,6 @@ import re
 from typing import Literal
 
 from pydantic import Field, PrivateAttr, model_validator
-
 from verdict.core.configs import StrictModel, find_config
 from verdict.core.errors import VerdictError
 

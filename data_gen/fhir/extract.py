@@ -9,11 +9,11 @@ without one, a URL attachment is a problem, never a request.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from decimal import Decimal
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import BaseModel
-
 from verdict.core.errors import VerdictError
 from verdict.core.formula import number_problem
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field
-
 from verdict.core.configs import StrictModel
 
 from ..protocol import NoteDocument, PatientDoc

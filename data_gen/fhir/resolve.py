@@ -23,7 +23,6 @@ import functools
 import re
 
 from pydantic import BaseModel, ConfigDict, Field
-
 from verdict.core.patient import Bounds, Resolution, ResolvedPatient, value_type_problems
 from verdict.core.program import Atom, TrialProgram
 
@@ -57,9 +56,7 @@ class CodedResolutions(BaseModel):
         """`patient` (resolved from the miner's values under a policy) with the coded atoms' resolutions
         in place of what the policy made of them: coded facts are observations, never imputed over."""
         coded = {r.atom: r for r in self.resolutions}
-        return patient.model_copy(
-            update={"resolutions": [coded.get(r.atom, r) for r in patient.resolutions]}
-        )
+        return patient.model_copy(update={"resolutions": [coded.get(r.atom, r) for r in patient.resolutions]})
 
 
 def _words(text: str) -> str:

@@ -79,7 +79,7 @@ class FhirRestClient:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> "FhirRestClient":
+    def __enter__(self) -> FhirRestClient:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -13,17 +13,57 @@ Modules: `runtime.py` (the endpoint, stage loop, cache, single flight; arbiter a
 outputs -> one program), `miner.py` (value miner), `checks.py` (shared checks and schemas).
 """
 
-from .checks import REASONS, SIDES, Check, compact, core_schema, normalize_ws, parse_json, quote_in_note, with_atom_enum
-from .miner import (MinedValues, PassageConflict, PlannedCall, check_miner_output, merge_sides,
-                    miner_messages, plan_miner_calls, render_atoms, side_atoms)
 from .assembly import assemble, criterion_outputs
+from .checks import (
+    REASONS,
+    SIDES,
+    Check,
+    compact,
+    core_schema,
+    normalize_ws,
+    parse_json,
+    quote_in_note,
+    with_atom_enum,
+)
 from .criteria import CriterionText, split_trial
+from .miner import (
+    MinedValues,
+    PassageConflict,
+    PlannedCall,
+    check_miner_output,
+    merge_sides,
+    miner_messages,
+    plan_miner_calls,
+    render_atoms,
+    side_atoms,
+)
 from .parser import check_criterion_output, criterion_messages
 from .runtime import Formalizer
 
 __all__ = [
-    "REASONS", "SIDES", "Check", "CriterionText", "Formalizer", "assemble", "check_criterion_output",
-    "check_miner_output", "compact", "core_schema", "criterion_messages", "criterion_outputs", "miner_messages",
-    "normalize_ws", "parse_json", "quote_in_note", "render_atoms", "side_atoms", "split_trial", "with_atom_enum",
-    "MinedValues", "PassageConflict", "PlannedCall", "merge_sides", "plan_miner_calls",
+    "REASONS",
+    "SIDES",
+    "Check",
+    "CriterionText",
+    "Formalizer",
+    "assemble",
+    "check_criterion_output",
+    "check_miner_output",
+    "compact",
+    "core_schema",
+    "criterion_messages",
+    "criterion_outputs",
+    "miner_messages",
+    "normalize_ws",
+    "parse_json",
+    "quote_in_note",
+    "render_atoms",
+    "side_atoms",
+    "split_trial",
+    "with_atom_enum",
+    "MinedValues",
+    "PassageConflict",
+    "PlannedCall",
+    "merge_sides",
+    "plan_miner_calls",
 ]

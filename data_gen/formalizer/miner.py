@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Collection
+from typing import TYPE_CHECKING
 
 from pydantic import Field
-
 from verdict.core.configs import StrictModel
 from verdict.core.errors import VerdictError
-from verdict.core.patient import Bounds, MinedValue, ValueMinerOutput, Value, value_type_problems
+from verdict.core.patient import Bounds, MinedValue, Value, ValueMinerOutput, value_type_problems
 from verdict.core.program import TrialProgram
 from verdict.core.reference import _meet as meet_values  # the one rule for two records of one fact
 
@@ -369,8 +369,9 @@ def _resplit(group, calls_of, fits, budget, count_text, stage, prompt_budget) ->
     return out
 
 
-def plan_for(fz: "Formalizer", program: TrialProgram, note, side: str,
-             names: list[str] | None = None) -> list[PlannedCall]:
+def plan_for(
+    fz: Formalizer, program: TrialProgram, note, side: str, names: list[str] | None = None
+) -> list[PlannedCall]:
     """`plan_miner_calls` with the endpoint's limits and tokenizer."""
     stage = f"miner_{side}"
     return plan_miner_calls(
@@ -519,7 +520,7 @@ def merge_sides(inclusion: MinedValues, exclusion: MinedValues) -> MinedValues:
 
 # ---- the stage ------------------------------------------------------------------------------------
 async def mine_values(
-    fz: "Formalizer",
+    fz: Formalizer,
     program: TrialProgram,
     note: PatientDoc | NoteDocument | str | list,
     side: str,
@@ -577,22 +578,40 @@ async def mine_values(
         if not ask_names:
             return MiningRound()
         try:
-            plan = await asyncio.to_thread(plan_for, fz, program, note, side, ask_names)  # exact counts: off the loop
+            plan = await asyncio.to_thread(
+                plan_for, fz, program, note, side, ask_names
+            )  # exact counts: off the loop
         except MinerBudgetError as e:  # no call can fit the model's limits: rejected, no call made
-            return MiningRound(rejected=StageResult(
-                **base, status="rejected", reason=BUDGET, problems=[e.summary],
-                messages=fz.miner_messages(program, docs[0].text, side, ask_names)))
+            return MiningRound(
+                rejected=StageResult(
+                    **base,
+                    status="rejected",
+                    reason=BUDGET,
+                    problems=[e.summary],
+                    messages=fz.miner_messages(program, docs[0].text, side, ask_names),
+                )
+            )
         results = list(await asyncio.gather(*(one(c) for c in plan)))
         rejected = [(c, r) for c, r in zip(plan, results) if not r.accepted]
         if len(rejected) == len(results):  # nothing read: the side is rejected (502 in the service)
             usage = Usage()
             for r in results:
                 usage = usage.add(r.usage)
-            return MiningRound(plan, results, rejected=StageResult(
-                **base, status="rejected", reason=rejected[0][1].reason,
-                problems=[f"{c.label}: {p}" for c, r in rejected for p in r.problems],
-                messages=results[0].messages, attempts=[a for r in results for a in r.attempts], usage=usage,
-                calls=results, assembly=_assembly(plan, None)))
+            return MiningRound(
+                plan,
+                results,
+                rejected=StageResult(
+                    **base,
+                    status="rejected",
+                    reason=rejected[0][1].reason,
+                    problems=[f"{c.label}: {p}" for c, r in rejected for p in r.problems],
+                    messages=results[0].messages,
+                    attempts=[a for r in results for a in r.attempts],
+                    usage=usage,
+                    calls=results,
+                    assembly=_assembly(plan, None),
+                ),
+            )
         # One call that failed validation (after its repair) does not throw the others away: its
         # atoms stay unresolved, each with the reason (ids only), and the rest of the side stands.
         found: dict[str, list[Finding]] = {}
@@ -600,13 +619,17 @@ async def mine_values(
         for c, r in zip(plan, results):
             if not r.accepted:
                 for atom in c.atoms:
-                    unread.setdefault(atom, f"not read: the value miner's answer for {c.label} failed validation "
-                                            f"after one repair ({r.reason})")
+                    unread.setdefault(
+                        atom,
+                        f"not read: the value miner's answer for {c.label} failed validation "
+                        f"after one repair ({r.reason})",
+                    )
                 continue
             for atom, fs in _findings_of(r.output, c).items():
                 found.setdefault(atom, []).extend(fs)
-        return MiningRound(plan, results, findings={a: f for a, f in found.items() if a not in unread},
-                           unread=unread)
+        return MiningRound(
+            plan, results, findings={a: f for a, f in found.items() if a not in unread}, unread=unread
+        )
 
     # Values of this record another trial already mined (or is mining) are reused (value_reuse.py).
     reuse = fz.value_reuse
@@ -633,7 +656,9 @@ async def mine_values(
             if other is None or other.rejected is not None:
                 again += mine
             else:
-                again += [n for n in mine if n in other.unread]  # a shared call failed: this trial asks itself
+                again += [
+                    n for n in mine if n in other.unread
+                ]  # a shared call failed: this trial asks itself
                 findings.update({n: other.findings.get(n, []) for n in mine if n not in other.unread})
                 reused += len([n for n in mine if n not in other.unread])
         if again and not (rounds and rounds[-1].rejected is not None):

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
-
 from verdict.core.errors import ProgramError, describe_validation_error
 from verdict.core.formula import atoms_in
 from verdict.core.program import (
@@ -74,8 +74,10 @@ def check_criterion_output(
         return Check([], parsed, out_json)
     if not parsed.atoms:  # nothing declared: name what the formula uses (a program needs one atom)
         used = sorted(atoms_in(parsed.formula))
-        return Check([("undeclared_atom", f"formula: undeclared atom '{n}'") for n in used]
-                     or [("program", "formula: an in-scope criterion's formula must use at least one atom")])
+        return Check(
+            [("undeclared_atom", f"formula: undeclared atom '{n}'") for n in used]
+            or [("program", "formula: an in-scope criterion's formula must use at least one atom")]
+        )
     try:
         program = check_program(criterion_program(c, parsed))
     except ValidationError as e:
@@ -97,7 +99,7 @@ def _local(problem: str) -> str:
     return _PROBE_PATH.sub("formula", problem)
 
 
-def trial_criteria(fz: "Formalizer", trial: TrialDoc) -> Split:
+def trial_criteria(fz: Formalizer, trial: TrialDoc) -> Split:
     """The trial's criteria, each within the endpoint's parser prompt budget where it can be."""
     budget = fz.prompt_budget("parser")
     if budget is None:
@@ -105,7 +107,7 @@ def trial_criteria(fz: "Formalizer", trial: TrialDoc) -> Split:
     return split_trial(trial, lambda c: fz.tokens.count_messages(fz.criterion_messages(c)) <= budget)
 
 
-def trial_request_key(fz: "Formalizer", trial: TrialDoc) -> str:
+def trial_request_key(fz: Formalizer, trial: TrialDoc) -> str:
     """What a parse of this trial depends on, hashed: its id, title and criteria as split, the
     endpoint (model), the prompt and repair templates (version + hash) and the output schema. The
     service keys its trial cache on it."""
@@ -128,7 +130,7 @@ def trial_request_key(fz: "Formalizer", trial: TrialDoc) -> str:
 
 
 async def parse_criterion(
-    fz: "Formalizer",
+    fz: Formalizer,
     c: CriterionText,
     *,
     trial_id: str = "",
@@ -163,7 +165,7 @@ async def parse_criterion(
     return res.model_copy(update={"item": c.id})
 
 
-async def parse_trial(fz: "Formalizer", trial: TrialDoc) -> StageResult:
+async def parse_trial(fz: Formalizer, trial: TrialDoc) -> StageResult:
     """Criteria text -> per-criterion calls -> assembled, checked TrialProgram. Trial text is public."""
     t = fz.endpoint
     split = trial_criteria(fz, trial)

@@ -11,8 +11,8 @@ passage is found in the document, and the merge has no duplicates to remove.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..protocol import NoteDocument
 

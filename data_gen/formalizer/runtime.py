@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import Callable, Collection
+from collections.abc import Callable, Collection
 
 from verdict.core.engine import Engine, apply_overrides
 from verdict.core.formula import render
@@ -36,10 +36,19 @@ log = logging.getLogger("verdict.data_gen.formalizer")
 class Formalizer:
     """Formalizer stages against one endpoint (a teacher or a student)."""
 
-    def __init__(self, endpoint: TeacherConfig, *, engine: Engine | None = None,
-                 cache: CallCache | None = None, ledger: Ledger | None = None, egress: EgressPolicy | None = None,
-                 prompts: dict[str, str] | None = None, run: str = "adhoc", client: EndpointClient | None = None,
-                 value_reuse: ValueReuse | None = None):
+    def __init__(
+        self,
+        endpoint: TeacherConfig,
+        *,
+        engine: Engine | None = None,
+        cache: CallCache | None = None,
+        ledger: Ledger | None = None,
+        egress: EgressPolicy | None = None,
+        prompts: dict[str, str] | None = None,
+        run: str = "adhoc",
+        client: EndpointClient | None = None,
+        value_reuse: ValueReuse | None = None,
+    ):
         self.endpoint = endpoint
         # Mined values of a patient record reused across trials (value_reuse.py); None: mine every time.
         self.value_reuse = value_reuse
@@ -95,16 +104,24 @@ class Formalizer:
 
         return trial_criteria(self, trial)
 
-    def miner_messages(self, program: TrialProgram, note: str, side: str, names: list[str]) -> list[dict[str, str]]:
+    def miner_messages(
+        self, program: TrialProgram, note: str, side: str, names: list[str]
+    ) -> list[dict[str, str]]:
         return miner_messages(program, note, side, names, self.prompts.get(f"miner_{side}", "v1"))
 
-    def request_key(self, stage: str, messages: list[dict[str, str]], schema: dict | None, schema_name: str) -> tuple[str, dict]:
+    def request_key(
+        self, stage: str, messages: list[dict[str, str]], schema: dict | None, schema_name: str
+    ) -> tuple[str, dict]:
         """(cache key, request): the key covers the endpoint, the templates behind the messages and
         every request field, so a change to any of them is a new call."""
         request = build_request(self.endpoint, stage, messages, schema, schema_name)
         tmpl = self.prompt(stage)
-        ident = {"endpoint": self.endpoint.endpoint_id, "prompt": f"{tmpl.ident}#{tmpl.sha256}",
-                 "repair": f"{self.repair_prompt.ident}#{self.repair_prompt.sha256}", "request": request}
+        ident = {
+            "endpoint": self.endpoint.endpoint_id,
+            "prompt": f"{tmpl.ident}#{tmpl.sha256}",
+            "repair": f"{self.repair_prompt.ident}#{self.repair_prompt.sha256}",
+            "request": request,
+        }
         return canonical_key(ident), request
 
     # -- stages ------------------------------------------------------------------------------------
@@ -114,14 +131,23 @@ class Formalizer:
 
         return await parse_trial(self, trial)
 
-    async def mine_values(self, program: TrialProgram, note: PatientDoc | str, side: str, *,
-                          data_class: str | None = None, skip: Collection[str] = ()) -> StageResult:
+    async def mine_values(
+        self,
+        program: TrialProgram,
+        note: PatientDoc | str,
+        side: str,
+        *,
+        data_class: str | None = None,
+        skip: Collection[str] = (),
+    ) -> StageResult:
         """Patient note + the side's atoms (less `skip`) -> checked values with evidence (see `miner.py`)."""
         from .miner import mine_values
 
         return await mine_values(self, program, note, side, data_class=data_class, skip=skip)
 
-    async def arbitrate(self, program: TrialProgram, note: PatientDoc | str, patient, conflicts) -> StageResult:
+    async def arbitrate(
+        self, program: TrialProgram, note: PatientDoc | str, patient, conflicts
+    ) -> StageResult:
         """Re-read the chart for atoms whose values contradict definitions; output: list[Override]."""
         from verdict.core.decision import Override
 
@@ -131,17 +157,32 @@ class Formalizer:
         defs = sorted({d for c in conflicts for d in c.definitions})
         have = patient.by_atom()
         table = program.atom_table()
-        values = "\n".join(compact({"atom": a, "type": table[a].domain, "value": have[a].value if a in have else None,
-                                    "evidence": (have[a].evidence or "") if a in have else ""}) for a in atoms)
+        values = "\n".join(
+            compact(
+                {
+                    "atom": a,
+                    "type": table[a].domain,
+                    "value": have[a].value if a in have else None,
+                    "evidence": (have[a].evidence or "") if a in have else "",
+                }
+            )
+            for a in atoms
+        )
         by_id = {d.id: d for d in program.definitions}
-        constraints = "\n".join(f"- {d}: {render(by_id[d].formula)}" + (f" ({by_id[d].text})" if by_id[d].text else "")
-                                for d in defs if d in by_id)
-        messages = self.prompt("arbiter").render(NOTE=text.strip(), VALUES=values, CONSTRAINTS=constraints or "(none)")
+        constraints = "\n".join(
+            f"- {d}: {render(by_id[d].formula)}" + (f" ({by_id[d].text})" if by_id[d].text else "")
+            for d in defs
+            if d in by_id
+        )
+        messages = self.prompt("arbiter").render(
+            NOTE=text.strip(), VALUES=values, CONSTRAINTS=constraints or "(none)"
+        )
         schema = with_atom_enum(ArbiterOutput.model_json_schema(), atoms)
 
         def validate(call: CachedCall) -> Check:
-            out, problems = parse_output(call.content, call.finish_reason, self.endpoint.max_tokens.arbiter,
-                                         ArbiterOutput)
+            out, problems = parse_output(
+                call.content, call.finish_reason, self.endpoint.max_tokens.arbiter, ArbiterOutput
+            )
             if out is None:
                 return Check(problems)
             for i, o in enumerate(out.overrides):
@@ -149,7 +190,10 @@ class Formalizer:
                 if o.atom not in atoms:
                     problems.append(("coverage", f"{where}: not one of the conflicting atoms"))
                     continue
-                problems += [("type", f"{where}: {p}") for p in value_type_problems(table[o.atom].domain, o.value, None)]
+                problems += [
+                    ("type", f"{where}: {p}")
+                    for p in value_type_problems(table[o.atom].domain, o.value, None)
+                ]
                 if o.value is not None and not quote_in_note(o.evidence, text):
                     problems.append(("evidence", f"{where}: evidence is not a verbatim quote from the note"))
             overrides = [Override(atom=o.atom, value=o.value, reason=o.reason) for o in out.overrides]
@@ -157,11 +201,22 @@ class Formalizer:
                 problems += _still_conflicting(self.engine, program, patient, overrides)
             return Check(problems, overrides, compact(out.model_dump(mode="json")))
 
-        return await self._stage("arbiter", messages, schema, "arbiter_output", validate, patient_text=True,
-                                 data_class=dclass, ids=f"trial={program.trial_id} patient={patient.patient_id}",
-                                 sensitive=(text,), solver=True)
+        return await self._stage(
+            "arbiter",
+            messages,
+            schema,
+            "arbiter_output",
+            validate,
+            patient_text=True,
+            data_class=dclass,
+            ids=f"trial={program.trial_id} patient={patient.patient_id}",
+            sensitive=(text,),
+            solver=True,
+        )
 
-    async def verbalize(self, program: TrialProgram, patient, decision, *, data_class: str = "private") -> StageResult:
+    async def verbalize(
+        self, program: TrialProgram, patient, decision, *, data_class: str = "private"
+    ) -> StageResult:
         """Restate a Decision for clinicians; output: the rationale text. It may decide nothing."""
         try:
             from verdict.core.rationale import render_markdown
@@ -173,59 +228,130 @@ class Formalizer:
         allowed = {_num(x) for x in _NUMBER.findall(record)}
 
         def validate(call: CachedCall) -> Check:
-            out, problems = parse_output(call.content, call.finish_reason, self.endpoint.max_tokens.verbalizer,
-                                         VerbalizerOutput)
+            out, problems = parse_output(
+                call.content, call.finish_reason, self.endpoint.max_tokens.verbalizer, VerbalizerOutput
+            )
             if out is None:
                 return Check(problems)
             if out.decision != decision.decision:
-                problems.append(("decision", f"decision is '{out.decision}' but the record says '{decision.decision}'"))
+                problems.append(
+                    ("decision", f"decision is '{out.decision}' but the record says '{decision.decision}'")
+                )
             extra = sorted({x for x in _NUMBER.findall(out.rationale) if _num(x) not in allowed})
             if extra:
-                problems.append(("unsupported_number", f"the rationale states numbers not in the record: {', '.join(extra[:8])}"))
+                problems.append(
+                    (
+                        "unsupported_number",
+                        f"the rationale states numbers not in the record: {', '.join(extra[:8])}",
+                    )
+                )
             return Check(problems, out.rationale, compact(out.model_dump(mode="json")))
 
-        return await self._stage("verbalizer", messages, VerbalizerOutput.model_json_schema(), "verbalizer_output",
-                                 validate, patient_text=True, data_class=data_class,
-                                 ids=f"trial={program.trial_id} patient={patient.patient_id}", sensitive=(record,))
+        return await self._stage(
+            "verbalizer",
+            messages,
+            VerbalizerOutput.model_json_schema(),
+            "verbalizer_output",
+            validate,
+            patient_text=True,
+            data_class=data_class,
+            ids=f"trial={program.trial_id} patient={patient.patient_id}",
+            sensitive=(record,),
+        )
 
     # -- the shared stage loop ---------------------------------------------------------------------
-    async def _stage(self, stage: str, messages: list[dict[str, str]], schema: dict, schema_name: str,
-                     validate: Callable[[CachedCall], Check], *, patient_text: bool, data_class: str, ids: str,
-                     sensitive: tuple[str, ...] = (), solver: bool = False) -> StageResult:
+    async def _stage(
+        self,
+        stage: str,
+        messages: list[dict[str, str]],
+        schema: dict,
+        schema_name: str,
+        validate: Callable[[CachedCall], Check],
+        *,
+        patient_text: bool,
+        data_class: str,
+        ids: str,
+        sensitive: tuple[str, ...] = (),
+        solver: bool = False,
+    ) -> StageResult:
         t = self.endpoint
         usage = Usage()
         attempts: list[Attempt] = []
         convo = list(messages)
         check = None
-        for attempt in range(2):  # the output, then one repair with the problems fed back
-            call, cached = await self._call(stage, convo, schema, schema_name, patient_text, data_class, sensitive)
-            usage = usage.add(Usage(prompt_tokens=call.prompt_tokens, completion_tokens=call.completion_tokens,
-                                    cost_usd=call.cost_usd, paid_usd=0.0 if cached else call.cost_usd,
-                                    calls_paid=0 if cached else 1, cache_hits=int(cached)))
+        for _attempt in range(2):  # the output, then one repair with the problems fed back
+            call, cached = await self._call(
+                stage, convo, schema, schema_name, patient_text, data_class, sensitive
+            )
+            usage = usage.add(
+                Usage(
+                    prompt_tokens=call.prompt_tokens,
+                    completion_tokens=call.completion_tokens,
+                    cost_usd=call.cost_usd,
+                    paid_usd=0.0 if cached else call.cost_usd,
+                    calls_paid=0 if cached else 1,
+                    cache_hits=int(cached),
+                )
+            )
             # Checks that run the solver go to a thread: the event loop keeps the other calls moving.
             check = await asyncio.to_thread(validate, call) if solver else validate(call)
-            attempts.append(Attempt(key=call.key, cached=cached, finish_reason=call.finish_reason,
-                                    problems=check.messages, reason=check.reason))
+            attempts.append(
+                Attempt(
+                    key=call.key,
+                    cached=cached,
+                    finish_reason=call.finish_reason,
+                    problems=check.messages,
+                    reason=check.reason,
+                )
+            )
             if check.ok:
                 break
             convo = convo + [
                 {"role": "assistant", "content": call.content or ""},
-                *[m for m in self.repair_prompt.render(PROBLEMS="\n".join(f"- {p}" for p in check.messages[:20]))
-                  if m["role"] == "user"],
+                *[
+                    m
+                    for m in self.repair_prompt.render(
+                        PROBLEMS="\n".join(f"- {p}" for p in check.messages[:20])
+                    )
+                    if m["role"] == "user"
+                ],
             ]
         assert check is not None
         status = "accepted" if check.ok else "rejected"
-        log.info("stage=%s %s status=%s reason=%s attempts=%d paid=%d", stage, ids, status, check.reason or "-",
-                 len(attempts), usage.calls_paid)
+        log.info(
+            "stage=%s %s status=%s reason=%s attempts=%d paid=%d",
+            stage,
+            ids,
+            status,
+            check.reason or "-",
+            len(attempts),
+            usage.calls_paid,
+        )
         return StageResult(
-            stage=stage, status=status, reason=check.reason, problems=check.messages, teacher=t.name, model=t.model,
-            prompt_version=self.prompt(stage).ident, messages=messages,
-            output_json=check.output_json if check.ok else None, output=check.output if check.ok else None,
-            attempts=attempts, usage=usage,
+            stage=stage,
+            status=status,
+            reason=check.reason,
+            problems=check.messages,
+            teacher=t.name,
+            model=t.model,
+            prompt_version=self.prompt(stage).ident,
+            messages=messages,
+            output_json=check.output_json if check.ok else None,
+            output=check.output if check.ok else None,
+            attempts=attempts,
+            usage=usage,
         )
 
-    async def _call(self, stage: str, messages: list[dict[str, str]], schema: dict, schema_name: str,
-                    patient_text: bool, data_class: str, sensitive: tuple[str, ...]) -> tuple[CachedCall, bool]:
+    async def _call(
+        self,
+        stage: str,
+        messages: list[dict[str, str]],
+        schema: dict,
+        schema_name: str,
+        patient_text: bool,
+        data_class: str,
+        sensitive: tuple[str, ...],
+    ) -> tuple[CachedCall, bool]:
         """One answered call: from the cache if this exact request was ever paid for, else sent.
 
         Identical calls in flight share one upstream call. It runs as its own task and each caller
@@ -235,7 +361,8 @@ class Formalizer:
         flight = self._pending.get(key)
         if flight is None:
             task = asyncio.ensure_future(
-                self._call_once(key, request, stage, messages, patient_text, data_class, sensitive))
+                self._call_once(key, request, stage, messages, patient_text, data_class, sensitive)
+            )
             flight = self._pending[key] = _Flight(task)
             task.add_done_callback(lambda _t, k=key, f=flight: self._forget(k, f))
         flight.waiters += 1
@@ -253,17 +380,31 @@ class Formalizer:
         flight.claimed = True
         return call, cached
 
-    def _forget(self, key: str, flight: "_Flight") -> None:
+    def _forget(self, key: str, flight: _Flight) -> None:
         if self._pending.get(key) is flight:
             del self._pending[key]
 
     def _meta(self, stage: str) -> CallMeta:
         t = self.endpoint
-        return CallMeta(run=self.run, stage=stage, teacher=t.name, endpoint=t.endpoint_id, model=t.model,
-                        prompt=self.prompt(stage).ident)
+        return CallMeta(
+            run=self.run,
+            stage=stage,
+            teacher=t.name,
+            endpoint=t.endpoint_id,
+            model=t.model,
+            prompt=self.prompt(stage).ident,
+        )
 
-    async def _call_once(self, key: str, request: dict, stage: str, messages: list[dict[str, str]],
-                         patient_text: bool, data_class: str, sensitive: tuple[str, ...]) -> tuple[CachedCall, bool]:
+    async def _call_once(
+        self,
+        key: str,
+        request: dict,
+        stage: str,
+        messages: list[dict[str, str]],
+        patient_text: bool,
+        data_class: str,
+        sensitive: tuple[str, ...],
+    ) -> tuple[CachedCall, bool]:
         t = self.endpoint
         meta = self._meta(stage)
         if self.cache is not None:
@@ -274,13 +415,23 @@ class Formalizer:
         what = f"stage '{stage}' of teacher '{t.name}'"
         # Egress first, so a refused request is refused whatever the budget says.
         self.client.check_egress(carries_patient_text=patient_text, data_class=data_class, what=what)
-        ticket = self.ledger.reserve(worst_case_cost(t, messages, t.max_tokens.for_stage(stage))) if self.ledger else None
+        ticket = (
+            self.ledger.reserve(worst_case_cost(t, messages, t.max_tokens.for_stage(stage)))
+            if self.ledger
+            else None
+        )
         if self.cache is not None:
             # Writes run in threads: the event loop never waits for the database lock or a sync.
             await asyncio.to_thread(self.cache.begin, key, meta)
         try:
-            comp = await self.client.complete(request, carries_patient_text=patient_text, data_class=data_class,
-                                              what=what, sensitive=sensitive, request_id=key)
+            comp = await self.client.complete(
+                request,
+                carries_patient_text=patient_text,
+                data_class=data_class,
+                what=what,
+                sensitive=sensitive,
+                request_id=key,
+            )
         except asyncio.CancelledError:
             if self.ledger is not None and ticket is not None:
                 self.ledger.settle(ticket, None)
@@ -292,9 +443,17 @@ class Formalizer:
                 await asyncio.to_thread(self.cache.abandon, key, meta)
             raise
         cost = t.prices.cost(comp.prompt_tokens, comp.completion_tokens)
-        call = CachedCall(key=key, content=comp.content, finish_reason=comp.finish_reason,
-                          prompt_tokens=comp.prompt_tokens, completion_tokens=comp.completion_tokens, cost_usd=cost,
-                          usage_estimated=comp.usage_estimated, attempts=comp.attempts, latency_s=comp.latency_s)
+        call = CachedCall(
+            key=key,
+            content=comp.content,
+            finish_reason=comp.finish_reason,
+            prompt_tokens=comp.prompt_tokens,
+            completion_tokens=comp.completion_tokens,
+            cost_usd=cost,
+            usage_estimated=comp.usage_estimated,
+            attempts=comp.attempts,
+            latency_s=comp.latency_s,
+        )
         if self.cache is not None:
             await asyncio.to_thread(self.cache.store, call, meta)
         if self.ledger is not None and ticket is not None:
@@ -323,5 +482,10 @@ def _still_conflicting(engine: Engine, program: TrialProgram, patient, overrides
     d = engine.decide(program, apply_overrides(patient, overrides))
     if d.conflicts:
         atoms = sorted({a for c in d.conflicts for a in c.atoms})
-        return [("consistency", f"after the overrides these atoms still contradict the definitions: {', '.join(atoms)}")]
+        return [
+            (
+                "consistency",
+                f"after the overrides these atoms still contradict the definitions: {', '.join(atoms)}",
+            )
+        ]
     return []

@@ -11,8 +11,9 @@ the one a fresh mining would make; an atom the miner found nothing for is kept t
 Concurrent trials of one patient (a screen runs pairs concurrently) share the mining in progress:
 an atom another trial is asking about right now is waited for, not asked again. That mining runs as
 its own task, cancelled only when no trial is left waiting for it (the cancellation of the trial
-that started it does not cancel it); when it fails, the waiters ask for the atom themselves. In memory only, bounded
-(least recently used out): it holds patient text (quotes) and never leaves the process.
+that started it does not cancel it); when it fails, the waiters ask for the atom themselves. In
+memory only, bounded (least recently used out): it holds patient text (quotes) and never leaves
+the process.
 """
 
 from __future__ import annotations
@@ -30,15 +31,19 @@ if TYPE_CHECKING:
     from .miner import Finding
 
 
-def record_key(docs: list["NoteDocument"], stage: str, prompt: str, model: str) -> str:
-    body = json.dumps([[d.id, getattr(d, "date", None), d.text] for d in docs] + [stage, prompt, model],
-                      ensure_ascii=False, separators=(",", ":"))
+def record_key(docs: list[NoteDocument], stage: str, prompt: str, model: str) -> str:
+    body = json.dumps(
+        [[d.id, getattr(d, "date", None), d.text] for d in docs] + [stage, prompt, model],
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
     return hashlib.sha256(body.encode()).hexdigest()
 
 
-def atom_key(atom: "Atom") -> str:
-    body = json.dumps(atom.model_dump(mode="json", exclude={"source_criteria"}), sort_keys=True,
-                      separators=(",", ":"))
+def atom_key(atom: Atom) -> str:
+    body = json.dumps(
+        atom.model_dump(mode="json", exclude={"source_criteria"}), sort_keys=True, separators=(",", ":")
+    )
     return hashlib.sha256(body.encode()).hexdigest()
 
 
@@ -82,8 +87,9 @@ class ValueReuse:
         self.reused = 0  # atoms answered from the store or from another trial's mining
         self.asked = 0  # atoms sent to the miner
 
-    def claim(self, record: str, atoms: list["Atom"]) -> tuple[dict[str, list["Finding"]],
-                                                               dict[str, SharedMining], list["Atom"]]:
+    def claim(
+        self, record: str, atoms: list[Atom]
+    ) -> tuple[dict[str, list[Finding]], dict[str, SharedMining], list[Atom]]:
         """(found: atom name -> findings, waiting: atom name -> another trial's mining in progress,
         to ask: the atoms this caller must mine; it passes them to `start` right away)."""
         found, waiting, ask = {}, {}, []
@@ -100,7 +106,7 @@ class ValueReuse:
         self.asked += len(ask)
         return found, waiting, ask
 
-    def start(self, record: str, atoms: list["Atom"], coro) -> SharedMining:
+    def start(self, record: str, atoms: list[Atom], coro) -> SharedMining:
         """Run `coro` as the shared mining of these atoms: it returns an object with `findings` (atom
         name -> findings) and `rejected` (None when the mining succeeded); a success is kept."""
         shared = SharedMining(coro)

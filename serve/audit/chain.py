@@ -27,9 +27,7 @@ ADDED_COLUMNS = frozenset({"parent_id", "lineage_json"})  # hashed only when not
 
 
 def row_hash(table: str, columns: dict[str, Any]) -> str:
-    content = {
-        k: v for k, v in columns.items() if k != "row_hash" and not (k in ADDED_COLUMNS and v is None)
-    }
+    content = {k: v for k, v in columns.items() if k != "row_hash" and not (k in ADDED_COLUMNS and v is None)}
     content["table"] = table
     data = json.dumps(content, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(data.encode()).hexdigest()

@@ -7,10 +7,7 @@ verdict serve audit setup-postgres --url ADMIN_URL --writer ROLE
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
-
 from verdict.core.cli_errors import fail
 
 audit_app = typer.Typer(help="the append-only audit store: verify it, set it up", no_args_is_help=True)
@@ -19,12 +16,12 @@ CONFIG_HELP = "serve config: NAME in configs/serve/ or a YAML path (its api.audi
 
 @audit_app.command("verify")
 def verify_cmd(
-    config: Optional[str] = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
-    db: Optional[str] = typer.Option(None, "--db", help="a SQLite file or a postgresql:// URL"),
-    password_env: Optional[str] = typer.Option(
+    config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    db: str | None = typer.Option(None, "--db", help="a SQLite file or a postgresql:// URL"),
+    password_env: str | None = typer.Option(
         None, help="with a --db URL: environment variable with the password (default: PGPASSWORD)"
     ),
-    head: Optional[str] = typer.Option(None, help="SEQ:HASH printed by an earlier verify: must still match"),
+    head: str | None = typer.Option(None, help="SEQ:HASH printed by an earlier verify: must still match"),
 ) -> None:
     """Check the database's own protections (triggers) and the hash chain over every row. Exit 0 and the
     head (SEQ:HASH, worth recording elsewhere) when intact; exit 1 naming the first bad row."""
@@ -58,7 +55,7 @@ def verify_cmd(
 def setup_postgres_cmd(
     url: str = typer.Option(..., help="postgresql://ADMIN@HOST:PORT/DB, a role that may create the schema"),
     writer: str = typer.Option(..., help="the service's role: gets SELECT and INSERT only"),
-    password_env: Optional[str] = typer.Option(
+    password_env: str | None = typer.Option(
         None, help="environment variable with the administrator's password (default: PGPASSWORD)"
     ),
 ) -> None:

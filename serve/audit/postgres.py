@@ -48,9 +48,7 @@ _TABLES = ("audit_meta", *TABLES)
 
 
 def _table_sql(table: str) -> str:
-    cols = [
-        f"{c} {_TYPES.get(c, 'text' if c in _NULLABLE else 'text NOT NULL')}" for c in COLUMNS[table]
-    ]
+    cols = [f"{c} {_TYPES.get(c, 'text' if c in _NULLABLE else 'text NOT NULL')}" for c in COLUMNS[table]]
     return f"CREATE TABLE {table} ({', '.join(cols)})"
 
 
@@ -225,7 +223,9 @@ class PostgresAuditStore(AuditStore):
                     "table_name = 'decisions'", (SCHEMA,),
                 ).fetchall()
             }  # fmt: skip
-        self._columns = {t: tuple(c for c in names if t != "decisions" or c in present) for t, names in COLUMNS.items()}
+        self._columns = {
+            t: tuple(c for c in names if t != "decisions" or c in present) for t, names in COLUMNS.items()
+        }
         self._tables, self._schema_version = tables_of(version), version
         # verify (read-only) also reads an older store as it is: it never changes evidence
         if version != SCHEMA_VERSION and not (self.read_only and version in UPGRADES_FROM):
@@ -244,9 +244,10 @@ class PostgresAuditStore(AuditStore):
                 with self._using("write") as conn:
                     with conn.transaction():
                         conn.execute("SELECT pg_advisory_xact_lock(%s)", (CHAIN_LOCK,))  # until commit
-                        found = refuse_if and conn.execute(
-                            refuse_if.sql.replace("?", "%s"), refuse_if.args
-                        ).fetchone()
+                        found = (
+                            refuse_if
+                            and conn.execute(refuse_if.sql.replace("?", "%s"), refuse_if.args).fetchone()
+                        )
                         if found:
                             raise refuse_if.error(tuple(found))
                         head = conn.execute(HEAD_SQL).fetchone()

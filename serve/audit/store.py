@@ -310,7 +310,8 @@ class AuditStore:
         guard = None
         if parent_id is not None:
             guard = Guard(
-                "SELECT decision_id FROM decisions WHERE parent_id = ? LIMIT 1", (parent_id,),
+                "SELECT decision_id FROM decisions WHERE parent_id = ? LIMIT 1",
+                (parent_id,),
                 lambda r: Superseded(
                     f"decision '{parent_id}' was already superseded by '{r[0]}': review the current one",
                     [("decision_id", f"superseded by {r[0]}")],
@@ -339,7 +340,9 @@ class AuditStore:
             if value is not None:
                 where.append(f"{column} = ?")
                 args.append(value)
-        ids = self._select(f"SELECT decision_id FROM decisions WHERE {' AND '.join(where)} ORDER BY seq", tuple(args))
+        ids = self._select(
+            f"SELECT decision_id FROM decisions WHERE {' AND '.join(where)} ORDER BY seq", tuple(args)
+        )
         for (decision_id,) in ids:  # one row at a time: artifacts can be large
             row = self.decision(decision_id)
             if row is not None:
@@ -448,7 +451,9 @@ class Guard:
 def schema_version_of(meta: list[tuple[str, str]]) -> int | None:
     """The store's schema version from its meta rows: `schema_version` as created, raised by each
     in-place upgrade's `schema_upgrade:N` row (meta rows are append-only too)."""
-    versions = [int(v) for k, v in meta if (k == "schema_version" or k.startswith("schema_upgrade:")) and v.isdigit()]
+    versions = [
+        int(v) for k, v in meta if (k == "schema_version" or k.startswith("schema_upgrade:")) and v.isdigit()
+    ]
     return max(versions) if versions else None
 
 

@@ -26,7 +26,6 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import ValidationError
-
 from verdict.core.errors import VerdictError, describe_validation_error
 
 from ..api_keys import KeyEntry, KeyStore
@@ -61,12 +60,20 @@ def html(body: str, status: int = 200, headers: dict[str, str] | None = None) ->
     return HTMLResponse(body, status_code=status, headers={**PAGE_HEADERS, **(headers or {})})
 
 
-def error_page(status: int, title: str, message: str, problems: list[str] | None = None,
-               back: str | None = None, viewer: PageViewer | None = None) -> HTMLResponse:
+def error_page(
+    status: int,
+    title: str,
+    message: str,
+    problems: list[str] | None = None,
+    back: str | None = None,
+    viewer: PageViewer | None = None,
+) -> HTMLResponse:
     items = "".join(f"<li>{escape(p)}</li>" for p in problems or [])
     body = (
         f'<h1>{escape(title)}</h1><div class="error" id="error" data-status="{status}">'
-        f"<p>{escape(message)}</p>" + (f'<ul id="problems">{items}</ul>' if items else "") + "</div>"
+        f"<p>{escape(message)}</p>"
+        + (f'<ul id="problems">{items}</ul>' if items else "")
+        + "</div>"
         + (f'<p><a href="{escape(back)}" id="back">Back to the page</a></p>' if back else "")
     )
     return html(shell(title, body, viewer), status)
@@ -79,8 +86,9 @@ def safe_next(target: str | None) -> str:
     return "/login"
 
 
-def page_routes(keys: KeyStore, sessions: SessionStore, login_attempts: FailedAttempts,
-                secure_cookies: bool = False) -> APIRouter:
+def page_routes(
+    keys: KeyStore, sessions: SessionStore, login_attempts: FailedAttempts, secure_cookies: bool = False
+) -> APIRouter:
     router = APIRouter()
 
     def secure(request: Request) -> bool:
@@ -203,19 +211,33 @@ session cookie names a session on this server only.</p>"""
         session = getattr(request.state, "session", None)
         if not csrf_ok(session, str(form.get("csrf") or "")):
             # an API key header has no CSRF token: the forms are for signed-in browsers only
-            return error_page(403, "Review not recorded", "This form did not come from your session's "
-                              "page (sign in at /login and use the page's forms).", back=page, viewer=viewer)
+            return error_page(
+                403,
+                "Review not recorded",
+                "This form did not come from your session's "
+                "page (sign in at /login and use the page's forms).",
+                back=page,
+                viewer=viewer,
+            )
         if not entry.allows("review"):
-            return error_page(403, "Review not recorded", "Reviewing needs the review role.", back=page,
-                              viewer=viewer)
+            return error_page(
+                403, "Review not recorded", "Reviewing needs the review role.", back=page, viewer=viewer
+            )
         reviews = getattr(request.app.state, "reviews", None)
         if reviews is None:
-            return error_page(503, "Review not recorded", "The review service is not available.", back=page,
-                              viewer=viewer)
+            return error_page(
+                503, "Review not recorded", "The review service is not available.", back=page, viewer=viewer
+            )
         kind = str(form.get("type") or "")
         if kind not in CHANGE_FIELDS:
-            return error_page(422, "Review not recorded", "invalid review form",
-                              [f"type: one of {', '.join(CHANGE_FIELDS)}"], back=page, viewer=viewer)
+            return error_page(
+                422,
+                "Review not recorded",
+                "invalid review form",
+                [f"type: one of {', '.join(CHANGE_FIELDS)}"],
+                back=page,
+                viewer=viewer,
+            )
         change: dict = {"type": kind}
         for name in CHANGE_FIELDS[kind]:
             v = form.get(name)
@@ -226,16 +248,20 @@ session cookie names a session on this server only.</p>"""
         try:
             req = ReviewRequest.model_validate({"changes": [change]})
         except ValidationError as e:
-            problems = [p.removeprefix("changes.0.").removeprefix(f"{kind}.")
-                        for p in describe_validation_error(e, "form")]
-            return error_page(422, "Review not recorded", "invalid review form", problems, back=page,
-                              viewer=viewer)
+            problems = [
+                p.removeprefix("changes.0.").removeprefix(f"{kind}.")
+                for p in describe_validation_error(e, "form")
+            ]
+            return error_page(
+                422, "Review not recorded", "invalid review form", problems, back=page, viewer=viewer
+            )
         try:
             answer = await reviews.review(decision_id, req, entry)
         except ServiceError as e:
             request.app.state.service.metrics.errors.labels(e.code).inc()
-            return error_page(e.status, "Review not recorded", e.summary, e.problems, back=page,
-                              viewer=viewer)
+            return error_page(
+                e.status, "Review not recorded", e.summary, e.problems, back=page, viewer=viewer
+            )
         except VerdictError as e:  # a change the core refuses (a value outside the atom's domain)
             return error_page(422, "Review not recorded", e.summary, e.problems, back=page, viewer=viewer)
         target = f"/v1/decisions/{quote(answer.decision_id, safe='')}/page?reviewed=1"

@@ -38,8 +38,10 @@ from verdict.core.errors import VerdictError
 
 DATA_CLASS = "private"
 TEACHER = "site-review"
-DATA_RULES = ("These records contain patient text (data class private): keep them on the site's own "
-              "storage; they never leave the egress allowlist (data_gen/egress.py).")
+DATA_RULES = (
+    "These records contain patient text (data class private): keep them on the site's own "
+    "storage; they never leave the egress allowlist (data_gen/egress.py)."
+)
 
 
 @dataclass
@@ -54,8 +56,11 @@ class ReviewExportSummary:
             ids.append(ident)
 
     def as_dict(self) -> dict:
-        return {"miner_records": self.miner_records, "parser_records": self.parser_records,
-                "skipped": {k: {"count": len(v), "ids": v} for k, v in sorted(self.skipped.items())}}
+        return {
+            "miner_records": self.miner_records,
+            "parser_records": self.parser_records,
+            "skipped": {k: {"count": len(v), "ids": v} for k, v in sorted(self.skipped.items())},
+        }
 
 
 def check_destination(out: str | Path, egress=None) -> Path:
@@ -64,10 +69,13 @@ def check_destination(out: str | Path, egress=None) -> Path:
 
     text = str(out)
     if "://" in text:
-        (egress or EgressPolicy.from_config()).check(text, carries_patient_text=True, data_class=DATA_CLASS,
-                                                     what="review export")
-        raise VerdictError(f"--out must be a local folder (got a URL to '{urlsplit(text).hostname}'): "
-                           "review records are private and are written to the site's own disk")
+        (egress or EgressPolicy.from_config()).check(
+            text, carries_patient_text=True, data_class=DATA_CLASS, what="review export"
+        )
+        raise VerdictError(
+            f"--out must be a local folder (got a URL to '{urlsplit(text).hostname}'): "
+            "review records are private and are written to the site's own disk"
+        )
     return Path(out)
 
 
@@ -87,25 +95,30 @@ def _chain(audit, row) -> list:
 
 
 def _provenance(reviews: list, changes: list[dict]) -> dict:
-    return {"source": "review", "data_class": DATA_CLASS,
-            "decision_ids": [r.decision_id for r in reviews],
-            "reviewer_roles": sorted({role for c in changes for role in c.get("roles") or []}),
-            "reviewed_at": sorted({_iso(c["at"]) for c in changes if c.get("at") is not None}),
-            "changes": [{"type": c["type"], "atom": c.get("atom")} for c in changes]}
+    return {
+        "source": "review",
+        "data_class": DATA_CLASS,
+        "decision_ids": [r.decision_id for r in reviews],
+        "reviewer_roles": sorted({role for c in changes for role in c.get("roles") or []}),
+        "reviewed_at": sorted({_iso(c["at"]) for c in changes if c.get("at") is not None}),
+        "changes": [{"type": c["type"], "atom": c.get("atom")} for c in changes],
+    }
 
 
 def miner_results(audit, row, limits, summary: ReviewExportSummary, prompt_version: str = "v1"):
     """[(StageResult, provenance)] for the newest decision `row` of a reviewed lineage."""
-    from ..students import miner_rows, teacher_programs
     from verdict.core.program import load_program
-
     from verdict.data_gen.formalizer import check_miner_output, quote_in_note, side_atoms
     from verdict.data_gen.protocol import StageResult
     from verdict.data_gen.sft_record import target
 
+    from ..students import miner_rows, teacher_programs
+
     chain = _chain(audit, row)
     reviews = [r for r in chain if (r.lineage or {}).get("kind") == "review"]
-    changes = [c for r in reviews for c in r.lineage.get("changes", []) if c.get("type") in ("correct", "confirm")]
+    changes = [
+        c for r in reviews for c in r.lineage.get("changes", []) if c.get("type") in ("correct", "confirm")
+    ]
     if not changes:
         return []
     if row.note_text is None:
@@ -119,7 +132,9 @@ def miner_results(audit, row, limits, summary: ReviewExportSummary, prompt_versi
     note = row.note_text
     facts: dict[str, list] = {}
     for side in ("inclusion", "exclusion"):  # what the value miner answered
-        output = ((chain[0].artifacts.get("value_miner") or {}).get(f"miner_{side}") or {}).get("output") or {}
+        output = ((chain[0].artifacts.get("value_miner") or {}).get(f"miner_{side}") or {}).get(
+            "output"
+        ) or {}
         got = {v["atom"]: v for v in output.get("values", [])}
         for name in side_atoms(program, side):
             v = got.get(name) or {}
@@ -132,9 +147,16 @@ def miner_results(audit, row, limits, summary: ReviewExportSummary, prompt_versi
         else:
             unreadable.discard(c["atom"])
     changed = {c["atom"] for c in changes}
-    records = {"trials": [{"trial_id": program.trial_id, "title": program.title,
-                           "parsed": program.model_dump(mode="json", by_alias=True)}],
-               "patients": [{"patient_id": row.patient_id, "note": note, "facts": facts}]}
+    records = {
+        "trials": [
+            {
+                "trial_id": program.trial_id,
+                "title": program.title,
+                "parsed": program.model_dump(mode="json", by_alias=True),
+            }
+        ],
+        "patients": [{"patient_id": row.patient_id, "note": note, "facts": facts}],
+    }
     programs = teacher_programs(records)
     prov = _provenance(reviews, changes)
     out = []
@@ -152,17 +174,27 @@ def miner_results(audit, row, limits, summary: ReviewExportSummary, prompt_versi
         if not check.ok or not all(quote_in_note(v.evidence, user) for v in check.output if v.evidence):
             summary.skip("rejected", row.decision_id)
             continue
-        out.append((StageResult(stage=r["stage"], status="accepted", teacher=TEACHER, model="reviewer",
-                                prompt_version=f"{r['stage']}@{prompt_version}", messages=r["messages"][:-1],
-                                output_json=check.output_json,
-                                item=f"{row.decision_id}/{r['record_id']}"), prov))
+        out.append(
+            (
+                StageResult(
+                    stage=r["stage"],
+                    status="accepted",
+                    teacher=TEACHER,
+                    model="reviewer",
+                    prompt_version=f"{r['stage']}@{prompt_version}",
+                    messages=r["messages"][:-1],
+                    output_json=check.output_json,
+                    item=f"{row.decision_id}/{r['record_id']}",
+                ),
+                prov,
+            )
+        )
     return out
 
 
 def parser_results(audit, trial, summary: ReviewExportSummary, prompt_version: str = "v1"):
     """[(StageResult, provenance)]: the criteria a revision changed, as per-criterion parser records."""
     from verdict.core.program import load_program
-
     from verdict.data_gen.formalizer import compact
     from verdict.data_gen.formalizer.assembly import criterion_outputs
     from verdict.data_gen.formalizer.criteria import CriterionText
@@ -176,38 +208,68 @@ def parser_results(audit, trial, summary: ReviewExportSummary, prompt_version: s
     old = audit.trial_version(trial.trial_id, revises) if revises else None
     before = criterion_outputs(load_program(json.loads(old.program_json))) if old is not None else {}
     after = criterion_outputs(program)
-    prov = {"source": "revision", "data_class": DATA_CLASS, "trial_version": trial.program_hash,
-            "revises": revises, "reviewer_roles": ["trial_owner"] if trial.created_by else [],
-            "reviewed_at": [_iso(trial.created_at)]}
-    old_text = {cr.id: cr.text for _, _, cr in load_program(json.loads(old.program_json)).criteria()} if old else {}
+    prov = {
+        "source": "revision",
+        "data_class": DATA_CLASS,
+        "trial_version": trial.program_hash,
+        "revises": revises,
+        "reviewer_roles": ["trial_owner"] if trial.created_by else [],
+        "reviewed_at": [_iso(trial.created_at)],
+    }
+    old_text = (
+        {cr.id: cr.text for _, _, cr in load_program(json.loads(old.program_json)).criteria()} if old else {}
+    )
     out = []
     for _, side, cr in program.criteria():
         dump = lambda o: o.model_dump(mode="json", by_alias=True, exclude_defaults=True)  # noqa: E731
         if cr.id in before and old_text.get(cr.id) == cr.text and dump(before[cr.id]) == dump(after[cr.id]):
             continue  # unchanged by the revision
         c = CriterionText(cr.id, side, cr.text)
-        check = check_criterion_output(compact(dump(after[cr.id])), "stop", c, max_tokens=0,
-                                       check_satisfiable=_engine().check_satisfiable)
+        check = check_criterion_output(
+            compact(dump(after[cr.id])),
+            "stop",
+            c,
+            max_tokens=0,
+            check_satisfiable=_engine().check_satisfiable,
+        )
         if not check.ok:
             summary.skip("rejected", ident)
             continue
-        out.append((StageResult(stage="parser", status="accepted", teacher=TEACHER, model="reviewer",
-                                prompt_version=f"criterion_parser@{prompt_version}",
-                                messages=criterion_messages(c, prompt_version), output_json=check.output_json,
-                                item=f"{trial.program_hash[7:23]}#{cr.id}"), prov))
+        out.append(
+            (
+                StageResult(
+                    stage="parser",
+                    status="accepted",
+                    teacher=TEACHER,
+                    model="reviewer",
+                    prompt_version=f"criterion_parser@{prompt_version}",
+                    messages=criterion_messages(c, prompt_version),
+                    output_json=check.output_json,
+                    item=f"{trial.program_hash[7:23]}#{cr.id}",
+                ),
+                prov,
+            )
+        )
     return out
 
 
-def export_reviews(audit_db: str, out: str | Path, *, limits=None, seed: int = 0,
-                   fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), overwrite: bool = False,
-                   egress=None) -> tuple[dict[str, dict], ReviewExportSummary]:
+def export_reviews(
+    audit_db: str,
+    out: str | Path,
+    *,
+    limits=None,
+    seed: int = 0,
+    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    overwrite: bool = False,
+    egress=None,
+) -> tuple[dict[str, dict], ReviewExportSummary]:
     """Write `<out>/value_miner` and `<out>/parser` from an audit store's reviews (export.py's writer:
     split by trial, dataset card); return (cards, summary)."""
-    from ..api_config import FormalizerConfig
-    from ..audit.store import AuditStore
-
     from verdict.data_gen.export import export_datasets
     from verdict.data_gen.records import RecordStore
+
+    from ..api_config import FormalizerConfig
+    from ..audit.store import AuditStore
 
     out = check_destination(out, egress)
     limits = limits or FormalizerConfig()  # the service's defaults: plan calls as it does
@@ -223,8 +285,10 @@ def export_reviews(audit_db: str, out: str | Path, *, limits=None, seed: int = 0
                     results += [(r, p, trial_id, None) for r, p in parser_results(audit, version, summary)]
         for row in audit.current_decisions():
             if row.parent_id is not None:
-                results += [(r, p, row.trial_id, row.patient_id)
-                            for r, p in miner_results(audit, row, limits, summary)]
+                results += [
+                    (r, p, row.trial_id, row.patient_id)
+                    for r, p in miner_results(audit, row, limits, summary)
+                ]
     finally:
         audit.close()
     tmp = Path(tempfile.mkdtemp(prefix="review-export-"))
@@ -240,10 +304,20 @@ def export_reviews(audit_db: str, out: str | Path, *, limits=None, seed: int = 0
             store.close()
         summary.miner_records = sum(1 for r, *_ in results if r.stage != "parser")
         summary.parser_records = sum(1 for r, *_ in results if r.stage == "parser")
-        cards = export_datasets([run], out, seed=seed, fractions=fractions, overwrite=overwrite,
-                                provenance=provenance,
-                                card_extra={"data_class": DATA_CLASS, "data_rules": DATA_RULES,
-                                            "source": "reviews", "review_export": summary.as_dict()})
+        cards = export_datasets(
+            [run],
+            out,
+            seed=seed,
+            fractions=fractions,
+            overwrite=overwrite,
+            provenance=provenance,
+            card_extra={
+                "data_class": DATA_CLASS,
+                "data_rules": DATA_RULES,
+                "source": "reviews",
+                "review_export": summary.as_dict(),
+            },
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return cards, summary

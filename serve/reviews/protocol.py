@@ -9,10 +9,9 @@ names its parent. Strict models (`extra="forbid"`), bounded texts: a bad change 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt
-
 from verdict.core.configs import StrictModel
 from verdict.core.patient import PolicyRef
 
@@ -25,7 +24,7 @@ MAX_NOTE_CHARS = 4000
 MAX_NAME_CHARS = 200
 # A value as JSON gives it, or as text (an HTML form sends "true", "1.4" or "1.4 mg/dL"): checked
 # against the atom's domain and unit at review time.
-ReviewValue = Union[StrictBool, StrictInt, StrictFloat, Annotated[str, Field(min_length=1, max_length=100)]]
+ReviewValue = StrictBool | StrictInt | StrictFloat | Annotated[str, Field(min_length=1, max_length=100)]
 Reason = Annotated[
     str,
     Field(
@@ -85,7 +84,7 @@ class FlagChange(StrictModel):
     reason: Reason
 
 
-Change = Annotated[Union[ConfirmChange, CorrectChange, FlagChange], Field(discriminator="type")]
+Change = Annotated[ConfirmChange | CorrectChange | FlagChange, Field(discriminator="type")]
 
 
 class ReviewRequest(StrictModel):

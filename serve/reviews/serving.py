@@ -20,18 +20,17 @@ import hashlib
 import time
 
 from pydantic import ValidationError
-
-from verdict.data_gen.formalizer.miner import PassageConflict
 from verdict.core.decision import ENGINE_VERSION
 from verdict.core.errors import PatientError, PolicyError, VerdictError
 from verdict.core.patient import Resolution, ResolvedPatient
 from verdict.core.policy import Policy, load_policy
 from verdict.core.program import TrialProgram
 from verdict.core.rationale import rationale_json, render_markdown
+from verdict.data_gen.formalizer.miner import PassageConflict
 
 from ..api_keys import KeyEntry
 from ..audit import DecisionRow
-from ..audit.store import Guard, Superseded, _ACTIVE_ORDER
+from ..audit.store import _ACTIVE_ORDER, Guard, Superseded
 from ..errors import InvalidInput, NotFound
 from ..protocol import Links, MatchResponse, ModelIds
 from ..roles import Forbidden

@@ -1,1 +1,2 @@
-"""`POST /v1/screen`: one patient against the site's trials, or one trial against patients, ranked by formal distance."""
+"""`POST /v1/screen`: one patient against the site's trials, or one trial against patients, ranked
+by formal distance."""

@@ -26,10 +26,8 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Optional
 
 import typer
-
 from verdict.core.cli_errors import fail
 
 KEY_ENV = "VERDICT_API_KEY"
@@ -55,8 +53,8 @@ def _fhir_patients(source: str, at: str, patient: str | None) -> list[dict]:
     resource id (never content), a patient without a document is left out with the reason."""
     import datetime as dt
 
-    from verdict.data_gen.fhir.sources import load_source
     from verdict.core.errors import VerdictError
+    from verdict.data_gen.fhir.sources import load_source
 
     try:
         day = dt.date.fromisoformat(at)
@@ -73,7 +71,9 @@ def _fhir_patients(source: str, at: str, patient: str | None) -> list[dict]:
         for problem in rec.problems:
             typer.echo(f"fhir: {problem}", err=True)
         if not rec.documents:
-            typer.echo(f"fhir: Patient/{rec.patient_id}: no document for the value miner; not screened", err=True)
+            typer.echo(
+                f"fhir: Patient/{rec.patient_id}: no document for the value miner; not screened", err=True
+            )
             continue
         out.append({"patient_id": rec.patient_id, "fhir": rec.model_dump(mode="json")})
     if not out:
@@ -104,50 +104,66 @@ def _server_label(url: str) -> str:
 def table(body: dict) -> str:
     lines = [f"{'rank':>4}  {'trial':<16} {'patient':<14} {'tier':<20} {'dist':>4}  reason"]
     for r in body["rows"]:
-        lines.append(f"{r['rank']:>4}  {r['trial_id']:<16} {r['patient_id']:<14} {r['tier']:<20} "
-                     f"{r['distance']:>4}  {r['reason']}")
+        lines.append(
+            f"{r['rank']:>4}  {r['trial_id']:<16} {r['patient_id']:<14} {r['tier']:<20} "
+            f"{r['distance']:>4}  {r['reason']}"
+        )
         if r["would_be_eligible_if"]:
             lines.append(f"{'':>6}would be eligible if: {'; '.join(r['would_be_eligible_if'])}")
         if r["to_confirm"]:
             lines.append(f"{'':>6}to confirm: {', '.join(r['to_confirm'])}")
     for f in body["failures"]:
-        lines.append(f"{'-':>4}  {f['trial_id']:<16} {f['patient_id']:<14} {'failed ' + str(f['status']):<20} "
-                     f"{'':>4}  {f['error']['message']}")
-    lines.append(f"{body['pairs']} pairs: " + ", ".join(f"{k} {v}" for k, v in sorted(body["tiers"].items()))
-                 + (f", failed {len(body['failures'])}" if body["failures"] else ""))
+        lines.append(
+            f"{'-':>4}  {f['trial_id']:<16} {f['patient_id']:<14} {'failed ' + str(f['status']):<20} "
+            f"{'':>4}  {f['error']['message']}"
+        )
+    lines.append(
+        f"{body['pairs']} pairs: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(body["tiers"].items()))
+        + (f", failed {len(body['failures'])}" if body["failures"] else "")
+    )
     return "\n".join(lines)
 
 
 def screen(
     url: str = typer.Option(..., help="the matching service, e.g. http://127.0.0.1:8000"),
-    patient_id: Optional[str] = typer.Option(None, help="screen this patient against the registered trials"),
-    note: Optional[list[Path]] = typer.Option(None, exists=True, dir_okay=False,
-                                             help="a document of the patient (repeat for several)"),
-    trial_ids: Optional[list[str]] = typer.Option(None, "--trial-id", help="only these trials (repeat)"),
-    trial: Optional[str] = typer.Option(None, help="screen this trial against --patients"),
-    patients: Optional[Path] = typer.Option(None, exists=True, dir_okay=False, help="patients JSONL, with --trial"),
-    fhir_bundle: Optional[Path] = typer.Option(None, exists=True, dir_okay=False,
-                                               help="patients from a FHIR R4 Bundle (JSON)"),
-    fhir_ndjson: Optional[Path] = typer.Option(None, exists=True,
-                                               help="patients from a Bulk Data export (folder of *.ndjson)"),
-    fhir_server: Optional[str] = typer.Option(None, help="patients from a FHIR R4 REST server (base URL)"),
-    fhir_patient: Optional[str] = typer.Option(None, help="only this Patient id of the FHIR source"),
-    at: Optional[str] = typer.Option(None, "--at", help="reference date YYYY-MM-DD of a FHIR source (ages)"),
-    policy: Optional[str] = typer.Option(None, help="policy name (default: the service's)"),
-    key_env: str = typer.Option(KEY_ENV, help="environment variable holding the API key "
-                                "(role match; admin for --write-back)"),
-    out: Optional[Path] = typer.Option(None, help="also write the whole response here (JSON)"),
-    research_subjects: Optional[Path] = typer.Option(
-        None, help="also write one FHIR R4 ResearchSubject per ranked pair here (NDJSON)"),
+    patient_id: str | None = typer.Option(None, help="screen this patient against the registered trials"),
+    note: list[Path] | None = typer.Option(
+        None, exists=True, dir_okay=False, help="a document of the patient (repeat for several)"
+    ),
+    trial_ids: list[str] | None = typer.Option(None, "--trial-id", help="only these trials (repeat)"),
+    trial: str | None = typer.Option(None, help="screen this trial against --patients"),
+    patients: Path | None = typer.Option(
+        None, exists=True, dir_okay=False, help="patients JSONL, with --trial"
+    ),
+    fhir_bundle: Path | None = typer.Option(
+        None, exists=True, dir_okay=False, help="patients from a FHIR R4 Bundle (JSON)"
+    ),
+    fhir_ndjson: Path | None = typer.Option(
+        None, exists=True, help="patients from a Bulk Data export (folder of *.ndjson)"
+    ),
+    fhir_server: str | None = typer.Option(None, help="patients from a FHIR R4 REST server (base URL)"),
+    fhir_patient: str | None = typer.Option(None, help="only this Patient id of the FHIR source"),
+    at: str | None = typer.Option(None, "--at", help="reference date YYYY-MM-DD of a FHIR source (ages)"),
+    policy: str | None = typer.Option(None, help="policy name (default: the service's)"),
+    key_env: str = typer.Option(
+        KEY_ENV, help="environment variable holding the API key (role match; admin for --write-back)"
+    ),
+    out: Path | None = typer.Option(None, help="also write the whole response here (JSON)"),
+    research_subjects: Path | None = typer.Option(
+        None, help="also write one FHIR R4 ResearchSubject per ranked pair here (NDJSON)"
+    ),
     write_back: bool = typer.Option(
-        False, "--write-back", help="also create or update one ResearchSubject per ranked pair on the "
-        "--fhir-server (the API key needs the admin role)"),
+        False,
+        "--write-back",
+        help="also create or update one ResearchSubject per ranked pair on the "
+        "--fhir-server (the API key needs the admin role)",
+    ),
     timeout: float = typer.Option(3600, help="seconds to wait for the screen"),
 ) -> None:
     """One patient against the site's trials, or one trial against patients, ranked by formal
     distance (eligible; eligible with k to confirm; ineligible with |δ_E| = 1, 2, ...)."""
     import httpx
-
     from verdict.data_gen.egress import EgressPolicy
     from verdict.data_gen.errors import EgressRefused
 
@@ -158,15 +174,23 @@ def screen(
         fail("give one FHIR source: --fhir-bundle, --fhir-ndjson or --fhir-server")
     if fhir:
         if note or patients or patient_id:
-            fail("a FHIR source gives the patients: drop --note / --patients / --patient-id (use --fhir-patient)")
+            fail(
+                "a FHIR source gives the patients: drop --note / --patients / --patient-id "
+                "(use --fhir-patient)"
+            )
         if at is None:
             fail("a FHIR source needs --at YYYY-MM-DD (ages are computed at it, never at 'today')")
-        body = {"trial_id": trial} if trial is not None else ({"trial_ids": list(trial_ids)} if trial_ids else {})
+        body = (
+            {"trial_id": trial}
+            if trial is not None
+            else ({"trial_ids": list(trial_ids)} if trial_ids else {})
+        )
         if fhir_server is not None:
             body["source"] = _source("fhir_server", _server_label(fhir_server))
         else:
-            body["source"] = _source("fhir_bundle" if fhir_bundle else "fhir_ndjson",
-                                     (fhir_bundle or fhir_ndjson).resolve().name)
+            body["source"] = _source(
+                "fhir_bundle" if fhir_bundle else "fhir_ndjson", (fhir_bundle or fhir_ndjson).resolve().name
+            )
     elif (patient_id is None) == (trial is None):
         fail("give --patient-id with --note, or --trial with --patients, or a FHIR source")
     elif patient_id is not None:
@@ -179,13 +203,19 @@ def screen(
     else:
         if patients is None:
             fail("--trial needs --patients FILE")
-        body = {"trial_id": trial, "patients": _patients(patients),
-                "source": _source("patients_file", patients.name)}
+        body = {
+            "trial_id": trial,
+            "patients": _patients(patients),
+            "source": _source("patients_file", patients.name),
+        }
     if policy:
         body["policy"] = policy
     key = os.environ.get(key_env)
     if not key:
-        fail(f"${key_env} is not set: put a key with the match role there (`verdict serve keys add --role match`)")
+        fail(
+            f"${key_env} is not set: put a key with the match role there "
+            "(`verdict serve keys add --role match`)"
+        )
     target = url.rstrip("/") + "/v1/screen"
     try:
         EgressPolicy.from_config().check(target, carries_patient_text=True, what="verdict screen")
@@ -196,8 +226,10 @@ def screen(
         if trial is not None:
             body["patients"] = found
         elif len(found) != 1:
-            fail(f"the FHIR source holds {len(found)} patients: pick one with --fhir-patient ID, "
-                 "or screen a trial against them all with --trial")
+            fail(
+                f"the FHIR source holds {len(found)} patients: pick one with --fhir-patient ID, "
+                "or screen a trial against them all with --trial"
+            )
         else:
             body["patient"] = found[0]
     try:
@@ -219,10 +251,15 @@ def screen(
 
         research_subjects.write_text(research_subjects_ndjson(result, url))
     typer.echo(table(result))
-    typer.echo(f"recorded as screening {result['screening_id']} (GET /v1/screenings/ID, role audit)", err=True)
+    typer.echo(
+        f"recorded as screening {result['screening_id']} (GET /v1/screenings/ID, role audit)", err=True
+    )
     if write_back:
         from .write_back import fetch_subjects, write_subjects
 
         done = write_subjects(fhir_server, fetch_subjects(url, result["screening_id"], key, timeout))
-        typer.echo(f"wrote ResearchSubjects to {_server_label(fhir_server)}: {done.created} created, "
-                   f"{done.updated} updated", err=True)
+        typer.echo(
+            f"wrote ResearchSubjects to {_server_label(fhir_server)}: {done.created} created, "
+            f"{done.updated} updated",
+            err=True,
+        )

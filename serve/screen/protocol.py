@@ -8,7 +8,6 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator, model_validator
-
 from verdict.core.program import Id
 from verdict.core.ranking import RankedRow
 
@@ -25,9 +24,14 @@ class ScreenSource(_Strict):
     fragment), an export folder or file name (no path), or an export id."""
 
     kind: SourceKind = Field(
-        description="text | fhir_bundle | fhir_ndjson | fhir_server | patients_file | api")
-    label: str | None = Field(None, min_length=1, max_length=MAX_SOURCE_LABEL,
-                              description="e.g. https://fhir.site.example/r4, export-2024-05, patients.jsonl")
+        description="text | fhir_bundle | fhir_ndjson | fhir_server | patients_file | api"
+    )
+    label: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_SOURCE_LABEL,
+        description="e.g. https://fhir.site.example/r4, export-2024-05, patients.jsonl",
+    )
 
     @field_validator("label")
     @classmethod
@@ -57,14 +61,19 @@ class ScreenRequest(_Strict):
 
     patient: PatientInput | None = Field(None, description="the patient to screen against the site's trials")
     trial_ids: list[Id] | None = Field(
-        None, min_length=1, max_length=MAX_BATCH_TRIALS,
-        description="only these registered trials (default: every registered trial, by id)")
+        None,
+        min_length=1,
+        max_length=MAX_BATCH_TRIALS,
+        description="only these registered trials (default: every registered trial, by id)",
+    )
     trial_id: Id | None = Field(None, description="the trial to screen a population against")
     patients: list[PatientInput] | None = Field(
-        None, min_length=1, max_length=MAX_BATCH_PATIENTS, description="the population (with `trial_id`)")
+        None, min_length=1, max_length=MAX_BATCH_PATIENTS, description="the population (with `trial_id`)"
+    )
     policy: str | None = Field(None, pattern=POLICY_NAME, description="policy name; default from the config")
     source: ScreenSource | None = Field(
-        None, description="where the patients came from, recorded with the run (default: kind `api`)")
+        None, description="where the patients came from, recorded with the run (default: kind `api`)"
+    )
 
     @model_validator(mode="after")
     def _one_direction(self):
@@ -107,7 +116,9 @@ class ScreenFailure(BaseModel):
 
 class ScreenResponse(BaseModel):
     direction: Literal["patient", "trial"]
-    rows: list[ScreenRow] = Field(description="best first (verdict.core.ranking: tiers, then distance, then ids)")
+    rows: list[ScreenRow] = Field(
+        description="best first (verdict.core.ranking: tiers, then distance, then ids)"
+    )
     failures: list[ScreenFailure] = Field(default_factory=list)
     tiers: dict[str, int] = Field(description="ranked pairs per tier")
     pairs: int = Field(description="pairs screened (ranked + failed)")

@@ -17,9 +17,14 @@ from .serving import screen, screening_record, screening_subjects
 router = APIRouter(tags=["matching"])
 
 
-@router.post("/v1/screen", response_model=ScreenResponse,
-             responses={code: {"model": ErrorBody} for code in (401, 403, 413, 422)})
-async def post_screen(req: ScreenRequest, request: Request, key: KeyEntry = Depends(require("match"))) -> ScreenResponse:
+@router.post(
+    "/v1/screen",
+    response_model=ScreenResponse,
+    responses={code: {"model": ErrorBody} for code in (401, 403, 413, 422)},
+)
+async def post_screen(
+    req: ScreenRequest, request: Request, key: KeyEntry = Depends(require("match"))
+) -> ScreenResponse:
     """One patient against every registered trial (or `trial_ids`), or one trial against `patients`:
     each pair decided and recorded as in /v1/match/batch, then ranked by formal distance (eligible
     with nothing to confirm; eligible with k assumptions to confirm; ineligible with |δ_E| = 1, 2, ...;
@@ -28,20 +33,31 @@ async def post_screen(req: ScreenRequest, request: Request, key: KeyEntry = Depe
     return await screen(request.app.state.service, req, key.id)
 
 
-@router.get("/v1/screenings/{screening_id}", response_model=ScreeningRecord, tags=["audit"],
-            responses={code: {"model": ErrorBody} for code in (401, 403, 404)})
-async def get_screening(screening_id: str, request: Request,
-                        _key: KeyEntry = Depends(require("audit"))) -> ScreeningRecord:
+@router.get(
+    "/v1/screenings/{screening_id}",
+    response_model=ScreeningRecord,
+    tags=["audit"],
+    responses={code: {"model": ErrorBody} for code in (401, 403, 404)},
+)
+async def get_screening(
+    screening_id: str, request: Request, _key: KeyEntry = Depends(require("audit"))
+) -> ScreeningRecord:
     """A screening run from the append-only audit store: its source as the caller stated it, its
     counts, the decisions it made and the policy (audit role)."""
     return screening_record(request.app.state.service, screening_id)
 
 
-@router.get("/v1/screenings/{screening_id}/research-subjects", response_model=ScreeningSubjects, tags=["audit"],
-            responses={code: {"model": ErrorBody} for code in (401, 403, 404)})
-async def get_screening_subjects(screening_id: str, request: Request,
-                                 _key: KeyEntry = Depends(require("admin"))) -> ScreeningSubjects:
+@router.get(
+    "/v1/screenings/{screening_id}/research-subjects",
+    response_model=ScreeningSubjects,
+    tags=["audit"],
+    responses={code: {"model": ErrorBody} for code in (401, 403, 404)},
+)
+async def get_screening_subjects(
+    screening_id: str, request: Request, _key: KeyEntry = Depends(require("admin"))
+) -> ScreeningSubjects:
     """A screening run's ranked pairs as FHIR R4 ResearchSubjects, built from its recorded decisions
     (admin role only: these are what a write-back puts on the site's FHIR server)."""
-    return await asyncio.to_thread(screening_subjects, request.app.state.service, screening_id,
-                                   str(request.base_url))
+    return await asyncio.to_thread(
+        screening_subjects, request.app.state.service, screening_id, str(request.base_url)
+    )

@@ -33,8 +33,10 @@ def screen_batch(service: MatchingService, req: ScreenRequest) -> BatchRequest:
         return BatchRequest(patients=req.patients, trial_ids=[req.trial_id], policy=req.policy)
     trial_ids = req.trial_ids if req.trial_ids is not None else service.audit.trial_ids()
     if not trial_ids:
-        raise InvalidInput("no trials to screen against", [("trial_ids", "no trial is registered yet: "
-                                                                         "POST /v1/trials first")])
+        raise InvalidInput(
+            "no trials to screen against",
+            [("trial_ids", "no trial is registered yet: POST /v1/trials first")],
+        )
     return BatchRequest(patients=[req.patient], trial_ids=trial_ids, policy=req.policy)
 
 
@@ -44,14 +46,23 @@ async def screen(service: MatchingService, req: ScreenRequest, caller: str) -> S
         if line.result is not None:
             results.append(line.result)
         else:
-            failures.append(ScreenFailure(trial_id=line.trial_id, patient_id=line.patient_id, status=line.status,
-                                          error=line.error))
+            failures.append(
+                ScreenFailure(
+                    trial_id=line.trial_id, patient_id=line.patient_id, status=line.status, error=line.error
+                )
+            )
     by_pair = {(r.trial_id, r.patient_id): r for r in results}
     rows = []
     for ranked in rank([r.decision for r in results]):
         r = by_pair[(ranked.trial_id, ranked.patient_id)]
-        rows.append(ScreenRow(**ranked.model_dump(), decision_id=r.decision_id, program_hash=r.program_hash,
-                              links=ScreenLinks(decision=r.links.decision, page=r.links.page)))
+        rows.append(
+            ScreenRow(
+                **ranked.model_dump(),
+                decision_id=r.decision_id,
+                program_hash=r.program_hash,
+                links=ScreenLinks(decision=r.links.decision, page=r.links.page),
+            )
+        )
     failures.sort(key=lambda f: (f.trial_id, f.patient_id))
     tiers = dict(Counter(r.tier for r in rows))
     source = req.source or ScreenSource(kind="api")
@@ -63,8 +74,14 @@ async def screen(service: MatchingService, req: ScreenRequest, caller: str) -> S
                                failures=len(failures)).model_dump(),
         decision_ids=[r.decision_id for r in rows],
     )  # fmt: skip
-    return ScreenResponse(direction=req.direction, rows=rows, failures=failures, tiers=tiers,
-                          pairs=len(rows) + len(failures), screening_id=run.screening_id)
+    return ScreenResponse(
+        direction=req.direction,
+        rows=rows,
+        failures=failures,
+        tiers=tiers,
+        pairs=len(rows) + len(failures),
+        screening_id=run.screening_id,
+    )
 
 
 def screening_record(service: MatchingService, screening_id: str) -> ScreeningRecord:
@@ -93,8 +110,14 @@ def screening_subjects(service: MatchingService, screening_id: str, service_url:
         if d is None:  # the store is append-only: a recorded run's decisions stay
             raise NotFound(f"screening '{screening_id}' names a decision '{decision_id}' that is not stored")
         links = {"decision": f"/v1/decisions/{decision_id}", "page": f"/v1/decisions/{decision_id}/page"}
-        rs = subject(decision_id=decision_id, trial_id=d.trial_id, patient_id=d.patient_id,
-                     status=DECISION_STATUS[d.decision], links=links, service_url=service_url)
+        rs = subject(
+            decision_id=decision_id,
+            trial_id=d.trial_id,
+            patient_id=d.patient_id,
+            status=DECISION_STATUS[d.decision],
+            links=links,
+            service_url=service_url,
+        )
         resource = rs.model_dump(mode="json", exclude_none=True)
         resource.pop("id")  # the FHIR server assigns it: a conditional update refuses a client id
         out.append(resource)

@@ -43,8 +43,8 @@ def fetch_subjects(service_url: str, screening_id: str, key: str, timeout: float
 
 def write_subjects(fhir_server: str, subjects: list[dict]) -> Written:
     """Create or update each ResearchSubject on the FHIR server (conditional update on its pair)."""
-    from verdict.data_gen.fhir.rest import FhirRestClient, FhirRestConfig
     from verdict.core.errors import VerdictError
+    from verdict.data_gen.fhir.rest import FhirRestClient, FhirRestConfig
 
     done = Written()
     try:

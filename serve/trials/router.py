@@ -27,7 +27,9 @@ async def post_trial(
 
 @router.get("/v1/trials/{trial_id}", response_model=TrialResponse, responses=documented_errors())
 async def get_trial(
-    trial_id: str, request: Request, program_hash: str | None = None,
+    trial_id: str,
+    request: Request,
+    program_hash: str | None = None,
     _key: KeyEntry = Depends(require("match", "audit")),
 ) -> TrialResponse:
     """The newest program of a trial, or the version `program_hash`."""

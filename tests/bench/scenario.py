@@ -26,9 +26,9 @@ import json
 from pathlib import Path
 
 import yaml
-
 from verdict.data_gen.formalizer import criterion_outputs, side_atoms
 from verdict.data_gen.scripted_server import Match, Rule, Script, ScriptedResponse
+
 from tests.fixtures.vllm import load_teacher_records, teacher_programs, teacher_values
 
 PARSER_MARK = "ONE eligibility criterion"  # in the (per-criterion) trial parser's system prompt
@@ -38,28 +38,67 @@ TOKENS = {"prompt_tokens": 1000, "completion_tokens": 100}
 CALL_USD = (1000 * 2.0 + 100 * 8.0) / 1e6
 
 LABELS = {
-    ("P1", "NCT-DM-01"): "eligible", ("P2", "NCT-DM-01"): "ineligible", ("P3", "NCT-DM-01"): "ineligible",
-    ("P1", "NCT-CKD-02"): "eligible", ("P2", "NCT-CKD-02"): "ineligible", ("P3", "NCT-CKD-02"): "ineligible",
+    ("P1", "NCT-DM-01"): "eligible",
+    ("P2", "NCT-DM-01"): "ineligible",
+    ("P3", "NCT-DM-01"): "ineligible",
+    ("P1", "NCT-CKD-02"): "eligible",
+    ("P2", "NCT-CKD-02"): "ineligible",
+    ("P3", "NCT-CKD-02"): "ineligible",
     ("P1", "NCT-BAD-03"): "eligible",
 }
-VERDICT = {("P1", "NCT-DM-01"): "eligible", ("P2", "NCT-DM-01"): "ineligible", ("P3", "NCT-DM-01"): "eligible",
-           ("P1", "NCT-CKD-02"): "eligible", ("P2", "NCT-CKD-02"): "eligible", ("P3", "NCT-CKD-02"): "ineligible"}
-LLM_MATCH = {("P1", "NCT-DM-01"): "eligible", ("P2", "NCT-DM-01"): "ineligible", ("P3", "NCT-DM-01"): "ineligible",
-             ("P1", "NCT-CKD-02"): "ineligible", ("P2", "NCT-CKD-02"): "ineligible",
-             ("P3", "NCT-CKD-02"): "ineligible", ("P1", "NCT-BAD-03"): "eligible"}
-BAD_TRIAL = {"trial_id": "NCT-BAD-03", "title": "Anemia study", "inclusion": "Hemoglobin below 10 g/dL.",
-             "exclusion": "Active bleeding."}
-BAD_PROGRAM = {  # uses an atom it never declares: rejected, and again after the repair
-    "atoms": [{"name": "hemoglobin_g_dl", "domain": "real", "kind": "lab_value", "unit": "g/dL",
-               "definition": "Hemoglobin in g/dL.", "source_criteria": ["inc1"]}],
-    "cohorts": [{"id": "main", "inclusion": [{"id": "inc1", "text": "Hemoglobin below 10 g/dL",
-                                              "formula": {"op": "cmp", "lhs": "hemoglobin_g_dl", "rel": "lt",
-                                                          "rhs": 10}}],
-                 "exclusion": [{"id": "exc1", "text": "Active bleeding", "formula": "active_bleeding"}]}],
+VERDICT = {
+    ("P1", "NCT-DM-01"): "eligible",
+    ("P2", "NCT-DM-01"): "ineligible",
+    ("P3", "NCT-DM-01"): "eligible",
+    ("P1", "NCT-CKD-02"): "eligible",
+    ("P2", "NCT-CKD-02"): "eligible",
+    ("P3", "NCT-CKD-02"): "ineligible",
 }
-MALFORMED_ROWS = ['{"patient_id": "P1", "trial_id": "NCT-DM-01", "label": "maybe"}',
-                  '{"patient_id": "P2", "label": "eligible"}',
-                  '{not json']
+LLM_MATCH = {
+    ("P1", "NCT-DM-01"): "eligible",
+    ("P2", "NCT-DM-01"): "ineligible",
+    ("P3", "NCT-DM-01"): "ineligible",
+    ("P1", "NCT-CKD-02"): "ineligible",
+    ("P2", "NCT-CKD-02"): "ineligible",
+    ("P3", "NCT-CKD-02"): "ineligible",
+    ("P1", "NCT-BAD-03"): "eligible",
+}
+BAD_TRIAL = {
+    "trial_id": "NCT-BAD-03",
+    "title": "Anemia study",
+    "inclusion": "Hemoglobin below 10 g/dL.",
+    "exclusion": "Active bleeding.",
+}
+BAD_PROGRAM = {  # uses an atom it never declares: rejected, and again after the repair
+    "atoms": [
+        {
+            "name": "hemoglobin_g_dl",
+            "domain": "real",
+            "kind": "lab_value",
+            "unit": "g/dL",
+            "definition": "Hemoglobin in g/dL.",
+            "source_criteria": ["inc1"],
+        }
+    ],
+    "cohorts": [
+        {
+            "id": "main",
+            "inclusion": [
+                {
+                    "id": "inc1",
+                    "text": "Hemoglobin below 10 g/dL",
+                    "formula": {"op": "cmp", "lhs": "hemoglobin_g_dl", "rel": "lt", "rhs": 10},
+                }
+            ],
+            "exclusion": [{"id": "exc1", "text": "Active bleeding", "formula": "active_bleeding"}],
+        }
+    ],
+}
+MALFORMED_ROWS = [
+    '{"patient_id": "P1", "trial_id": "NCT-DM-01", "label": "maybe"}',
+    '{"patient_id": "P2", "label": "eligible"}',
+    "{not json",
+]
 
 
 def ok(content, **kw) -> ScriptedResponse:
@@ -80,14 +119,23 @@ def script(latency: float = 0.0) -> Script:
         outputs = criterion_outputs(programs[t["trial_id"]])
         for _, side, cr in programs[t["trial_id"]].criteria():
             answer = outputs[cr.id].model_dump(mode="json", exclude_defaults=True)
-            rules.append(Rule(match=Match(contains=[PARSER_MARK, f"{side.capitalize()} criterion:\n{cr.text}"]),
-                              responses=[ok(answer, latency_s=latency)]))
-    for side, formula in (("inclusion", BAD_PROGRAM["cohorts"][0]["inclusion"][0]["formula"]),
-                          ("exclusion", "active_bleeding")):
+            rules.append(
+                Rule(
+                    match=Match(contains=[PARSER_MARK, f"{side.capitalize()} criterion:\n{cr.text}"]),
+                    responses=[ok(answer, latency_s=latency)],
+                )
+            )
+    for side, formula in (
+        ("inclusion", BAD_PROGRAM["cohorts"][0]["inclusion"][0]["formula"]),
+        ("exclusion", "active_bleeding"),
+    ):
         text = BAD_TRIAL[side]
-        rules.append(Rule(match=Match(contains=[PARSER_MARK, f"{side.capitalize()} criterion:\n{text}"]),
-                          responses=[ok({"in_scope": True, "atoms": [], "formula": formula},
-                                        latency_s=latency)]))
+        rules.append(
+            Rule(
+                match=Match(contains=[PARSER_MARK, f"{side.capitalize()} criterion:\n{text}"]),
+                responses=[ok({"in_scope": True, "atoms": [], "formula": formula}, latency_s=latency)],
+            )
+        )
     for p in recs["patients"]:
         note_start = p["note"][:30]
         for tid, program in programs.items():
@@ -95,23 +143,42 @@ def script(latency: float = 0.0) -> Script:
                 names = side_atoms(program, side)
                 if not names:
                     continue
-                values = [{"atom": v.atom, "value": v.value, "evidence": v.evidence}
-                          for v in teacher_values(recs, program, p, side)]
+                values = [
+                    {"atom": v.atom, "value": v.value, "evidence": v.evidence}
+                    for v in teacher_values(recs, program, p, side)
+                ]
                 mark = [note_start, f"Atoms ({side} side)"] + [f'"name": "{n}"' for n in names]
                 answer = ok({"values": values}, latency_s=latency)
                 if p["patient_id"] == "P2" and tid == "NCT-CKD-02" and side == "inclusion":
                     rules.append(Rule(match=Match(contains=mark + [REPAIR_MARK]), responses=[answer]))
-                    rules.append(Rule(match=Match(contains=mark), responses=[ok({"values": values}, fault="truncated",
-                                                                                 latency_s=latency)]))
+                    rules.append(
+                        Rule(
+                            match=Match(contains=mark),
+                            responses=[ok({"values": values}, fault="truncated", latency_s=latency)],
+                        )
+                    )
                 else:
                     rules.append(Rule(match=Match(contains=mark), responses=[answer]))
     for (pid, tid), verdict in LLM_MATCH.items():
         note = next(p["note"] for p in recs["patients"] if p["patient_id"] == pid)
-        answer = {"criteria": [{"criterion": "all criteria", "side": "inclusion",
-                                "status": "met" if verdict == "eligible" else "not_met", "justification": "scripted"}],
-                  "verdict": verdict, "rationale": f"scripted {verdict}"}
-        rules.append(Rule(match=Match(contains=[MATCH_MARK, note[:30], f"Trial {tid}:"]),
-                          responses=[ok(answer, latency_s=latency)]))
+        answer = {
+            "criteria": [
+                {
+                    "criterion": "all criteria",
+                    "side": "inclusion",
+                    "status": "met" if verdict == "eligible" else "not_met",
+                    "justification": "scripted",
+                }
+            ],
+            "verdict": verdict,
+            "rationale": f"scripted {verdict}",
+        }
+        rules.append(
+            Rule(
+                match=Match(contains=[MATCH_MARK, note[:30], f"Trial {tid}:"]),
+                responses=[ok(answer, latency_s=latency)],
+            )
+        )
     return Script(rules=rules)
 
 
@@ -119,16 +186,36 @@ def write_dataset(root: Path, malformed: bool = True, labels: dict | None = None
     recs = records()
     root.mkdir(parents=True, exist_ok=True)
     trials = root / "trials.jsonl"
-    rows = [{"nct_id": t["trial_id"], "title": t["title"], "inclusion": t["inclusion"], "exclusion": t["exclusion"]}
-            for t in recs["trials"]]
-    rows.append({"nct_id": BAD_TRIAL["trial_id"], "title": BAD_TRIAL["title"], "inclusion": BAD_TRIAL["inclusion"],
-                 "exclusion": BAD_TRIAL["exclusion"]})
+    rows = [
+        {
+            "nct_id": t["trial_id"],
+            "title": t["title"],
+            "inclusion": t["inclusion"],
+            "exclusion": t["exclusion"],
+        }
+        for t in recs["trials"]
+    ]
+    rows.append(
+        {
+            "nct_id": BAD_TRIAL["trial_id"],
+            "title": BAD_TRIAL["title"],
+            "inclusion": BAD_TRIAL["inclusion"],
+            "exclusion": BAD_TRIAL["exclusion"],
+        }
+    )
     trials.write_text("".join(json.dumps(r) + "\n" for r in rows))
     patients = root / "patients.jsonl"
-    patients.write_text("".join(json.dumps({"_id": p["patient_id"], "text": p["note"], "metadata": {}}) + "\n"
-                                for p in recs["patients"]))
+    patients.write_text(
+        "".join(
+            json.dumps({"_id": p["patient_id"], "text": p["note"], "metadata": {}}) + "\n"
+            for p in recs["patients"]
+        )
+    )
     pairs = root / "pairs.jsonl"
-    lines = [json.dumps({"patient_id": p, "trial_id": t, "label": lab}) for (p, t), lab in (labels or LABELS).items()]
+    lines = [
+        json.dumps({"patient_id": p, "trial_id": t, "label": lab})
+        for (p, t), lab in (labels or LABELS).items()
+    ]
     if malformed:
         lines = lines[:3] + MALFORMED_ROWS + lines[3:]
     pairs.write_text("\n".join(lines) + "\n")
@@ -136,23 +223,46 @@ def write_dataset(root: Path, malformed: bool = True, labels: dict | None = None
 
 
 def endpoint(url: str, **kw) -> dict:
-    return {"name": "scripted", "base_url": url, "model": "scripted-teacher", "max_retries": 1,
-            "backoff_base_s": 0.05, "timeout_s": 20, "prices": {"input_per_million": 2.0, "output_per_million": 8.0},
-            **kw}
+    return {
+        "name": "scripted",
+        "base_url": url,
+        "model": "scripted-teacher",
+        "max_retries": 1,
+        "backoff_base_s": 0.05,
+        "timeout_s": 20,
+        "prices": {"input_per_million": 2.0, "output_per_million": 8.0},
+        **kw,
+    }
 
 
-def write_config(root: Path, url: str, *, name: str = "scenario", backends: list[dict] | None = None,
-                 repeats: int = 1, concurrency: int = 4, labels: dict | None = None, malformed: bool = True,
-                 **extra) -> Path:
+def write_config(
+    root: Path,
+    url: str,
+    *,
+    name: str = "scenario",
+    backends: list[dict] | None = None,
+    repeats: int = 1,
+    concurrency: int = 4,
+    labels: dict | None = None,
+    malformed: bool = True,
+    **extra,
+) -> Path:
     files = write_dataset(root / "data", malformed=malformed, labels=labels)
     ep = endpoint(url)
     cfg = {
         "name": name,
         "out_dir": str(root / "runs"),
         "cache": str(root / "runs" / "cache.sqlite"),
-        "dataset": {"kind": "jsonl", "pairs": str(files["pairs"]), "patients": str(files["patients"]),
-                    "trials": [str(files["trials"])], "data_class": "synthetic"},
-        "backends": backends if backends is not None else [
+        "dataset": {
+            "kind": "jsonl",
+            "pairs": str(files["pairs"]),
+            "patients": str(files["patients"]),
+            "trials": [str(files["trials"])],
+            "data_class": "synthetic",
+        },
+        "backends": backends
+        if backends is not None
+        else [
             {"name": "verdict-scripted", "kind": "formalizer", "parser": ep, "miner": ep},
             {"name": "llmmatch-scripted", "kind": "llm_match", "endpoint": ep, "max_tokens": 512},
         ],

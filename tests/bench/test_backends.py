@@ -4,12 +4,12 @@ import asyncio
 import json
 
 import pytest
-
 from verdict.bench.backends import BACKENDS, RunContext, backend_config, make_backend
 from verdict.bench.datasets import BenchDataset
 from verdict.bench.protocol import BenchError, LabeledPair
 from verdict.data_gen.egress import EgressPolicy
 from verdict.data_gen.scripted_server import ScriptedServer
+
 from tests.support import REFERENCE_V6, need
 
 from . import scenario
@@ -19,9 +19,15 @@ def ctx_for(tmp_path, pairs, **kw) -> RunContext:
     from verdict.core.engine import Engine
     from verdict.core.policy import load_policy
 
-    return RunContext(dataset=BenchDataset(kind="test", pairs=pairs, **kw), engine=Engine(),
-                      policy=load_policy("prescreen"), run_name="t", run_dir=tmp_path, cache_path=tmp_path / "c.sqlite",
-                      egress=EgressPolicy())
+    return RunContext(
+        dataset=BenchDataset(kind="test", pairs=pairs, **kw),
+        engine=Engine(),
+        policy=load_policy("prescreen"),
+        run_name="t",
+        run_dir=tmp_path,
+        cache_path=tmp_path / "c.sqlite",
+        egress=EgressPolicy(),
+    )
 
 
 def lp(pid, tid, label="eligible"):
@@ -34,8 +40,10 @@ def test_recorded_is_the_or_over_variants(tmp_path):
     # sigir-20141/NCT01356992: six variants, only 'a' has both sides recorded satisfiable
     pair = lp("sigir-20141", "NCT01356992")
     files = sorted((REFERENCE_V6 / "sigir-20141").glob("NCT01356992*__full.json"))
-    sat = {f.name[:12]: all(json.loads(f.read_text())[s]["sat_like"] for s in ("inclusion", "exclusion"))
-           for f in files}
+    sat = {
+        f.name[:12]: all(json.loads(f.read_text())[s]["sat_like"] for s in ("inclusion", "exclusion"))
+        for f in files
+    }
     assert len(files) == 6 and [k for k, v in sat.items() if v] == ["NCT01356992a"]
     ctx = ctx_for(tmp_path, [pair])
     b = make_backend(backend_config({"name": "rec", "kind": "recorded", "path": str(REFERENCE_V6)}), ctx)
@@ -56,19 +64,26 @@ def test_recorded_folder_must_exist(tmp_path):
 
 def test_predictions_file_rows(tmp_path):
     f = tmp_path / "preds.jsonl"
-    f.write_text("\n".join([
-        json.dumps({"pair": "p1__T1", "eligibility": "eligible"}),
-        json.dumps({"patient_id": "p2", "trial_id": "T1", "decision": False}),
-        json.dumps({"pair": "p3__T1", "eligibility": "maybe"}),
-        "{nope",
-        json.dumps({"eligibility": "eligible"}),
-    ]) + "\n")
+    f.write_text(
+        "\n".join(
+            [
+                json.dumps({"pair": "p1__T1", "eligibility": "eligible"}),
+                json.dumps({"patient_id": "p2", "trial_id": "T1", "decision": False}),
+                json.dumps({"pair": "p3__T1", "eligibility": "maybe"}),
+                "{nope",
+                json.dumps({"eligibility": "eligible"}),
+            ]
+        )
+        + "\n"
+    )
     ctx = ctx_for(tmp_path, [])
     b = make_backend(backend_config({"name": "ext", "kind": "predictions", "path": str(f)}), ctx)
     assert b.decisions == {"p1__T1": "eligible", "p2__T1": "ineligible"}
-    assert b.problems() == ["ext: preds.jsonl:3: 'eligibility' must be eligible, ineligible or undetermined",
-                            "ext: preds.jsonl:4: not valid JSON (Expecting property name enclosed in double quotes)",
-                            "ext: preds.jsonl:5: needs 'pair' or 'patient_id' and 'trial_id'"]
+    assert b.problems() == [
+        "ext: preds.jsonl:3: 'eligibility' must be eligible, ineligible or undetermined",
+        "ext: preds.jsonl:4: not valid JSON (Expecting property name enclosed in double quotes)",
+        "ext: preds.jsonl:5: needs 'pair' or 'patient_id' and 'trial_id'",
+    ]
     assert b.unavailable(lp("p3", "T1")) == "no recorded decision for this pair"
     assert asyncio.run(b.decide(lp("p2", "T1", "eligible"), 0)).decision == "ineligible"
 
@@ -82,12 +97,15 @@ def test_direct_matcher_request_uses_its_template_schema_and_limit(tmp_path):
         recs = scenario.records()
         t = recs["trials"][0]
         p = recs["patients"][0]
-        trial = TrialDoc(trial_id=t["trial_id"], title=t["title"], inclusion=t["inclusion"], exclusion=t["exclusion"])
+        trial = TrialDoc(
+            trial_id=t["trial_id"], title=t["title"], inclusion=t["inclusion"], exclusion=t["exclusion"]
+        )
         note = PatientDoc(patient_id=p["patient_id"], text=p["note"], data_class="synthetic")
         pair = lp(note.patient_id, trial.trial_id)
         ctx = ctx_for(tmp_path, [pair], patients={note.patient_id: note}, trials={trial.trial_id: trial})
-        cfg = backend_config({"name": "m", "kind": "llm_match", "endpoint": scenario.endpoint(srv.url),
-                              "max_tokens": 321})
+        cfg = backend_config(
+            {"name": "m", "kind": "llm_match", "endpoint": scenario.endpoint(srv.url), "max_tokens": 321}
+        )
         b = make_backend(cfg, ctx)
 
         async def go():

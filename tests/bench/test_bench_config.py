@@ -2,10 +2,10 @@
 
 import pytest
 import yaml
-
 from verdict.bench.backends import BACKENDS
 from verdict.bench.bench_config import load_bench_config
 from verdict.bench.protocol import BenchError
+
 from tests.support import REPO
 
 BASE = {
@@ -29,7 +29,9 @@ def test_unknown_keys_are_named(tmp_path):
     with pytest.raises(BenchError, match="unknown config key 'polcy'.*did you mean 'policy'"):
         load_bench_config(str(write(tmp_path, {**BASE, "polcy": "strict"})))
     bad = {**BASE, "backends": [{"name": "rec", "kind": "recorded", "pth": "x"}]}
-    with pytest.raises(BenchError, match=r"backend 'rec' \(recorded\): unknown config key 'pth' \(did you mean 'path'\?\)"):
+    with pytest.raises(
+        BenchError, match=r"backend 'rec' \(recorded\): unknown config key 'pth' \(did you mean 'path'\?\)"
+    ):
         load_bench_config(str(write(tmp_path, bad)))
 
 
@@ -43,8 +45,12 @@ def test_backend_names_unique_and_local_vllm_needs_a_server(tmp_path):
     dup = {**BASE, "backends": [{"name": "a", "kind": "recorded"}, {"name": "a", "kind": "recorded"}]}
     with pytest.raises(BenchError, match="unique .repeated: a"):
         load_bench_config(str(write(tmp_path, dup)))
-    local = {**BASE, "backends": [{"name": "s", "kind": "formalizer", "parser": "scripted", "miner": "scripted",
-                                   "local_vllm": True}]}
+    local = {
+        **BASE,
+        "backends": [
+            {"name": "s", "kind": "formalizer", "parser": "scripted", "miner": "scripted", "local_vllm": True}
+        ],
+    }
     with pytest.raises(BenchError, match="local_vllm: add a 'vllm' block"):
         load_bench_config(str(write(tmp_path, local)))
 
@@ -59,8 +65,19 @@ def test_overrides_and_missing_config(tmp_path):
 
 
 def test_dump_keeps_backend_fields(tmp_path):
-    cfg = load_bench_config(str(write(tmp_path, {**BASE, "backends": [
-        {"name": "rec", "kind": "recorded", "path": "somewhere", "policy": "strict"}]})))
+    cfg = load_bench_config(
+        str(
+            write(
+                tmp_path,
+                {
+                    **BASE,
+                    "backends": [
+                        {"name": "rec", "kind": "recorded", "path": "somewhere", "policy": "strict"}
+                    ],
+                },
+            )
+        )
+    )
     dumped = cfg.model_dump(mode="json")["backends"][0]
     assert dumped["path"] == "somewhere" and dumped["policy"] == "strict"
 

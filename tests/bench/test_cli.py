@@ -4,8 +4,8 @@ import json
 import subprocess
 
 import pytest
-
 from verdict.data_gen.scripted_server import ScriptedServer
+
 from tests.support import VERDICT
 
 from . import scenario
@@ -24,8 +24,17 @@ def two_runs(tmp_path_factory):
     with ScriptedServer(scenario.script()) as srv:
         cfg = scenario.write_config(root, srv.url)
         a = verdict("bench", "run", "-c", cfg, "--no-progress")
-        b = verdict("bench", "run", "-c", cfg, "--set", "name=scenario-strict", "--set", "policy=strict",
-                    "--no-progress")
+        b = verdict(
+            "bench",
+            "run",
+            "-c",
+            cfg,
+            "--set",
+            "name=scenario-strict",
+            "--set",
+            "policy=strict",
+            "--no-progress",
+        )
     assert a.returncode == 0, a.stderr
     assert b.returncode == 0, b.stderr
     return root / "runs" / "scenario", root / "runs" / "scenario-strict", a
@@ -35,7 +44,9 @@ def test_run_prints_where_the_results_are(two_runs):
     a_dir, _, proc = two_runs
     assert "bench scenario: complete: 14 pair results this session" in proc.stdout
     assert f"report:  {a_dir / 'report.md'}" in proc.stdout
-    assert "skipped: pairs.jsonl:4" in proc.stderr and "verdict-scripted r0: 7 of 7 pairs to go" in proc.stderr
+    assert (
+        "skipped: pairs.jsonl:4" in proc.stderr and "verdict-scripted r0: 7 of 7 pairs to go" in proc.stderr
+    )
 
 
 def test_compare_puts_runs_side_by_side(two_runs, tmp_path):
@@ -62,13 +73,19 @@ def test_report_only_rewrites_outputs(two_runs):
     r = verdict("bench", "run", "-c", cfg, "--report-only")
     assert r.returncode == 0, r.stderr
     assert (a_dir / "report.md").exists()
-    assert json.loads((a_dir / "results.json").read_text())["backends"]["verdict-scripted"]["coverage"]["run"] == 7
+    assert (
+        json.loads((a_dir / "results.json").read_text())["backends"]["verdict-scripted"]["coverage"]["run"]
+        == 7
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["bench", "run", "-c", "no-such-config"], "no bench config named 'no-such-config'"),
-    (["bench", "compare", ".", "."], "no results.json"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["bench", "run", "-c", "no-such-config"], "no bench config named 'no-such-config'"),
+        (["bench", "compare", ".", "."], "no results.json"),
+    ],
+)
 def test_errors_are_one_line_without_traceback(args, message):
     r = verdict(*args)
     assert r.returncode == 2
@@ -78,7 +95,9 @@ def test_errors_are_one_line_without_traceback(args, message):
 
 def test_unknown_key_in_config_file(tmp_path):
     cfg = tmp_path / "bad.yaml"
-    cfg.write_text("name: bad\ndataset: {kind: sigir, pairs: x.json, require_text: false}\n"
-                   "backends: [{name: r, kind: recorded}]\nrepeat: 2\n")
+    cfg.write_text(
+        "name: bad\ndataset: {kind: sigir, pairs: x.json, require_text: false}\n"
+        "backends: [{name: r, kind: recorded}]\nrepeat: 2\n"
+    )
     r = verdict("bench", "run", "-c", cfg)
     assert r.returncode == 2 and "unknown config key 'repeat' (did you mean 'repeats'?)" in r.stderr

@@ -5,11 +5,11 @@ the core decides again, and its calls are in the pair's stages (tokens, cost, mo
 import asyncio
 
 import pytest
-
 from verdict.bench.backends import backend_config, make_backend
 from verdict.core.program import load_program
 from verdict.data_gen.protocol import PatientDoc, StageResult
 from verdict.data_gen.scripted_server import Script, ScriptedServer
+
 from tests.serve.test_optional_stages import ARBITER, FIX, PROGRAM, SCRIPT
 
 from . import scenario
@@ -24,21 +24,33 @@ def server():
 
 def run_pair(tmp_path, url, **switches):
     pair = lp("P-FIX", "T-ARB")
-    ctx = ctx_for(tmp_path, [pair], patients={"P-FIX": PatientDoc(patient_id="P-FIX", text=FIX)},
-                  data_class="synthetic")
+    ctx = ctx_for(
+        tmp_path, [pair], patients={"P-FIX": PatientDoc(patient_id="P-FIX", text=FIX)}, data_class="synthetic"
+    )
     ep = scenario.endpoint(url)
-    b = make_backend(backend_config({"name": "v", "kind": "formalizer", "parser": ep, "miner": ep, **switches}), ctx)
-    parsed = StageResult(stage="parser", status="accepted", teacher="t", model="m", prompt_version="v1",
-                         messages=[], output=load_program(PROGRAM))
+    b = make_backend(
+        backend_config({"name": "v", "kind": "formalizer", "parser": ep, "miner": ep, **switches}), ctx
+    )
+    parsed = StageResult(
+        stage="parser",
+        status="accepted",
+        teacher="t",
+        model="m",
+        prompt_version="v1",
+        messages=[],
+        output=load_program(PROGRAM),
+    )
 
     async def go():
         async def _parsed(*_):  # the parse is not what this test is about
             return parsed
+
         b._parsed = _parsed
         try:
             return await b.decide(pair, 0)
         finally:
             await b.aclose()
+
     return asyncio.run(go())
 
 

@@ -3,7 +3,6 @@
 import math
 
 import pytest
-
 from verdict.bench import metrics as M
 
 T, F = True, False
@@ -53,10 +52,10 @@ def test_bootstrap_of_a_perfect_system_is_a_point():
 
 def test_mcnemar_exact_by_hand():
     assert M.mcnemar_exact(0, 0) == 1.0
-    assert M.mcnemar_exact(0, 5) == pytest.approx(2 / 32)          # 2 * (1/2)^5
-    assert M.mcnemar_exact(1, 9) == pytest.approx(2 * 11 / 1024)    # 2 * (C(10,0)+C(10,1)) / 2^10
+    assert M.mcnemar_exact(0, 5) == pytest.approx(2 / 32)  # 2 * (1/2)^5
+    assert M.mcnemar_exact(1, 9) == pytest.approx(2 * 11 / 1024)  # 2 * (C(10,0)+C(10,1)) / 2^10
     assert M.mcnemar_exact(9, 1) == M.mcnemar_exact(1, 9)
-    assert M.mcnemar_exact(3, 3) == 1.0                             # capped
+    assert M.mcnemar_exact(3, 3) == 1.0  # capped
 
 
 def test_agreement_table_kappa_and_mcnemar():
@@ -94,13 +93,15 @@ def test_validity_categories():
     final = [True, True, False, True, False]
     v = M.validity(first, final)
     assert v["n"] == 5
-    assert v["json_valid"]["k"] == 3        # ok, schema, evidence
-    assert v["schema_valid"]["k"] == 2      # ok, evidence
+    assert v["json_valid"]["k"] == 3  # ok, schema, evidence
+    assert v["schema_valid"]["k"] == 2  # ok, evidence
     assert v["valid_first_try"]["k"] == 1
     assert v["accepted_after_repair"]["k"] == 3
 
 
 def test_consistency_across_repeats():
-    c = M.consistency({"p1": ["eligible", "eligible"], "p2": ["eligible", "ineligible"], "p3": ["ineligible"]})
+    c = M.consistency(
+        {"p1": ["eligible", "eligible"], "p2": ["eligible", "ineligible"], "p3": ["ineligible"]}
+    )
     assert (c["k"], c["n"]) == (1, 2)  # p3 has one decided repeat: left out
     assert math.isclose(c["rate"], 0.5)

@@ -15,16 +15,36 @@ pytestmark = pytest.mark.slow  # ~30 s: 49 pairs x 2 policies through the core
 CLI = VERDICT
 # Files whose recorded side satisfiability the core does not reproduce, each explained in
 # docs/core.md ("Interop with the paper authors' recorded outputs").
-DOCUMENTED = {"sigir-20152/NCT01376778a", "sigir-20153/NCT00378027", "sigir-20156/NCT00150124b",
-              "sigir-201511/NCT02126683", "sigir-201413/NCT01828697b"}
+DOCUMENTED = {
+    "sigir-20152/NCT01376778a",
+    "sigir-20153/NCT00378027",
+    "sigir-20156/NCT00150124b",
+    "sigir-201511/NCT02126683",
+    "sigir-201413/NCT01828697b",
+}
 
 
 @pytest.fixture(scope="module")
 def reproduction(tmp_path_factory):
     need(REFERENCE_V6.is_dir(), "shared reference corpus missing")
     out = tmp_path_factory.mktemp("bench-runs")
-    r = subprocess.run([*CLI, "bench", "run", "-c", "sigir-recorded", "--set", f"out_dir={out}", "--set", "repeats=1",
-                        "--no-progress"], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            *CLI,
+            "bench",
+            "run",
+            "-c",
+            "sigir-recorded",
+            "--set",
+            f"out_dir={out}",
+            "--set",
+            "repeats=1",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     run_dir = out / "sigir-recorded"
     pairs = [json.loads(x) for x in (run_dir / "pairs.jsonl").read_text().splitlines()]
@@ -44,8 +64,11 @@ def recorded_or() -> dict[str, tuple[bool, set[str]]]:
 
 def test_recorded_decisions_match_the_recording_except_documented_differences(reproduction):
     _, _, pairs = reproduction
-    ours = {p["pair_id"]: p["decision"] for p in pairs
-            if p["backend"] == "recorded-prescreen" and p.get("status") == "decided"}
+    ours = {
+        p["pair_id"]: p["decision"]
+        for p in pairs
+        if p["backend"] == "recorded-prescreen" and p.get("status") == "decided"
+    }
     rec = recorded_or()
     assert set(ours) == set(rec) and len(ours) == 49
     differ = {k for k, (sat, _) in rec.items() if (ours[k] == "eligible") != sat}
@@ -63,12 +86,17 @@ def test_scores_next_to_the_authors_decisions_and_the_paper(reproduction):
     assert b["authors-pair-decisions"]["coverage"]["scored"] == 552
     # the authors' recorded pair decisions, scored independently from the raw files
     gold = json.loads((SHARED_DATA / "reference" / "gold_5sys_freeform_balanced.json").read_text())["gold"]
-    verdicts = {json.loads(x)["pair"]: json.loads(x)["eligibility"] == "eligible"
-                for x in (SHARED_DATA / "reference" / "verdicts.jsonl").read_text().splitlines() if x.strip()}
+    verdicts = {
+        json.loads(x)["pair"]: json.loads(x)["eligibility"] == "eligible"
+        for x in (SHARED_DATA / "reference" / "verdicts.jsonl").read_text().splitlines()
+        if x.strip()
+    }
     common = sorted(recorded_or())
     right = sum((verdicts[k]) == gold[k] for k in common)
     assert s["common_pairs"]["pairs"] == 49
-    assert s["common_pairs"]["metrics"]["authors-pair-decisions"]["accuracy"]["value"] == pytest.approx(right / 49)
+    assert s["common_pairs"]["metrics"]["authors-pair-decisions"]["accuracy"]["value"] == pytest.approx(
+        right / 49
+    )
     right_all = sum(verdicts[k] == gold[k] for k in gold)
     assert b["authors-pair-decisions"]["metrics"]["accuracy"]["value"] == pytest.approx(right_all / 552)
     # the core is exact on the formal counterfactuals

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from verdict.bench.bench_config import load_bench_config
 from verdict.bench.protocol import BenchError, PairResult
 from verdict.bench.runner import BenchRun
 from verdict.data_gen.errors import EgressRefused
 from verdict.data_gen.scripted_server import ScriptedServer
+
 from tests.support import VERDICT
 
 from . import scenario
@@ -79,8 +79,14 @@ def test_scores_validity_cost_and_agreement_by_hand(tmp_path, server):
     assert c["decisions"]["mcnemar_p"] == pytest.approx(0.625)
     assert c["correctness"] == {"a_right_b_wrong": 1, "b_right_a_wrong": 3, "mcnemar_p": pytest.approx(0.625)}
     # outputs
-    for f in ("report.md", "config.yaml", "dataset.json", "plots/f1.png", "plots/latency_cost.png",
-              "plots/confusion.png"):
+    for f in (
+        "report.md",
+        "config.yaml",
+        "dataset.json",
+        "plots/f1.png",
+        "plots/latency_cost.png",
+        "plots/confusion.png",
+    ):
         assert (out.run_dir / f).stat().st_size > 0
     assert (out.run_dir / "plots" / "f1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (out.run_dir / "report.md").read_text()
@@ -91,10 +97,11 @@ def test_malformed_rows_are_reported_and_never_scored(tmp_path, server):
     out = run(scenario.write_config(tmp_path, server.url))
     s = json.loads((out.run_dir / "results.json").read_text())
     assert s["dataset"]["pairs"] == 7 and s["dataset"]["skipped"] == 3
-    assert s["dataset"]["problems"] == ["pairs.jsonl:4: 'label' must be eligible/ineligible (or true/false)",
-                                        "pairs.jsonl:5: needs 'patient_id' and 'trial_id' (or 'nct_id')",
-                                        "pairs.jsonl:6: not valid JSON (Expecting property name enclosed in double "
-                                        "quotes)"]
+    assert s["dataset"]["problems"] == [
+        "pairs.jsonl:4: 'label' must be eligible/ineligible (or true/false)",
+        "pairs.jsonl:5: needs 'patient_id' and 'trial_id' (or 'nct_id')",
+        "pairs.jsonl:6: not valid JSON (Expecting property name enclosed in double quotes)",
+    ]
     scored = {r.pair_id for r in pair_results(out.run_dir)}
     assert scored == {f"{p}__{t}" for p, t in scenario.LABELS}  # nothing from the bad rows
     assert "pairs.jsonl:5: needs 'patient_id' and 'trial_id'" in (out.run_dir / "report.md").read_text()
@@ -132,17 +139,23 @@ def test_a_pair_line_torn_by_a_kill_is_redone_and_nothing_is_lost(tmp_path, serv
     assert again.done_before == 1 and again.done_now == 13
     results = pair_results(first.run_dir)  # every line reads: nothing glued to the torn one
     assert len(results) == 14 and len({x.key for x in results}) == 14
-    assert {x.key: x.decision for x in results} == {x.key: x.decision for x in map(
-        PairResult.model_validate_json, [r1, r2])} | {x.key: x.decision for x in results}
+    assert {x.key: x.decision for x in results} == {
+        x.key: x.decision for x in map(PairResult.model_validate_json, [r1, r2])
+    } | {x.key: x.decision for x in results}
 
 
 def test_resume_after_kill_9(tmp_path):
-    """Kill the run mid-way (SIGKILL): a second run finishes it, every pair once, no answered call sent again."""
+    """Kill the run mid-way (SIGKILL): a second run finishes it, every pair once, no answered call
+    sent again."""
     with ScriptedServer(scenario.script(latency=0.15)) as srv:
         cfg = scenario.write_config(tmp_path, srv.url, concurrency=2)
         run_dir = tmp_path / "runs" / "scenario"
-        proc = subprocess.Popen([*CLI, "bench", "run", "-c", str(cfg), "--no-progress"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [*CLI, "bench", "run", "-c", str(cfg), "--no-progress"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         pairs = run_dir / "pairs.jsonl"
         deadline = time.time() + 90
         while time.time() < deadline:
@@ -157,8 +170,12 @@ def test_resume_after_kill_9(tmp_path):
         answered = {k for (k,) in db.execute("SELECT key FROM calls")}
         in_flight = {k for (k,) in db.execute("SELECT key FROM inflight")}
         db.close()
-        r = subprocess.run([*CLI, "bench", "run", "-c", str(cfg), "--no-progress"], capture_output=True, text=True,
-                           timeout=180)
+        r = subprocess.run(
+            [*CLI, "bench", "run", "-c", str(cfg), "--no-progress"],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert r.returncode == 0, r.stderr
         assert f"{n_before} before" in r.stdout
         results = pair_results(run_dir)
@@ -192,15 +209,24 @@ def test_inconsistent_repeats_are_counted(tmp_path):
     sc = scenario.script()
     for rule in sc.rules:
         if scenario.MATCH_MARK in rule.match.contains and "Trial NCT-DM-01:" in rule.match.contains:
-            flipped = dict(json.loads(rule.responses[0].content) if isinstance(rule.responses[0].content, str)
-                           else rule.responses[0].content)
+            flipped = dict(
+                json.loads(rule.responses[0].content)
+                if isinstance(rule.responses[0].content, str)
+                else rule.responses[0].content
+            )
             flipped["verdict"] = "ineligible" if flipped["verdict"] == "eligible" else "eligible"
             rule.responses.append(scenario.ok(flipped))
     with ScriptedServer(sc) as srv:
-        cfg = scenario.write_config(tmp_path, srv.url, repeats=2, backends=[
-            {"name": "llm", "kind": "llm_match", "endpoint": scenario.endpoint(srv.url)}])
+        cfg = scenario.write_config(
+            tmp_path,
+            srv.url,
+            repeats=2,
+            backends=[{"name": "llm", "kind": "llm_match", "endpoint": scenario.endpoint(srv.url)}],
+        )
         out = run(cfg)
-    c = json.loads((out.run_dir / "results.json").read_text())["backends"]["llm"]["consistency"]["same_decision"]
+    c = json.loads((out.run_dir / "results.json").read_text())["backends"]["llm"]["consistency"][
+        "same_decision"
+    ]
     assert (c["k"], c["n"]) == (4, 7)  # the three DM pairs changed their verdict
 
 
@@ -208,9 +234,16 @@ def test_budget_stops_cleanly_and_resumes(tmp_path, server):
     # one call at a time (a call reserves its worst case, $0.0346, before it is sent; the parser's
     # criterion calls of a trial would otherwise reserve together)
     ep = scenario.endpoint(server.url, concurrency=1)
-    cfg = scenario.write_config(tmp_path, server.url, budget_usd=0.05, concurrency=1, backends=[
-        {"name": "verdict-scripted", "kind": "formalizer", "parser": ep, "miner": ep},
-        {"name": "llmmatch-scripted", "kind": "llm_match", "endpoint": ep, "max_tokens": 512}])
+    cfg = scenario.write_config(
+        tmp_path,
+        server.url,
+        budget_usd=0.05,
+        concurrency=1,
+        backends=[
+            {"name": "verdict-scripted", "kind": "formalizer", "parser": ep, "miner": ep},
+            {"name": "llmmatch-scripted", "kind": "llm_match", "endpoint": ep, "max_tokens": 512},
+        ],
+    )
     out = run(cfg)
     assert out.status == "stopped_budget" and "budget stop" in out.message
     spent = sum(1 for r in server.requests if r.kind in ("ok", "truncated")) * scenario.CALL_USD
@@ -223,8 +256,9 @@ def test_budget_stops_cleanly_and_resumes(tmp_path, server):
 
 def test_private_notes_never_go_to_a_remote_endpoint(tmp_path, server):
     ep = scenario.endpoint("https://api.example.com/v1")
-    cfg = scenario.write_config(tmp_path, server.url, backends=[
-        {"name": "remote", "kind": "formalizer", "parser": ep, "miner": ep}])
+    cfg = scenario.write_config(
+        tmp_path, server.url, backends=[{"name": "remote", "kind": "formalizer", "parser": ep, "miner": ep}]
+    )
     data = yaml.safe_load(cfg.read_text())
     data["dataset"]["data_class"] = "private"
     cfg.write_text(yaml.safe_dump(data))
@@ -250,4 +284,4 @@ def test_patient_text_stays_out_of_logs_and_reports(tmp_path, server):
         text = (out.run_dir / name).read_text()
         for note in notes:
             for i in range(0, len(note) - 24, 8):
-                assert note[i:i + 24] not in text, f"{name} quotes a note"
+                assert note[i : i + 24] not in text, f"{name} quotes a note"

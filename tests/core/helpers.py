@@ -11,10 +11,23 @@ def atom(name, domain="bool", kind="diagnosis", **kw):
 
 def program(inclusion, exclusion=(), atoms=None, definitions=(), trial_id="T1", cohorts=None):
     names = atoms or [atom(n) for n in sorted({"a", "b", "c"})]
-    body = {"trial_id": trial_id, "atoms": names, "definitions": list(definitions),
-            "cohorts": cohorts or [{"id": "main",
-                                    "inclusion": [{"id": f"inc{i}", "text": f"inclusion {i}", "formula": f} for i, f in enumerate(inclusion)],
-                                    "exclusion": [{"id": f"exc{i}", "text": f"exclusion {i}", "formula": f} for i, f in enumerate(exclusion)]}]}
+    body = {
+        "trial_id": trial_id,
+        "atoms": names,
+        "definitions": list(definitions),
+        "cohorts": cohorts
+        or [
+            {
+                "id": "main",
+                "inclusion": [
+                    {"id": f"inc{i}", "text": f"inclusion {i}", "formula": f} for i, f in enumerate(inclusion)
+                ],
+                "exclusion": [
+                    {"id": f"exc{i}", "text": f"exclusion {i}", "formula": f} for i, f in enumerate(exclusion)
+                ],
+            }
+        ],
+    }
     return load_program(body)
 
 

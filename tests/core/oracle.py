@@ -59,7 +59,9 @@ class Oracle:
             for cohort, side, cr in program.criteria():
                 v = bool(evaluate(cr.formula, env))
                 req[(cohort.id, cr.id)] = v if side == "inclusion" else not v
-            admitted = any(all(req[(c.id, cr.id)] for cr in c.inclusion + c.exclusion) for c in program.cohorts)
+            admitted = any(
+                all(req[(c.id, cr.id)] for cr in c.inclusion + c.exclusion) for c in program.cohorts
+            )
             self.worlds.append(World(env, defs, admitted, req))
 
     def matching(self, facts: dict[str, Resolution]) -> list[World]:

@@ -50,7 +50,12 @@ def test_bad_input_gets_a_clear_error_and_other_files_still_run(tmp_path):
     assert "Traceback" not in r.stderr
     bad_out, missing_out, good_out = map(json.loads, r.stdout.strip().splitlines())  # one line per file
     assert bad_out["source"].endswith("bad.json") and bad_out["error"] == "VerdictError"
-    assert missing_out["error"] == "ReadError" and set(missing_out) == {"source", "error", "message", "problems"}
+    assert missing_out["error"] == "ReadError" and set(missing_out) == {
+        "source",
+        "error",
+        "message",
+        "problems",
+    }
     assert good_out["decision"] == "eligible"
     r = run("decide", str(good), "--policy", "nope")
     assert r.returncode == 2 and "no policies config named 'nope'" in r.stderr and "Traceback" not in r.stderr
@@ -88,14 +93,18 @@ def test_held_out_batch_decides_file_by_file_with_an_error_line_where_one_fails(
     assert len(files) == 6
     r = run("decide", *map(str, files), "--format", "json", "--summary")
     assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout
-    assert r.stderr.splitlines()[-1] == ("files 6, decided 5 (eligible 2, ineligible 3), errors 1 "
-                                         "(UnsupportedConstructError 1), conflicts reported 2 (passes 1, threshold_helpers 1)")
+    assert r.stderr.splitlines()[-1] == (
+        "files 6, decided 5 (eligible 2, ineligible 3), errors 1 "
+        "(UnsupportedConstructError 1), conflicts reported 2 (passes 1, threshold_helpers 1)"
+    )
     lines = [json.loads(line) for line in r.stdout.strip().splitlines()]
     assert [line["source"] for line in lines] == [str(f) for f in files]
     by_stem = {f.name.split("__")[0]: line for f, line in zip(files, lines)}
     failed = by_stem.pop("NCT90000002")
     assert failed["error"] == "UnsupportedConstructError"
-    assert failed["problems"] == ["inclusion side, assertion REQ0_COMPONENT0_CREATININE: 'exists' quantifier in a criterion"]
+    assert failed["problems"] == [
+        "inclusion side, assertion REQ0_COMPONENT0_CREATININE: 'exists' quantifier in a criterion"
+    ]
     assert all(line["decision"] in ("eligible", "ineligible") for line in by_stem.values())
     # the existential definition is imported faithfully: creatinine 2.6 fails "renal function adequate"
     assert by_stem["NCT90000001"]["decision"] == "ineligible"
@@ -135,8 +144,9 @@ main()
 
 
 def run_without(module, *args):
-    return subprocess.run([sys.executable, "-c", BLOCKED, module, *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", BLOCKED, module, *args], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
 
 
 def test_a_missing_extra_is_an_error_naming_the_package_and_the_extra():
@@ -157,5 +167,8 @@ def test_a_part_that_cannot_load_stays_listed_and_says_why():
     assert r.returncode == 0 and "UNAVAILABLE" in r.stdout and "bench" in r.stdout
     r = run_without("verdict.bench.cli", "bench", "core", "--repeats", "1")
     assert r.returncode == 2 and "No such command" not in r.stderr
-    assert "`verdict bench` cannot load: module 'verdict.bench.cli' is missing, a module of this project" in r.stderr
+    assert (
+        "`verdict bench` cannot load: module 'verdict.bench.cli' is missing, a module of this project"
+        in r.stderr
+    )
     assert run_without("verdict.bench.cli", "policies").returncode == 0  # the rest of verdict still works

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import pytest
 import yaml
 from pydantic import Field
-
-from tests.support import REPO, run_verdict
 from verdict.core import configs
 from verdict.core.configs import ConfigError, StrictModel
 from verdict.core.errors import VerdictError
+
+from tests.support import REPO, run_verdict
 
 
 # ---- the loader itself ----------------------------------------------------------------------------
@@ -205,8 +205,18 @@ KINDS = [
         ("rules", 0, "responses"),
         _call("verdict.data_gen.scripted_server.Script:load"),
     ),
-    Kind("train", "configs/train/parser.yaml", ("base_model",), _call("verdict.train.sft_config.load_train_config")),
-    Kind("eval", "configs/train/eval.yaml", ("batch_size",), _call("verdict.train.eval_config.load_eval_config")),
+    Kind(
+        "train",
+        "configs/train/parser.yaml",
+        ("base_model",),
+        _call("verdict.train.sft_config.load_train_config"),
+    ),
+    Kind(
+        "eval",
+        "configs/train/eval.yaml",
+        ("batch_size",),
+        _call("verdict.train.eval_config.load_eval_config"),
+    ),
     Kind(
         "train run directory",
         "configs/train/parser.yaml",

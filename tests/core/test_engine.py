@@ -1,10 +1,10 @@
 """Hand-checkable decisions: each expectation below can be verified by reading the program."""
 
 import pytest
-
 from verdict.core.counterfactual import apply_pivotal, pivotal_flip_rate
 from verdict.core.decision import Override
 from verdict.core.engine import Engine
+from verdict.core.errors import ProgramError
 
 from .helpers import atom, patient, program
 
@@ -25,7 +25,9 @@ def test_eligible_pivot_names_open_atoms_to_confirm():
 
 
 def test_assumption_classes():
-    prog = program([{"op": "or", "args": ["a", "b"]}], exclusion=["c"], atoms=[atom("a"), atom("b"), atom("c")])
+    prog = program(
+        [{"op": "or", "args": ["a", "b"]}], exclusion=["c"], atoms=[atom("a"), atom("b"), atom("c")]
+    )
     d = ENGINE.decide(prog, patient(prog))
     classes = {a.atom: (a.cls, a.value) for a in d.assumptions}
     assert classes == {"a": ("alternative", None), "b": ("alternative", None), "c": ("forced", False)}
@@ -59,7 +61,7 @@ def test_ineligible_trace_names_violated_criteria_and_facts():
 
 def test_joint_violation_is_traced_even_when_no_single_criterion_fails():
     prog = program(["a"], exclusion=["a"], atoms=[atom("a")])  # a contradiction only jointly
-    with pytest.raises(Exception):
+    with pytest.raises(ProgramError):
         ENGINE.check_satisfiable(prog)
     prog = program([{"op": "or", "args": ["a", "b"]}], exclusion=["a", "b"], atoms=[atom("a"), atom("b")])
     d = ENGINE.decide(prog, patient(prog))
@@ -69,8 +71,10 @@ def test_joint_violation_is_traced_even_when_no_single_criterion_fails():
 
 
 def test_multi_cohort_eligibility_and_joint_pivot():
-    cohorts = [{"id": "x", "inclusion": [{"id": "i", "text": "a", "formula": "a"}]},
-               {"id": "y", "inclusion": [{"id": "i", "text": "b", "formula": "b"}]}]
+    cohorts = [
+        {"id": "x", "inclusion": [{"id": "i", "text": "a", "formula": "a"}]},
+        {"id": "y", "inclusion": [{"id": "i", "text": "b", "formula": "b"}]},
+    ]
     prog = program([], cohorts=cohorts, atoms=[atom("a"), atom("b")])
     p = patient(prog, a=True, b=True)
     d = ENGINE.decide(prog, p)
@@ -81,7 +85,13 @@ def test_multi_cohort_eligibility_and_joint_pivot():
 
 def test_extraction_conflict_is_reported_apart_and_arbiter_can_resolve_it():
     atoms = [atom("q"), atom("s"), atom("z")]
-    defs = [{"id": "q-implies-s", "kind": "qualifier_implies_stem", "formula": {"op": "implies", "if": "q", "then": "s"}}]
+    defs = [
+        {
+            "id": "q-implies-s",
+            "kind": "qualifier_implies_stem",
+            "formula": {"op": "implies", "if": "q", "then": "s"},
+        }
+    ]
     prog = program(["z"], exclusion=["q"], atoms=atoms, definitions=defs)
     p = patient(prog, q=True, s=False, z=True)
     d = ENGINE.decide(prog, p)
@@ -98,7 +108,12 @@ def test_extraction_conflict_is_reported_apart_and_arbiter_can_resolve_it():
 def test_solver_limit_gives_undetermined_with_reason():
     atoms = [atom(n, "int", "other") for n in ("x", "y", "z")]
     cube = lambda v: {"op": "mul", "args": [v, v, v]}  # noqa: E731
-    fermat = {"op": "cmp", "lhs": {"op": "add", "args": [cube("x"), cube("y")]}, "rel": "eq", "rhs": cube("z")}
+    fermat = {
+        "op": "cmp",
+        "lhs": {"op": "add", "args": [cube("x"), cube("y")]},
+        "rel": "eq",
+        "rhs": cube("z"),
+    }
     pos = [{"op": "cmp", "lhs": v, "rel": "ge", "rhs": 1} for v in ("x", "y", "z")]
     prog = program([fermat] + pos, atoms=atoms)
     d = Engine(timeout_ms=200).decide(prog, patient(prog))
@@ -113,15 +128,19 @@ def test_pivotal_flip_rate_is_one_in_both_directions():
         for values in ({}, {"a": True}, {"a": False}, {"a": True, "b": True}, {"b": False}):
             cases.append((f"{i}-{values}", prog, patient(prog, **values)))
     rates, outcomes = pivotal_flip_rate(ENGINE, cases)
-    assert {r.direction: (r.cases > 0, r.rate) for r in rates} == {"to_eligible": (True, 1.0), "to_ineligible": (True, 1.0)}
+    assert {r.direction: (r.cases > 0, r.rate) for r in rates} == {
+        "to_eligible": (True, 1.0),
+        "to_ineligible": (True, 1.0),
+    }
     assert all(o.flipped for o in outcomes)
 
 
 # ---- threads: servers and benchmarks decide in worker threads ----------------------------------
 def _reference_cases(n: int):
-    from tests.support import REFERENCE_V6, need
     from verdict.core.cases import load_case
     from verdict.core.policy import load_policy
+
+    from tests.support import REFERENCE_V6, need
 
     need(REFERENCE_V6.is_dir(), f"reference corpus at {REFERENCE_V6}")
     policy = load_policy("prescreen")
@@ -151,8 +170,11 @@ def test_deciding_leaves_no_z3_object_in_a_reference_cycle():
             if d.pivotal is not None and d.pivotal.conditions:
                 ENGINE.decide(prog, apply_pivotal(p, d.pivotal.conditions))
         gc.collect()
-        leaked = [type(o).__name__ for o in gc.garbage
-                  if isinstance(o, (z3.AstRef, z3.ModelRef, z3.Solver, z3.Optimize, z3.AstVector))]
+        leaked = [
+            type(o).__name__
+            for o in gc.garbage
+            if isinstance(o, (z3.AstRef, z3.ModelRef, z3.Solver, z3.Optimize, z3.AstVector))
+        ]
     finally:
         gc.set_debug(flags)
         gc.garbage.clear()
@@ -201,15 +223,20 @@ def test_a_program_no_patient_can_satisfy_is_named_not_a_solver_limit():
     wrong way round): no patient can be eligible. The decision says so and names both criteria,
     instead of a MaxSMT that 'did not finish'."""
     atoms = [atom("age", "int", "demographic"), atom("a")]
-    prog = program([{"op": "cmp", "lhs": "age", "rel": "gt", "rhs": 18}, "a"],
-                   exclusion=[{"op": "cmp", "lhs": "age", "rel": "ge", "rhs": 18}], atoms=atoms)
+    prog = program(
+        [{"op": "cmp", "lhs": "age", "rel": "gt", "rhs": 18}, "a"],
+        exclusion=[{"op": "cmp", "lhs": "age", "rel": "ge", "rhs": 18}],
+        atoms=atoms,
+    )
     with pytest.raises(Exception) as e:
         ENGINE.check_satisfiable(prog)
     assert "cohort 'main': criteria main/inc0, main/exc0 cannot all be met together" in str(e.value)
     for values in ({"age": 40, "a": True}, {"age": 12}, {}):
         d = ENGINE.decide(prog, patient(prog, **values))
         assert d.decision == "ineligible" and not d.incomplete, d.incomplete
-        assert d.reason.startswith("the trial program admits no patient") and "main/inc0, main/exc0" in d.reason
+        assert (
+            d.reason.startswith("the trial program admits no patient") and "main/inc0, main/exc0" in d.reason
+        )
         assert d.pivotal.direction == "to_eligible" and d.pivotal.conditions == []
     d = ENGINE.decide(A_OR_B, patient(A_OR_B, a=False, b=False))  # an ordinary ineligible: unchanged
     assert d.reason is None and d.pivotal.conditions
@@ -259,15 +286,29 @@ def test_a_label_the_definitions_alone_settle_cites_no_fact():
     from verdict.core.patient import Resolution, ResolvedPatient
 
     le4 = {"op": "cmp", "lhs": "x", "rel": "le", "rhs": 4}
-    either_way = {"op": "at_least", "k": 1, "args": [  # (a -> x <= 4) or (x <= 4 -> a) always holds
-        {"op": "and", "args": [{"op": "cmp", "lhs": "n", "rel": "gt", "rhs": 0}, "d"]},
-        {"op": "implies", "if": "a", "then": le4}, {"op": "implies", "if": le4, "then": "a"}]}
-    atoms = [atom("a"), atom("d"), atom("n", domain="int", kind="lab_value", unit="u"),
-             atom("x", domain="real", kind="lab_value", unit="u")]
+    either_way = {
+        "op": "at_least",
+        "k": 1,
+        "args": [  # (a -> x <= 4) or (x <= 4 -> a) always holds
+            {"op": "and", "args": [{"op": "cmp", "lhs": "n", "rel": "gt", "rhs": 0}, "d"]},
+            {"op": "implies", "if": "a", "then": le4},
+            {"op": "implies", "if": le4, "then": "a"},
+        ],
+    }
+    atoms = [
+        atom("a"),
+        atom("d"),
+        atom("n", domain="int", kind="lab_value", unit="u"),
+        atom("x", domain="real", kind="lab_value", unit="u"),
+    ]
     prog = program([either_way], atoms=atoms)
     open_ = [Resolution(atom=a, status="unresolved") for a in ("a", "d", "x")]
     n = Resolution(atom="n", status="observed", value=0, evidence="n is 0")
-    d = Engine().decide(prog, ResolvedPatient(patient_id="p", trial_id="T1", program_hash=prog.content_hash,
-                                              resolutions=[*open_, n]))
+    d = Engine().decide(
+        prog,
+        ResolvedPatient(
+            patient_id="p", trial_id="T1", program_hash=prog.content_hash, resolutions=[*open_, n]
+        ),
+    )
     assert [(lb.criterion, lb.label, lb.facts) for lb in d.labels] == [("inc0", "satisfied", [])]
     assert d.decision == "eligible"

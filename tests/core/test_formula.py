@@ -2,7 +2,6 @@ import json
 
 import pytest
 from pydantic import TypeAdapter, ValidationError
-
 from verdict.core.formula import Formula, atoms_in, evaluate, polarities, render, simple_comparisons
 from verdict.core.schemas import SCHEMAS, json_schema
 
@@ -10,8 +9,14 @@ F = TypeAdapter(Formula)
 
 
 def test_compact_json_round_trips_and_renders():
-    data = {"op": "and", "args": ["a", {"op": "cmp", "lhs": "creat", "rel": "le", "rhs": 2.0},
-                                  {"op": "implies", "if": "b", "then": {"op": "not", "arg": "c"}}]}
+    data = {
+        "op": "and",
+        "args": [
+            "a",
+            {"op": "cmp", "lhs": "creat", "rel": "le", "rhs": 2.0},
+            {"op": "implies", "if": "b", "then": {"op": "not", "arg": "c"}},
+        ],
+    }
     f = F.validate_python(data)
     assert json.loads(F.dump_json(f, by_alias=True)) == data
     assert render(f) == "a and creat <= 2.0 and (if b then not c)"
@@ -20,15 +25,26 @@ def test_compact_json_round_trips_and_renders():
 
 
 def test_structure_is_strict():
-    for bad in ({"op": "and", "args": []}, {"op": "cmp", "lhs": "x", "rel": "<=", "rhs": 1},
-                {"op": "not", "arg": "a", "extra": 1}, {"op": "iff", "args": ["a"]}, "1bad name",
-                {"op": "cmp", "lhs": "x", "rel": "le", "rhs": True}):
+    for bad in (
+        {"op": "and", "args": []},
+        {"op": "cmp", "lhs": "x", "rel": "<=", "rhs": 1},
+        {"op": "not", "arg": "a", "extra": 1},
+        {"op": "iff", "args": ["a"]},
+        "1bad name",
+        {"op": "cmp", "lhs": "x", "rel": "le", "rhs": True},
+    ):
         with pytest.raises(ValidationError):
             F.validate_python(bad)
 
 
 def test_polarity_and_comparisons():
-    f = F.validate_python({"op": "implies", "if": "a", "then": {"op": "not", "arg": {"op": "cmp", "lhs": 2, "rel": "lt", "rhs": "x"}}})
+    f = F.validate_python(
+        {
+            "op": "implies",
+            "if": "a",
+            "then": {"op": "not", "arg": {"op": "cmp", "lhs": 2, "rel": "lt", "rhs": "x"}},
+        }
+    )
     assert polarities(f) == {"a": {"-"}, "x": {"+", "-"}}  # comparisons push both ways
     assert list(simple_comparisons(f)) == [("x", "gt", 2.0, False)]
 

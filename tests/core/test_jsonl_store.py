@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 
 from pydantic import BaseModel
-
 from verdict.core.jsonl_store import JsonlStore
 
 
@@ -35,8 +34,12 @@ def test_a_torn_last_line_is_ignored_then_cut_and_the_resumed_run_keeps_every_re
 
 def test_an_unreadable_complete_line_is_reported_by_number_without_its_content(tmp_path):
     path = tmp_path / "records.jsonl"
-    path.write_text(Rec(id="a").model_dump_json() + '\n{"id": "secret patient text", "n": "x"}\n\n'
-                    + Rec(id="b").model_dump_json() + "\n")
+    path.write_text(
+        Rec(id="a").model_dump_json()
+        + '\n{"id": "secret patient text", "n": "x"}\n\n'
+        + Rec(id="b").model_dump_json()
+        + "\n"
+    )
     store = JsonlStore(path, Rec)
     assert [r.id for r in store.load()] == ["a", "b"] and not store.torn_tail
     assert store.problems == ["records.jsonl:2: unreadable record line ignored (its work is redone)"]
@@ -53,8 +56,10 @@ def test_latest_keeps_the_last_line_of_a_key_and_append_many_is_one_write(tmp_pa
 
 def test_concurrent_appends_never_interleave(tmp_path):
     store = JsonlStore(tmp_path / "r.jsonl", Rec).open()
-    threads = [threading.Thread(target=lambda i=i: [store.append(Rec(id=f"{i}-{j}", n=j)) for j in range(50)])
-               for i in range(4)]
+    threads = [
+        threading.Thread(target=lambda i=i: [store.append(Rec(id=f"{i}-{j}", n=j)) for j in range(50)])
+        for i in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -1,7 +1,6 @@
 """The shared report numbers (verdict_core/metrics.py): one p95, one schema_valid, Wilson rates."""
 
 import pytest
-
 from verdict.core.metrics import format_rate, latency_summary, output_validity, percentile, rate, wilson_ci
 
 

@@ -1,8 +1,7 @@
 import pytest
-
+from verdict.core.engine import Engine
 from verdict.core.errors import PatientError
 from verdict.core.patient import Bounds, ResolvedPatient, check_patient, load_patient
-from verdict.core.engine import Engine
 
 from .helpers import atom, patient, program
 
@@ -48,21 +47,41 @@ def test_undeclared_and_duplicate_atoms():
 
 def test_resolution_consistency_rules():
     with pytest.raises(PatientError) as e:
-        load_patient({"patient_id": "p", "trial_id": "T", "program_hash": "x",
-                      "resolutions": [{"atom": "a", "status": "unresolved", "value": True}]})
+        load_patient(
+            {
+                "patient_id": "p",
+                "trial_id": "T",
+                "program_hash": "x",
+                "resolutions": [{"atom": "a", "status": "unresolved", "value": True}],
+            }
+        )
     assert "unresolved atom has no value" in str(e.value)
     with pytest.raises(PatientError) as e:
-        load_patient({"patient_id": "p", "trial_id": "T", "program_hash": "x",
-                      "resolutions": [{"atom": "a", "status": "imputed", "value": True}]})
+        load_patient(
+            {
+                "patient_id": "p",
+                "trial_id": "T",
+                "program_hash": "x",
+                "resolutions": [{"atom": "a", "status": "imputed", "value": True}],
+            }
+        )
     assert "imputation record" in str(e.value)
     with pytest.raises(ValueError):
         Bounds(lo=3, hi=1)
-    assert Bounds(lo=1, hi=3, hi_strict=True).contains(2.9) and not Bounds(lo=1, hi=3, hi_strict=True).contains(3)
-    assert isinstance(load_patient('{"patient_id": "p", "trial_id": "T", "program_hash": "x", "resolutions": []}'), ResolvedPatient)
+    assert Bounds(lo=1, hi=3, hi_strict=True).contains(2.9) and not Bounds(
+        lo=1, hi=3, hi_strict=True
+    ).contains(3)
+    assert isinstance(
+        load_patient('{"patient_id": "p", "trial_id": "T", "program_hash": "x", "resolutions": []}'),
+        ResolvedPatient,
+    )
 
 
-@pytest.mark.parametrize("value", [10**400, 10**15 + 1, -(10**16), float("inf"), float("nan")],
-                         ids=["10**400", "10**15+1", "-10**16", "inf", "nan"])
+@pytest.mark.parametrize(
+    "value",
+    [10**400, 10**15 + 1, -(10**16), float("inf"), float("nan")],
+    ids=["10**400", "10**15+1", "-10**16", "inf", "nan"],
+)
 def test_numbers_beyond_the_range_are_a_type_problem_of_the_miner_output(value):
     from verdict.core.patient import value_type_problems
 

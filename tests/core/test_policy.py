@@ -1,17 +1,33 @@
 import pytest
-
 from verdict.core.engine import Engine
 from verdict.core.errors import PolicyError, VerdictError
 from verdict.core.policy import Policy, apply_policy, load_policy, resolve
 
 from .helpers import atom, patient, program
 
-ATOMS = [atom("dx"), atom("nodx"), atom("preg", kind="demographic"),
-         atom("creat", "real", "lab_value", unit="mg/dL"), atom("a1c", "real", "lab_value", unit="%")]
+ATOMS = [
+    atom("dx"),
+    atom("nodx"),
+    atom("preg", kind="demographic"),
+    atom("creat", "real", "lab_value", unit="mg/dL"),
+    atom("a1c", "real", "lab_value", unit="%"),
+]
 PROG = program(
-    ["dx", {"op": "not", "arg": "nodx"}, {"op": "cmp", "lhs": "creat", "rel": "le", "rhs": 2.0},
-     {"op": "and", "args": [{"op": "cmp", "lhs": "a1c", "rel": "ge", "rhs": 7}, {"op": "cmp", "lhs": "a1c", "rel": "le", "rhs": 10.5}]}],
-    exclusion=["preg"], atoms=ATOMS)
+    [
+        "dx",
+        {"op": "not", "arg": "nodx"},
+        {"op": "cmp", "lhs": "creat", "rel": "le", "rhs": 2.0},
+        {
+            "op": "and",
+            "args": [
+                {"op": "cmp", "lhs": "a1c", "rel": "ge", "rhs": 7},
+                {"op": "cmp", "lhs": "a1c", "rel": "le", "rhs": 10.5},
+            ],
+        },
+    ],
+    exclusion=["preg"],
+    atoms=ATOMS,
+)
 
 
 def test_prescreen_leaves_silence_open():
@@ -41,19 +57,38 @@ def test_observed_values_are_never_overridden_by_a_policy():
 
 
 def test_sides_that_disagree_leave_the_atom_open():
-    prog = program(["shared"], exclusion=[{"op": "and", "args": ["shared", "other"]}],
-                   atoms=[atom("shared"), atom("other")])
+    prog = program(
+        ["shared"],
+        exclusion=[{"op": "and", "args": ["shared", "other"]}],
+        atoms=[atom("shared"), atom("other")],
+    )
     p = patient(prog, "exclusion-absent").by_atom()
     assert p["shared"].status == "unresolved" and "disagree across sides" in p["shared"].note
     assert (p["other"].status, p["other"].value) == ("imputed", False)
 
 
 def test_overrides_and_first_matching_rule():
-    pol = Policy.model_validate({
-        "name": "site", "version": "3", "rules": [
-            {"id": "labs-open", "match": {"kinds": ["lab_value"]}, "action": "unresolved", "reason": "labs at visit"},
-            {"id": "rest-false", "action": "impute", "value": False, "reason": "absent unless documented"}],
-        "overrides": {"nodx": {"action": "impute", "value": True, "reason": "site rule"}}})
+    pol = Policy.model_validate(
+        {
+            "name": "site",
+            "version": "3",
+            "rules": [
+                {
+                    "id": "labs-open",
+                    "match": {"kinds": ["lab_value"]},
+                    "action": "unresolved",
+                    "reason": "labs at visit",
+                },
+                {
+                    "id": "rest-false",
+                    "action": "impute",
+                    "value": False,
+                    "reason": "absent unless documented",
+                },
+            ],
+            "overrides": {"nodx": {"action": "impute", "value": True, "reason": "site rule"}},
+        }
+    )
     p = resolve(PROG, "p", [], pol).by_atom()
     assert p["creat"].status == "unresolved"
     assert p["dx"].value is False and p["dx"].imputation.rule == "rest-false"

@@ -1,5 +1,4 @@
 import pytest
-
 from verdict.core.engine import Engine
 from verdict.core.errors import ProgramError
 from verdict.core.program import load_program
@@ -28,14 +27,25 @@ def test_duplicate_ids_and_names():
         program(["a"], atoms=[atom("a"), atom("a")])
     assert "duplicate atom name 'a'" in str(e.value)
     with pytest.raises(ProgramError) as e:
-        program([], cohorts=[{"id": "x", "inclusion": [{"id": "i", "text": "", "formula": "a"}] * 2}], atoms=[atom("a")])
+        program(
+            [],
+            cohorts=[{"id": "x", "inclusion": [{"id": "i", "text": "", "formula": "a"}] * 2}],
+            atoms=[atom("a")],
+        )
     assert "duplicate id 'i'" in str(e.value)
 
 
 def test_structural_errors_name_the_field():
     with pytest.raises(ProgramError) as e:
-        load_program({"trial_id": "T", "atoms": [{"name": "a", "domain": "text", "kind": "diagnosis", "definition": "x"}],
-                      "cohorts": [{"id": "c", "inclusion": [{"id": "i", "text": "", "formula": {"op": "xor", "args": []}}]}]})
+        load_program(
+            {
+                "trial_id": "T",
+                "atoms": [{"name": "a", "domain": "text", "kind": "diagnosis", "definition": "x"}],
+                "cohorts": [
+                    {"id": "c", "inclusion": [{"id": "i", "text": "", "formula": {"op": "xor", "args": []}}]}
+                ],
+            }
+        )
     msg = str(e.value)
     assert "atoms.0.domain" in msg
     assert "formula" in msg
@@ -46,8 +56,13 @@ def test_structural_errors_name_the_field():
 
 def test_unknown_keys_are_refused():
     with pytest.raises(ProgramError) as e:
-        load_program({"trial_id": "T", "atoms": [atom("a")], "cohorts": [{"id": "c", "inclusion": [
-            {"id": "i", "text": "", "formula": "a", "weight": 2}]}]})
+        load_program(
+            {
+                "trial_id": "T",
+                "atoms": [atom("a")],
+                "cohorts": [{"id": "c", "inclusion": [{"id": "i", "text": "", "formula": "a", "weight": 2}]}],
+            }
+        )
     assert "weight" in str(e.value)
 
 
@@ -76,11 +91,24 @@ def test_unsatisfiable_program_is_refused_with_the_culprit():
 
 def test_definitions_are_trial_wide_and_checked():
     atoms = [atom("q"), atom("s")]
-    prog = program(["q"], atoms=atoms, definitions=[{"id": "d", "kind": "qualifier_implies_stem",
-                                                      "formula": {"op": "implies", "if": "q", "then": "s"}}])
+    prog = program(
+        ["q"],
+        atoms=atoms,
+        definitions=[
+            {
+                "id": "d",
+                "kind": "qualifier_implies_stem",
+                "formula": {"op": "implies", "if": "q", "then": "s"},
+            }
+        ],
+    )
     assert prog.atom_sides()["s"] == {"inclusion"}  # a stem takes the side of its qualifier
     with pytest.raises(ProgramError):
-        program(["q"], atoms=atoms, definitions=[{"id": "d", "formula": {"op": "implies", "if": "q", "then": "nope"}}])
+        program(
+            ["q"],
+            atoms=atoms,
+            definitions=[{"id": "d", "formula": {"op": "implies", "if": "q", "then": "nope"}}],
+        )
 
 
 def test_time_scope_needs_amount_for_windows():
@@ -138,8 +166,11 @@ def test_hostile_nesting_is_refused_cheaply_without_recursion():
         program([deep(20_000, "not")], atoms=LAB)
 
 
-@pytest.mark.parametrize("rhs", [10**400, float("nan"), float("inf"), -float("inf"), MAX_MAGNITUDE * (1 + 1e-15), 10**15 + 1],
-                         ids=["10**400", "nan", "inf", "-inf", "just-above-1e15", "10**15+1"])
+@pytest.mark.parametrize(
+    "rhs",
+    [10**400, float("nan"), float("inf"), -float("inf"), MAX_MAGNITUDE * (1 + 1e-15), 10**15 + 1],
+    ids=["10**400", "nan", "inf", "-inf", "just-above-1e15", "10**15+1"],
+)
 def test_numbers_beyond_the_range_are_validation_problems_naming_the_field(rhs):
     with pytest.raises(ProgramError) as e:
         program([{"op": "cmp", "lhs": "x", "rel": "le", "rhs": rhs}], atoms=LAB)

@@ -8,7 +8,6 @@ import random
 
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-
 from verdict.core.counterfactual import apply_pivotal
 from verdict.core.engine import Engine
 from verdict.core.formula import rename
@@ -19,7 +18,11 @@ from .oracle import Oracle, snap
 from .strategies import patients, programs
 
 ENGINE = Engine(alternatives=3)
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+SETTINGS = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
 
 
 def facts_of(patient: ResolvedPatient) -> dict:
@@ -70,8 +73,10 @@ def test_decision_labels_and_assumptions_match_brute_force(data):
             assert oracle.depends(facts, a.atom) == (a.cls == "alternative"), a
     if d.decision == "eligible":  # forced values together with the facts admit the patient
         forced = {a.atom: a for a in d.assumptions if a.cls == "forced" and a.value is not None}
-        assert any(w.defs and w.admitted and all(w.env[k] == snap(f.value) for k, f in forced.items())
-                   for w in oracle.matching(facts))
+        assert any(
+            w.defs and w.admitted and all(w.env[k] == snap(f.value) for k, f in forced.items())
+            for w in oracle.matching(facts)
+        )
 
 
 @SETTINGS
@@ -112,7 +117,9 @@ def test_renaming_and_reordering_give_the_same_artifacts(data):
         a["name"] = mapping[a["name"]]
     rng.shuffle(body["atoms"])
     for d in body["definitions"]:
-        d["formula"] = rename(program.definitions[[x.id for x in program.definitions].index(d["id"])].formula, mapping)
+        d["formula"] = rename(
+            program.definitions[[x.id for x in program.definitions].index(d["id"])].formula, mapping
+        )
     cohorts = {c.id: c for c in program.cohorts}
     for c in body["cohorts"]:
         for side in ("inclusion", "exclusion"):
@@ -124,18 +131,29 @@ def test_renaming_and_reordering_give_the_same_artifacts(data):
     renamed = check_program(TrialProgram.model_validate(body))
     rs = [r.model_copy(update={"atom": mapping[r.atom]}) for r in patient.resolutions]
     rng.shuffle(rs)
-    patient2 = ResolvedPatient(patient_id="p", trial_id="T", program_hash=renamed.content_hash, resolutions=rs)
+    patient2 = ResolvedPatient(
+        patient_id="p", trial_id="T", program_hash=renamed.content_hash, resolutions=rs
+    )
     d1, d2 = ENGINE.decide(program, patient), ENGINE.decide(renamed, patient2)
     inverse = {v: k for k, v in mapping.items()}
     assert d1.decision == d2.decision
     assert {(lb.cohort, lb.criterion, lb.label, tuple(sorted(lb.facts))) for lb in d1.labels} == {
-        (lb.cohort, lb.criterion, lb.label, tuple(sorted(inverse[a] for a in lb.facts))) for lb in d2.labels}
-    assert {(a.atom, a.cls, a.value) for a in d1.assumptions} == {(inverse[a.atom], a.cls, a.value) for a in d2.assumptions}
+        (lb.cohort, lb.criterion, lb.label, tuple(sorted(inverse[a] for a in lb.facts))) for lb in d2.labels
+    }
+    assert {(a.atom, a.cls, a.value) for a in d1.assumptions} == {
+        (inverse[a.atom], a.cls, a.value) for a in d2.assumptions
+    }
     if d1.pivotal is not None and not (d1.pivotal.complete and d2.pivotal.complete):
         return  # capped enumeration: the primary set is only canonical among those found
     p1 = [(c.atom, c.target, c.requirement.text) for c in d1.pivotal.conditions] if d1.pivotal else []
-    p2 = [(inverse[c.atom], c.target, c.requirement.text.replace(c.atom, inverse[c.atom])) for c in d2.pivotal.conditions] \
-        if d2.pivotal else []
+    p2 = (
+        [
+            (inverse[c.atom], c.target, c.requirement.text.replace(c.atom, inverse[c.atom]))
+            for c in d2.pivotal.conditions
+        ]
+        if d2.pivotal
+        else []
+    )
     assert sorted(p1) == sorted(p2)
 
 

@@ -5,7 +5,7 @@ import random
 from verdict.core.engine import Engine
 from verdict.core.ranking import rank
 
-from .helpers import program, patient
+from .helpers import patient, program
 
 
 def _decide(trial_id, inclusion, **values):
@@ -42,9 +42,10 @@ def test_order_is_a_pure_function_of_the_decisions():
 
 
 def test_one_reference_patient_against_its_recorded_trials():
-    from tests.support import REFERENCE_V6, need
     from verdict.core.ranking import _TIER_ORDER
     from verdict.core.reference import load_reference
+
+    from tests.support import REFERENCE_V6, need
 
     need(REFERENCE_V6.is_dir(), "shared reference data")
     files = sorted((REFERENCE_V6 / "sigir-20141").glob("*__full.json"))

@@ -8,12 +8,12 @@ import json
 
 import pytest
 import z3
-
-from tests.support import REFERENCE_V6, need
 from verdict.core.cases import load_case
 from verdict.core.engine import Engine
 from verdict.core.policy import load_policy
 from verdict.core.reference import import_reference
+
+from tests.support import REFERENCE_V6, need
 
 FILES = sorted(REFERENCE_V6.glob("*/*__full.json")) if REFERENCE_V6.is_dir() else []
 ENGINE = Engine()
@@ -99,7 +99,8 @@ def test_agreement_count():
         case, _, d = decide(path)
         s = d.cohorts[0]
         agree += (s.inclusion_satisfiable == case.recorded_sat["inclusion"]) + (
-            s.exclusion_satisfiable == case.recorded_sat["exclusion"])
+            s.exclusion_satisfiable == case.recorded_sat["exclusion"]
+        )
         total += 2
     assert total - agree == len(CONFLICT_SET_ASIDE) + len(AUTHORS_DROPPED_VALUE) + len(PASSES_MERGED)
 
@@ -115,7 +116,9 @@ def test_import_is_lossless_for_values():
                 if atom.startswith("__THRESH__") or v["value"] is None or atom not in res:
                     continue
                 r = res[atom]
-                other = raw["exclusion" if side == "inclusion" else "inclusion"]["raw"]["patient_var_values_rich"].get(atom)
+                other = raw["exclusion" if side == "inclusion" else "inclusion"]["raw"][
+                    "patient_var_values_rich"
+                ].get(atom)
                 if other and other["value"] is not None and other["value"] != v["value"]:
                     assert r.status == "unresolved"  # the two passes disagree: left open, with a note
                 else:
@@ -144,15 +147,24 @@ def test_cross_check_decision_with_plain_z3():
         sat = {}
         for side in ("inclusion", "exclusion"):
             s = z3.Solver()
-            s.from_string("\n".join(line for line in raw[side]["raw"]["smt_program_lines"] if not line.startswith(";")))
+            s.from_string(
+                "\n".join(line for line in raw[side]["raw"]["smt_program_lines"] if not line.startswith(";"))
+            )
             for r in patient.resolutions:
-                if r.resolved and r.value is not None and ("declare-const " + r.atom + " ") in " ".join(raw[side]["raw"]["smt_program_lines"]):
+                if (
+                    r.resolved
+                    and r.value is not None
+                    and ("declare-const " + r.atom + " ") in " ".join(raw[side]["raw"]["smt_program_lines"])
+                ):
                     v = z3.Bool(r.atom) if isinstance(r.value, bool) else z3.Real(r.atom)
                     s.add(v == (z3.BoolVal(r.value) if isinstance(r.value, bool) else z3.RealVal(r.value)))
             sat[side] = s.check() == z3.sat
         if any(r.bounds for r in patient.resolutions) or key(path) in {k for k, _ in PASSES_MERGED}:
             continue
-        assert (d.cohorts[0].inclusion_satisfiable, d.cohorts[0].exclusion_satisfiable) == (sat["inclusion"], sat["exclusion"])
+        assert (d.cohorts[0].inclusion_satisfiable, d.cohorts[0].exclusion_satisfiable) == (
+            sat["inclusion"],
+            sat["exclusion"],
+        )
 
 
 # ---- held-out recorded programs (tests/core/data/heldout, see its README) ----------------------
@@ -165,10 +177,18 @@ def heldout(stem: str):
     return next(HELDOUT.glob(f"*/{stem}__full.json"))
 
 
-def tiny(inc_lines, exc_lines=(), decls=(("x", "Real"), ("p", "Bool")), inc_values=None, exc_values=None) -> dict:
+def tiny(
+    inc_lines, exc_lines=(), decls=(("x", "Real"), ("p", "Bool")), inc_values=None, exc_values=None
+) -> dict:
     def side(lines, values):
-        return {"sat_like": True, "raw": {"smt_program_lines": [f"(declare-const {n} {s})" for n, s in decls] + list(lines),
-                                          "patient_var_values_rich": values or {}}}
+        return {
+            "sat_like": True,
+            "raw": {
+                "smt_program_lines": [f"(declare-const {n} {s})" for n, s in decls] + list(lines),
+                "patient_var_values_rich": values or {},
+            },
+        }
+
     return {"inclusion": side(inc_lines, inc_values), "exclusion": side(exc_lines, exc_values)}
 
 
@@ -180,13 +200,20 @@ def test_existential_definitions_become_fresh_constants_and_agree_with_z3():
     assert len({a.name for a in fresh}) == 3 and all("not a chart fact" in a.definition for a in fresh)
     assert all(not a.source_criteria for a in fresh)  # only in definitions: never a criterion's atom
     assert {r.atom for r in patient.resolutions if r.atom in {a.name for a in fresh}} <= {
-        r.atom for r in patient.resolutions if r.status == "unresolved"}
+        r.atom for r in patient.resolutions if r.status == "unresolved"
+    }
     raw = json.loads(path.read_text())
     s = z3.Solver()  # z3 reads the quantifier itself: the import must mean the same
-    s.from_string("\n".join(line for line in raw["inclusion"]["raw"]["smt_program_lines"] if not line.startswith(";")))
-    s.add(z3.Real("patient_creatinine_value_recorded_now_withunit_mg_per_dl") == z3.RealVal("2.6"),
-          z3.Real("patient_age_value_recorded_now_in_years") == 54)
-    assert (s.check() == z3.sat) == d.cohorts[0].inclusion_satisfiable == case.recorded_sat["inclusion"] is False
+    s.from_string(
+        "\n".join(line for line in raw["inclusion"]["raw"]["smt_program_lines"] if not line.startswith(";"))
+    )
+    s.add(
+        z3.Real("patient_creatinine_value_recorded_now_withunit_mg_per_dl") == z3.RealVal("2.6"),
+        z3.Real("patient_age_value_recorded_now_in_years") == 54,
+    )
+    assert (
+        (s.check() == z3.sat) == d.cohorts[0].inclusion_satisfiable == case.recorded_sat["inclusion"] is False
+    )
     assert d.decision == "ineligible"
     named = {p.atom for p in d.pivotal.conditions} | {a.atom for a in d.assumptions}
     assert not any(n.startswith("skolem::") for n in named)
@@ -194,15 +221,21 @@ def test_existential_definitions_become_fresh_constants_and_agree_with_z3():
 
 def test_quantifiers_that_are_not_existentials_of_a_definition_are_named_errors():
     aux = "(assert (! {} :named REQ0_AUXILIARY0))"
-    ok = tiny([aux.format("(not (forall ((v Real)) (not (and (= v x) (> v 1.0)))))"),  # an existential
-               "(assert (! p :named REQ0_COMPONENT0_P))"])
+    ok = tiny(
+        [
+            aux.format("(not (forall ((v Real)) (not (and (= v x) (> v 1.0)))))"),  # an existential
+            "(assert (! p :named REQ0_COMPONENT0_P))",
+        ]
+    )
     ref = import_reference(ok, trial_id="T", patient_id="p")
     assert any(a.name.startswith("skolem::inc.REQ0_AUXILIARY0::v") for a in ref.program.atoms)
     cases = {
         aux.format("(not (exists ((v Real)) (> v x)))"): "position where it is not an existential",
         aux.format("(= p (exists ((v Real)) (> v x)))"): "position where it is not an existential",
         aux.format("(forall ((v Real)) (> v x))"): "position where it is not an existential",
-        "(assert (! (exists ((v Real)) (> v x)) :named REQ0_COMPONENT0_X))": "'exists' quantifier in a criterion",
+        "(assert (! (exists ((v Real)) (> v x)) :named REQ0_COMPONENT0_X))": (
+            "'exists' quantifier in a criterion"
+        ),
         aux.format("(let ((y x)) (> y 1.0))"): "operator 'let'",
     }
     for line, why in cases.items():
@@ -216,8 +249,11 @@ def test_quantifiers_that_are_not_existentials_of_a_definition_are_named_errors(
 
 def test_bound_variables_shadow_atoms_and_are_renamed_apart():
     aux = "(assert (! (exists ((x Real)) (and (> x 5.0) (=> p (> x 1.0)))) :named REQ0_AUXILIARY{}))"
-    ref = import_reference(tiny([aux.format(0), aux.format(1), "(assert (! (< x 2.0) :named REQ0_COMPONENT0_X))"]),
-                           trial_id="T", patient_id="p")
+    ref = import_reference(
+        tiny([aux.format(0), aux.format(1), "(assert (! (< x 2.0) :named REQ0_COMPONENT0_X))"]),
+        trial_id="T",
+        patient_id="p",
+    )
     fresh = sorted(a.name for a in ref.program.atoms if a.name.startswith("skolem::"))
     assert fresh == ["skolem::inc.REQ0_AUXILIARY0::x", "skolem::inc.REQ0_AUXILIARY1::x"]
     crit = ref.program.cohorts[0].inclusion[0].formula
@@ -235,25 +271,43 @@ def test_contradictory_threshold_helpers_are_a_reported_conflict_with_the_values
     atom = "patient_age_value_recorded_now_in_years"
     (c,) = d.conflicts if d.conflicts else case.conflicts
     assert c.source == "threshold_helpers" and c.atoms == [atom] and c.set_aside == [atom]
-    assert c.values == [f"inclusion pass: __THRESH__::{atom}::ge::30 = false",
-                        f"inclusion pass: __THRESH__::{atom}::lt::30 = false"]
+    assert c.values == [
+        f"inclusion pass: __THRESH__::{atom}::ge::30 = false",
+        f"inclusion pass: __THRESH__::{atom}::lt::30 = false",
+    ]
     assert patient.by_atom()[atom].status == "unresolved"
 
 
 def test_threshold_helpers_are_checked_against_the_atoms_own_value_and_eq_helpers_count():
-    values = {"x": {"value": 45, "evidence": "x 45"}, "__THRESH__::x::lt::30": {"value": True, "evidence": "x low"}}
-    ref = import_reference(tiny(["(assert (! (> x 1.0) :named REQ0_COMPONENT0_X))"], inc_values=values),
-                           trial_id="T", patient_id="p")
+    values = {
+        "x": {"value": 45, "evidence": "x 45"},
+        "__THRESH__::x::lt::30": {"value": True, "evidence": "x low"},
+    }
+    ref = import_reference(
+        tiny(["(assert (! (> x 1.0) :named REQ0_COMPONENT0_X))"], inc_values=values),
+        trial_id="T",
+        patient_id="p",
+    )
     (c,) = ref.conflicts
     assert c.values == ["inclusion pass: __THRESH__::x::lt::30 = true", "inclusion pass: x = 45"]
     assert ref.patient.by_atom()["x"].status == "unresolved"
     values = {"x": {"value": None}, "__THRESH__::x::eq::7": {"value": True, "evidence": "x is 7"}}
-    ref = import_reference(tiny(["(assert (! (> x 1.0) :named REQ0_COMPONENT0_X))"], inc_values=values),
-                           trial_id="T", patient_id="p")
+    ref = import_reference(
+        tiny(["(assert (! (> x 1.0) :named REQ0_COMPONENT0_X))"], inc_values=values),
+        trial_id="T",
+        patient_id="p",
+    )
     assert not ref.conflicts and ref.patient.by_atom()["x"].value == 7.0
-    values = {"x": {"value": None}, "__THRESH__::x::ge::30": {"value": True}, "__THRESH__::x::le::40": {"value": True}}
-    ref = import_reference(tiny(["(assert (! (> x 1.0) :named REQ0_COMPONENT0_X))"], inc_values=values),
-                           trial_id="T", patient_id="p")
+    values = {
+        "x": {"value": None},
+        "__THRESH__::x::ge::30": {"value": True},
+        "__THRESH__::x::le::40": {"value": True},
+    }
+    ref = import_reference(
+        tiny(["(assert (! (> x 1.0) :named REQ0_COMPONENT0_X))"], inc_values=values),
+        trial_id="T",
+        patient_id="p",
+    )
     b = ref.patient.by_atom()["x"].bounds
     assert (b.lo, b.hi, b.lo_strict, b.hi_strict) == (30, 40, False, False)
 
@@ -262,24 +316,45 @@ def test_incompatible_passes_are_a_conflict_and_compatible_ones_are_merged_with_
     atom = "patient_pulmonary_artery_systolic_pressure_value_recorded_now_withunit_mmhg"
     case, patient, d = decide(heldout("NCT90000004b"))  # inclusion pass <= 35, exclusion pass > 40
     (c,) = case.conflicts
-    assert c.source == "passes" and c.values == [f"inclusion pass: {atom} <= 35", f"exclusion pass: {atom} > 40"]
+    assert c.source == "passes" and c.values == [
+        f"inclusion pass: {atom} <= 35",
+        f"exclusion pass: {atom} > 40",
+    ]
     assert patient.by_atom()[atom].status == "unresolved"
     case, patient, d = decide(heldout("NCT90000004a"))  # inclusion pass open, exclusion pass > 40
     assert not case.conflicts and patient.by_atom()[atom].bounds.lo == 40
     assert d.decision == "ineligible"
     (note,) = case.import_notes
     assert note.startswith(f"{atom}: {atom} > 40 was recorded by the exclusion pass only")
-    real = ("(assert (! (> x 1.0) :named REQ0_COMPONENT0_X))", "(assert (! (not (> x 9.0)) :named REQ0_COMPONENT0_Y))")
+    real = (
+        "(assert (! (> x 1.0) :named REQ0_COMPONENT0_X))",
+        "(assert (! (not (> x 9.0)) :named REQ0_COMPONENT0_Y))",
+    )
     boolean = ("(assert (! p :named REQ0_COMPONENT0_P))", "(assert (! (not p) :named REQ0_COMPONENT0_Q))")
     for lines, atom, inc, exc, meet in [
-        (real, "x", {"value": 5}, {"value": None, "range": {"min": 3, "max": 9}}, 5),  # value inside the range
-        (real, "x", {"value": None, "range": {"min": 3}}, {"value": None, "range": {"max": 9}}, (3, 9)),  # intersected
+        (
+            real,
+            "x",
+            {"value": 5},
+            {"value": None, "range": {"min": 3, "max": 9}},
+            5,
+        ),  # value inside the range
+        (
+            real,
+            "x",
+            {"value": None, "range": {"min": 3}},
+            {"value": None, "range": {"max": 9}},
+            (3, 9),
+        ),  # intersected
         (real, "x", {"value": 5}, {"value": 6}, None),
         (real, "x", {"value": 5}, {"value": None, "range": {"min": 7}}, None),
         (boolean, "p", {"value": True}, {"value": False}, None),
     ]:
-        ref = import_reference(tiny([lines[0]], [lines[1]], inc_values={atom: inc}, exc_values={atom: exc}),
-                               trial_id="T", patient_id="p")
+        ref = import_reference(
+            tiny([lines[0]], [lines[1]], inc_values={atom: inc}, exc_values={atom: exc}),
+            trial_id="T",
+            patient_id="p",
+        )
         r = ref.patient.by_atom()[atom]
         if meet is None:
             assert r.status == "unresolved" and ref.conflicts[0].source == "passes", (inc, exc)
@@ -291,21 +366,31 @@ def test_incompatible_passes_are_a_conflict_and_compatible_ones_are_merged_with_
 def test_a_program_no_patient_can_satisfy_names_the_conflicting_criteria():
     case, patient, d = decide(heldout("NCT90000005"))
     assert d.decision == "ineligible" and not d.incomplete
-    assert d.reason == ("the trial program admits no patient: no patient can satisfy the definitions and any cohort "
-                        "together; cohort 'main': criteria main/inc.REQ0_COMPONENT0_ADULT, "
-                        "main/exc.REQ0_COMPONENT0_MINORS_ONLY cannot all be met together (with the definitions)")
-    assert d.pivotal.direction == "to_eligible" and not d.pivotal.conditions and "admits no patient" in d.pivotal.note
+    assert d.reason == (
+        "the trial program admits no patient: no patient can satisfy the definitions and any cohort "
+        "together; cohort 'main': criteria main/inc.REQ0_COMPONENT0_ADULT, "
+        "main/exc.REQ0_COMPONENT0_MINORS_ONLY cannot all be met together (with the definitions)"
+    )
+    assert (
+        d.pivotal.direction == "to_eligible"
+        and not d.pivotal.conditions
+        and "admits no patient" in d.pivotal.note
+    )
     with pytest.raises(Exception, match="cannot all be met together"):
         ENGINE.check_satisfiable(case.program)
 
 
-@pytest.mark.parametrize("depth,why", [(100, "formula nested deeper than 64 levels"), (5000, "nested too deeply to import")])
+@pytest.mark.parametrize(
+    "depth,why", [(100, "formula nested deeper than 64 levels"), (5000, "nested too deeply to import")]
+)
 def test_deeply_nested_smt_is_a_named_error_not_a_crash(depth, why):
     expr = "p"
     for _ in range(depth):
         expr = f"(not {expr})"
     with pytest.raises(ImportFormatError) as e:
-        import_reference(tiny([f"(assert (! {expr} :named REQ0_COMPONENT0_P))"]), trial_id="T", patient_id="p")
+        import_reference(
+            tiny([f"(assert (! {expr} :named REQ0_COMPONENT0_P))"]), trial_id="T", patient_id="p"
+        )
     (problem,) = e.value.problems
     assert problem.startswith("inclusion side, assertion REQ0_COMPONENT0_P: ") and why in problem
 
@@ -318,4 +403,6 @@ def test_malformed_or_unsupported_shapes_are_named_errors():
     assert e.value.problems == ["inclusion.raw.patient_var_values_rich: must be an object"]
     for line in ("(declare-fun f (Real) Real)", "(define-fun g ((y Real)) Real y)"):
         with pytest.raises(UnsupportedConstructError, match="cannot be imported soundly"):
-            import_reference(tiny([line, "(assert (! p :named REQ0_COMPONENT0_P))"]), trial_id="T", patient_id="p")
+            import_reference(
+                tiny([line, "(assert (! p :named REQ0_COMPONENT0_P))"]), trial_id="T", patient_id="p"
+            )

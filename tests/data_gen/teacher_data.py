@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import yaml
-
 from verdict.data_gen.protocol import PatientDoc, TrialDoc
 from verdict.data_gen.scripted_server import Match, Rule, Script, ScriptedResponse
 
@@ -20,27 +19,56 @@ def trial_id(i: int) -> str:
 
 
 def trial(i: int) -> TrialDoc:
-    return TrialDoc(trial_id=trial_id(i), title=f"Synthetic trial {i}",
-                    inclusion=f"Adults aged 18 or older\nDiagnosis of condition {i}", exclusion="Pregnancy")
+    return TrialDoc(
+        trial_id=trial_id(i),
+        title=f"Synthetic trial {i}",
+        inclusion=f"Adults aged 18 or older\nDiagnosis of condition {i}",
+        exclusion="Pregnancy",
+    )
 
 
 def program(i: int) -> dict:
     """A valid ParsedTrial answer for trial(i)."""
     return {
         "atoms": [
-            {"name": "age_years", "domain": "int", "kind": "demographic", "unit": "years",
-             "definition": "The patient's age in years.", "source_criteria": ["inc1"]},
-            {"name": f"has_condition_{i}", "domain": "bool", "kind": "diagnosis",
-             "definition": f"The patient has a diagnosis of condition {i}.", "source_criteria": ["inc2"]},
-            {"name": "is_pregnant", "domain": "bool", "kind": "diagnosis",
-             "definition": "The patient is currently pregnant.", "time_scope": {"kind": "current"},
-             "source_criteria": ["exc1"]},
+            {
+                "name": "age_years",
+                "domain": "int",
+                "kind": "demographic",
+                "unit": "years",
+                "definition": "The patient's age in years.",
+                "source_criteria": ["inc1"],
+            },
+            {
+                "name": f"has_condition_{i}",
+                "domain": "bool",
+                "kind": "diagnosis",
+                "definition": f"The patient has a diagnosis of condition {i}.",
+                "source_criteria": ["inc2"],
+            },
+            {
+                "name": "is_pregnant",
+                "domain": "bool",
+                "kind": "diagnosis",
+                "definition": "The patient is currently pregnant.",
+                "time_scope": {"kind": "current"},
+                "source_criteria": ["exc1"],
+            },
         ],
-        "cohorts": [{"id": "main",
-                     "inclusion": [{"id": "inc1", "text": "Adults aged 18 or older",
-                                    "formula": {"op": "cmp", "lhs": "age_years", "rel": "ge", "rhs": 18}},
-                                   {"id": "inc2", "text": f"Diagnosis of condition {i}", "formula": f"has_condition_{i}"}],
-                     "exclusion": [{"id": "exc1", "text": "Pregnancy", "formula": "is_pregnant"}]}],
+        "cohorts": [
+            {
+                "id": "main",
+                "inclusion": [
+                    {
+                        "id": "inc1",
+                        "text": "Adults aged 18 or older",
+                        "formula": {"op": "cmp", "lhs": "age_years", "rel": "ge", "rhs": 18},
+                    },
+                    {"id": "inc2", "text": f"Diagnosis of condition {i}", "formula": f"has_condition_{i}"},
+                ],
+                "exclusion": [{"id": "exc1", "text": "Pregnancy", "formula": "is_pregnant"}],
+            }
+        ],
     }
 
 
@@ -71,17 +99,36 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def write_inputs(tmp: Path, n_trials: int, n_patients: int, pairs: list[tuple[int, int]] | None = None) -> dict:
+def write_inputs(
+    tmp: Path, n_trials: int, n_patients: int, pairs: list[tuple[int, int]] | None = None
+) -> dict:
     """trials.jsonl, patients.jsonl (and pairs.jsonl) in the benchmarks layout."""
-    trials = write_jsonl(tmp / "trials.jsonl", [
-        {"nct_id": t.trial_id, "title": t.title, "inclusion": t.inclusion, "exclusion": t.exclusion,
-         "criteria": None} for t in (trial(i) for i in range(n_trials))])
-    patients = write_jsonl(tmp / "patients.jsonl", [
-        {"_id": p.patient_id, "text": p.text, "metadata": {}} for p in (patient(j) for j in range(n_patients))])
+    trials = write_jsonl(
+        tmp / "trials.jsonl",
+        [
+            {
+                "nct_id": t.trial_id,
+                "title": t.title,
+                "inclusion": t.inclusion,
+                "exclusion": t.exclusion,
+                "criteria": None,
+            }
+            for t in (trial(i) for i in range(n_trials))
+        ],
+    )
+    patients = write_jsonl(
+        tmp / "patients.jsonl",
+        [
+            {"_id": p.patient_id, "text": p.text, "metadata": {}}
+            for p in (patient(j) for j in range(n_patients))
+        ],
+    )
     out = {"trials": trials, "patients": patients}
     if pairs is not None:
-        out["pairs"] = write_jsonl(tmp / "pairs.jsonl", [
-            {"patient_id": f"synth-{j}", "nct_id": trial_id(i), "score": 2} for i, j in pairs])
+        out["pairs"] = write_jsonl(
+            tmp / "pairs.jsonl",
+            [{"patient_id": f"synth-{j}", "nct_id": trial_id(i), "score": 2} for i, j in pairs],
+        )
     return out
 
 
@@ -96,13 +143,15 @@ def criterion_prompt(side: str, text: str) -> str:
 def criterion_answers(i: int, bad: bool = False) -> list[tuple[str, dict]]:
     """(user turn, per-criterion answer) for each criterion of trial(i), from program(i) (the
     answer to inc-2, the trial's own criterion, uses an undeclared atom if `bad`)."""
-    from verdict.data_gen.formalizer import criterion_outputs
     from verdict.core.program import TrialProgram
+    from verdict.data_gen.formalizer import criterion_outputs
 
     p = TrialProgram(trial_id=trial_id(i), **program(i))
     outs = criterion_outputs(p)
-    answers = [(criterion_prompt(side, cr.text), outs[cr.id].model_dump(mode="json", exclude_defaults=True))
-               for _, side, cr in p.criteria()]
+    answers = [
+        (criterion_prompt(side, cr.text), outs[cr.id].model_dump(mode="json", exclude_defaults=True))
+        for _, side, cr in p.criteria()
+    ]
     if bad:  # the trial's own criterion (the others recur in every trial)
         answers[1][1]["formula"] = f"has_condition_{i}_now"
     return answers
@@ -115,10 +164,19 @@ def parser_rules(i: int, bad_first: bool = False) -> list[Rule]:
     if bad_first:
         for (prompt, fixed), (_, broken) in zip(good, criterion_answers(i, bad=True)):
             if fixed != broken:
-                rules.append(Rule(match=Match(contains=[prompt, "rejected by the checker"]),
-                                  responses=[ScriptedResponse(content=fixed)]))
-                rules.append(Rule(match=Match(contains=[prompt]), responses=[ScriptedResponse(content=broken)]))
-    rules += [Rule(match=Match(contains=[prompt]), responses=[ScriptedResponse(content=ans)]) for prompt, ans in good]
+                rules.append(
+                    Rule(
+                        match=Match(contains=[prompt, "rejected by the checker"]),
+                        responses=[ScriptedResponse(content=fixed)],
+                    )
+                )
+                rules.append(
+                    Rule(match=Match(contains=[prompt]), responses=[ScriptedResponse(content=broken)])
+                )
+    rules += [
+        Rule(match=Match(contains=[prompt]), responses=[ScriptedResponse(content=ans)])
+        for prompt, ans in good
+    ]
     return rules
 
 
@@ -133,21 +191,34 @@ def parser_script(n_trials: int, latency: float = 0.0, bad_first: set[int] = fro
 
 
 def write_teacher(tmp: Path, url: str, name: str = "scripted-test", **over) -> Path:
-    cfg = {"name": name, "base_url": url, "model": "teacher-model", "timeout_s": 10, "concurrency": 4,
-           "max_retries": 3, "backoff_base_s": 0.01, "backoff_max_s": 0.05,
-           "prices": {"input_per_million": 2.0, "output_per_million": 8.0}}
+    cfg = {
+        "name": name,
+        "base_url": url,
+        "model": "teacher-model",
+        "timeout_s": 10,
+        "concurrency": 4,
+        "max_retries": 3,
+        "backoff_base_s": 0.01,
+        "backoff_max_s": 0.05,
+        "prices": {"input_per_million": 2.0, "output_per_million": 8.0},
+    }
     cfg.update(over)
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 
 
-def write_run(tmp: Path, teacher: Path, inputs: dict, name: str = "test-run", data_class: str = "synthetic",
-              **over) -> Path:
-    cfg = {"name": name, "out_dir": str(tmp / "runs"), "cache": str(tmp / "runs" / "cache.sqlite"),
-           "teachers": {"parser": str(teacher), "miner": str(teacher)},
-           "trials": {"path": str(inputs["trials"])},
-           "patients": {"path": str(inputs["patients"]), "data_class": data_class}}
+def write_run(
+    tmp: Path, teacher: Path, inputs: dict, name: str = "test-run", data_class: str = "synthetic", **over
+) -> Path:
+    cfg = {
+        "name": name,
+        "out_dir": str(tmp / "runs"),
+        "cache": str(tmp / "runs" / "cache.sqlite"),
+        "teachers": {"parser": str(teacher), "miner": str(teacher)},
+        "trials": {"path": str(inputs["trials"])},
+        "patients": {"path": str(inputs["patients"]), "data_class": data_class},
+    }
     if "pairs" in inputs:
         cfg["pairs"] = {"path": str(inputs["pairs"])}
     cfg.update(over)
@@ -159,7 +230,7 @@ def write_run(tmp: Path, teacher: Path, inputs: dict, name: str = "test-run", da
 def windows(text: str, size: int = 20) -> list[str]:
     """Every `size`-character window of a text (after whitespace normalization), for leak scans."""
     t = " ".join(text.split())
-    return [t[i:i + size] for i in range(0, max(1, len(t) - size + 1))]
+    return [t[i : i + size] for i in range(0, max(1, len(t) - size + 1))]
 
 
 def leaks(haystack: str, texts: list[str], size: int = 20) -> list[str]:

@@ -2,13 +2,13 @@
 unification with its report, trial-wide definitions, cohorts, failed criteria, conflicts."""
 
 import pytest
-
+from verdict.core.engine import Engine
+from verdict.core.program import ParsedCriterion
 from verdict.data_gen.formalizer.assembly import assemble, criterion_outputs, unformalized_atom
 from verdict.data_gen.formalizer.criteria import CriterionText
 from verdict.data_gen.recorded import requirement_outputs
+
 from tests.support import REFERENCE_V6, need
-from verdict.core.engine import Engine
-from verdict.core.program import ParsedCriterion
 
 ENGINE = Engine(alternatives=0)  # the caller's engine: assembly has no default one
 LARGEST = ["sigir-20147/NCT00602537a", "sigir-201411/NCT00350766"]
@@ -96,8 +96,14 @@ def test_same_name_other_unit_is_kept_apart_renamed_and_reported():
             {"op": "cmp", "lhs": "creatinine", "rel": "gt", "rhs": 5}, atom("creatinine", "real", "MG/DL ")
         ),
     }
-    asm = assemble("T", "", [crit("inc-1"), crit("inc-2"), crit("exc-1")], outs, {},
-                   check_satisfiable=ENGINE.check_satisfiable)
+    asm = assemble(
+        "T",
+        "",
+        [crit("inc-1"), crit("inc-2"), crit("exc-1")],
+        outs,
+        {},
+        check_satisfiable=ENGINE.check_satisfiable,
+    )
     q = asm.program
     assert [a.name for a in q.atoms] == ["creatinine", "Creatinine__inc-2"]
     assert q.atom_table()["creatinine"].source_criteria == ["inc-1", "exc-1"]
@@ -210,9 +216,17 @@ def test_nothing_in_scope_is_a_clear_problem():
 
 def test_a_trial_whose_every_criterion_failed_is_rejected():
     criteria = [crit("inc-1"), crit("exc-1")]
-    asm = assemble("T", "", criteria, {}, {"inc-1": "undeclared_atom", "exc-1": "schema"},
-                   check_satisfiable=ENGINE.check_satisfiable)
+    asm = assemble(
+        "T",
+        "",
+        criteria,
+        {},
+        {"inc-1": "undeclared_atom", "exc-1": "schema"},
+        check_satisfiable=ENGINE.check_satisfiable,
+    )
     assert asm.program is None
     assert [c for c, _ in asm.problems] == ["undeclared_atom", "schema"]
-    assert asm.report["unformalized"] == [{"id": "inc-1", "reason": "undeclared_atom"},
-                                          {"id": "exc-1", "reason": "schema"}]
+    assert asm.report["unformalized"] == [
+        {"id": "inc-1", "reason": "undeclared_atom"},
+        {"id": "exc-1", "reason": "schema"},
+    ]

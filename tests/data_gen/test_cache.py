@@ -3,7 +3,6 @@
 import sqlite3
 
 import pytest
-
 from verdict.data_gen.cache import CachedCall, CallCache, CallMeta, canonical_key
 from verdict.data_gen.errors import BudgetExhausted
 from verdict.data_gen.formalizer import Formalizer
@@ -31,8 +30,10 @@ def key(t=None, i=0, prompts=None):
 def test_the_same_criterion_in_two_trials_is_one_key():
     fz = Formalizer(teacher())
     a, b = (fz.trial_criteria(trial(i)).criteria[0] for i in (0, 1))  # "Adults aged 18 or older"
-    assert (fz.request_key("parser", fz.criterion_messages(a), {"type": "object"}, "x")[0]
-            == fz.request_key("parser", fz.criterion_messages(b), {"type": "object"}, "x")[0])
+    assert (
+        fz.request_key("parser", fz.criterion_messages(a), {"type": "object"}, "x")[0]
+        == fz.request_key("parser", fz.criterion_messages(b), {"type": "object"}, "x")[0]
+    )
 
 
 def test_key_covers_endpoint_model_params_and_inputs():
@@ -61,7 +62,9 @@ def test_key_covers_the_prompt_version(monkeypatch):
 
 def test_store_is_atomic_with_its_ledger_entry(tmp_path):
     c = CallCache(tmp_path / "c.sqlite")
-    call = CachedCall(key="k1", content="{}", finish_reason="stop", prompt_tokens=10, completion_tokens=5, cost_usd=0.5)
+    call = CachedCall(
+        key="k1", content="{}", finish_reason="stop", prompt_tokens=10, completion_tokens=5, cost_usd=0.5
+    )
     c.begin("k1", META)
     assert c.inflight("r") == [("k1", "r", "parser")]
     c.store(call, META)
@@ -84,13 +87,19 @@ def test_a_crash_before_the_answer_leaves_a_journal_entry(tmp_path):
 
 
 def test_canonical_key_ignores_dict_order():
-    assert canonical_key({"a": 1, "b": [1, {"c": 2, "d": 3}]}) == canonical_key({"b": [1, {"d": 3, "c": 2}], "a": 1})
+    assert canonical_key({"a": 1, "b": [1, {"c": 2, "d": 3}]}) == canonical_key(
+        {"b": [1, {"d": 3, "c": 2}], "a": 1}
+    )
 
 
 def test_ledger_reserves_worst_case_and_stops(tmp_path):
     c = CallCache(tmp_path / "c.sqlite")
-    c.store(CachedCall(key="old", content="", finish_reason="stop", prompt_tokens=0, completion_tokens=0,
-                       cost_usd=0.4), META)
+    c.store(
+        CachedCall(
+            key="old", content="", finish_reason="stop", prompt_tokens=0, completion_tokens=0, cost_usd=0.4
+        ),
+        META,
+    )
     led = Ledger(c, "r", budget_usd=1.0)
     assert led.spent == 0.4  # money spent before a restart counts
     a = led.reserve(0.3)

@@ -4,7 +4,6 @@ import asyncio
 import time
 
 import pytest
-
 from verdict.data_gen.client import EndpointClient, build_request, quotes_any
 from verdict.data_gen.errors import EndpointError, TeacherConfigError
 from verdict.data_gen.scripted_server import Rule, Script
@@ -16,7 +15,9 @@ NOTE = "A 58-year-old woman presents with episodic pressing chest pain radiating
 
 
 def teacher(url, **over):
-    cfg = dict(name="t", base_url=url, model="m", timeout_s=5, backoff_base_s=0.01, backoff_max_s=0.05, max_retries=3)
+    cfg = dict(
+        name="t", base_url=url, model="m", timeout_s=5, backoff_base_s=0.01, backoff_max_s=0.05, max_retries=3
+    )
     cfg.update(over)
     return TeacherConfig(**cfg)
 
@@ -25,8 +26,9 @@ def call(t, request=None, **kw):
     async def go():
         c = EndpointClient(t, seed=0)
         try:
-            return await c.complete(request or build_request(t, "parser", MESSAGES, None, "x"),
-                                    carries_patient_text=False, **kw), c.requests_sent
+            return await c.complete(
+                request or build_request(t, "parser", MESSAGES, None, "x"), carries_patient_text=False, **kw
+            ), c.requests_sent
         finally:
             await c.aclose()
 
@@ -47,9 +49,15 @@ def test_429_honours_retry_after(scripted_server):
     assert gap >= 0.38
 
 
-@pytest.mark.parametrize("fault", [
-    R(fault="status", status=500), R(fault="status", status=503), R(fault="malformed_body"), R(fault="cut_body"),
-])
+@pytest.mark.parametrize(
+    "fault",
+    [
+        R(fault="status", status=500),
+        R(fault="status", status=503),
+        R(fault="malformed_body"),
+        R(fault="cut_body"),
+    ],
+)
 def test_transient_failures_are_retried(scripted_server, fault):
     scripted_server.set_script(script(fault, fault, R(content="fine")))
     comp, sent = call(teacher(scripted_server.url))
@@ -74,7 +82,9 @@ def test_retries_run_out_with_a_clear_error(scripted_server):
 
 
 def test_client_errors_are_not_retried(scripted_server):
-    scripted_server.set_script(script(R(fault="status", status=400, message="bad request: max_tokens too large")))
+    scripted_server.set_script(
+        script(R(fault="status", status=400, message="bad request: max_tokens too large"))
+    )
     with pytest.raises(EndpointError) as e:
         call(teacher(scripted_server.url))
     assert e.value.status == 400 and not e.value.retryable and "max_tokens too large" in str(e.value)
@@ -121,8 +131,10 @@ def test_structured_output_dialects(scripted_server):
         t = teacher(scripted_server.url, structured_output=mode)
         call(t, build_request(t, "parser", MESSAGES, SCHEMA, "thing"))
     bodies = [r.body for r in scripted_server.requests]
-    assert bodies[0]["response_format"] == {"type": "json_schema", "json_schema": {
-        "name": "thing", "schema": SCHEMA, "strict": False}}
+    assert bodies[0]["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "thing", "schema": SCHEMA, "strict": False},
+    }
     assert bodies[1]["structured_outputs"] == {"json": SCHEMA} and "response_format" not in bodies[1]
     assert bodies[2]["response_format"] == {"type": "json_object"}
     assert "response_format" not in bodies[3] and "structured_outputs" not in bodies[3]
@@ -131,8 +143,13 @@ def test_structured_output_dialects(scripted_server):
 
 def test_reasoning_model_parameters(scripted_server):
     scripted_server.set_script(script(R(content="x")))
-    t = teacher(scripted_server.url, temperature=None, max_tokens_param="max_completion_tokens",
-                max_tokens={"parser": 777}, extra_params={"reasoning_effort": "minimal", "vendor_knob": 3})
+    t = teacher(
+        scripted_server.url,
+        temperature=None,
+        max_tokens_param="max_completion_tokens",
+        max_tokens={"parser": 777},
+        extra_params={"reasoning_effort": "minimal", "vendor_knob": 3},
+    )
     call(t)
     body = scripted_server.requests[0].body
     assert "temperature" not in body and "max_tokens" not in body

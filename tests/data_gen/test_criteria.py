@@ -1,9 +1,9 @@
 """The deterministic criteria split (data_gen/formalizer/criteria.py), on the longest real trials."""
 
 import pytest
-
 from verdict.data_gen.formalizer.criteria import CriterionText, normalize_criterion, split_trial
 from verdict.data_gen.protocol import TrialDoc
+
 from tests.support import BENCHMARKS, need
 
 
@@ -130,12 +130,16 @@ def test_lists_of_independent_requirements_become_one_criterion_per_item():
     items = "\n\n".join(f"- Condition {i}" for i in range(3))
     # any item of an exclusion list excludes: one criterion each, the lead-in kept as context
     exc = split_trial(TrialDoc(trial_id="T", exclusion=f"Ineligible if presenting any of:\n\n{items}"))
-    assert [c.text for c in exc.criteria] == [f"Ineligible if presenting any of:\n- Condition {i}" for i in range(3)]
+    assert [c.text for c in exc.criteria] == [
+        f"Ineligible if presenting any of:\n- Condition {i}" for i in range(3)
+    ]
     assert exc.distributed_groups == 1
     # items that only exclude together, or alternatives for inclusion, stay one criterion
-    for doc in (TrialDoc(trial_id="T", exclusion=f"Two or more of the following:\n\n{items}"),
-                TrialDoc(trial_id="T", inclusion=f"At least one of the following:\n\n{items}"),
-                TrialDoc(trial_id="T", inclusion=f"Either of the following:\n\n{items}")):
+    for doc in (
+        TrialDoc(trial_id="T", exclusion=f"Two or more of the following:\n\n{items}"),
+        TrialDoc(trial_id="T", inclusion=f"At least one of the following:\n\n{items}"),
+        TrialDoc(trial_id="T", inclusion=f"Either of the following:\n\n{items}"),
+    ):
         s = split_trial(doc)
         assert len(s.criteria) == 1 and s.distributed_groups == 0
     inc = split_trial(TrialDoc(trial_id="T", inclusion=f"Must meet all of the following:\n\n{items}"))

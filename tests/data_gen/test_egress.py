@@ -5,13 +5,12 @@ import subprocess
 import sys
 
 import pytest
-
+from verdict.core.program import TrialProgram, check_program
 from verdict.data_gen.egress import EgressPolicy, is_loopback
 from verdict.data_gen.errors import EgressRefused
 from verdict.data_gen.formalizer import Formalizer
 from verdict.data_gen.scripted_server import Script, ScriptedResponse, ScriptedServer
 from verdict.data_gen.teacher_config import EgressConfig, TeacherConfig
-from verdict.core.program import TrialProgram, check_program
 
 from .teacher_data import (
     leaks,
@@ -24,16 +23,28 @@ from .teacher_data import (
 )
 
 
-@pytest.mark.parametrize("host, ok", [
-    ("127.0.0.1", True), ("127.3.4.5", True), ("localhost", True), ("::1", True), ("[::1]", True),
-    ("10.0.0.1", False), ("api.openai.com", False), ("localhost.evil.com", False), ("0.0.0.0", False),
-])
+@pytest.mark.parametrize(
+    "host, ok",
+    [
+        ("127.0.0.1", True),
+        ("127.3.4.5", True),
+        ("localhost", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("10.0.0.1", False),
+        ("api.openai.com", False),
+        ("localhost.evil.com", False),
+        ("0.0.0.0", False),
+    ],
+)
 def test_loopback(host, ok):
     assert is_loopback(host) is ok
 
 
 def test_allowlist_rules():
-    p = EgressPolicy(allow_loopback=False, allow_hosts=("gpu-node-3.hospital.local", "*.lab.hospital.org", "10.8.0.0/16"))
+    p = EgressPolicy(
+        allow_loopback=False, allow_hosts=("gpu-node-3.hospital.local", "*.lab.hospital.org", "10.8.0.0/16")
+    )
     assert p.host_allowed("gpu-node-3.hospital.local") and p.host_allowed("x.lab.hospital.org")
     assert p.host_allowed("10.8.3.4") and not p.host_allowed("10.9.0.1")
     assert not p.host_allowed("lab.hospital.org.evil.com") and not p.host_allowed("127.0.0.1")
@@ -89,8 +100,12 @@ def test_run_with_private_notes_and_an_api_teacher_is_refused(tmp_path):
     inputs = write_inputs(tmp_path, 1, 2)
     teacher = write_teacher(tmp_path, "https://api.openai.com/v1")
     cfg = write_run(tmp_path, teacher, inputs, data_class="private")
-    r = subprocess.run([sys.executable, "-m", "verdict", "teacher", "run", "-c",
-                        str(cfg)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "verdict", "teacher", "run", "-c", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and r.stderr.startswith("error: refused")
     assert "api.openai.com" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "runs").exists()  # refused before the run even started

@@ -4,7 +4,6 @@ import asyncio
 import time
 
 import pytest
-
 from verdict.data_gen.client import build_request
 from verdict.data_gen.egress import EgressPolicy
 from verdict.data_gen.errors import EgressRefused, EndpointError
@@ -18,8 +17,9 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 
 
 def teacher(url: str, **over) -> TeacherConfig:
-    return TeacherConfig(**{"name": "t", "base_url": url, "model": "scripted", "timeout_s": 5,
-                            "max_retries": 0, **over})
+    return TeacherConfig(
+        **{"name": "t", "base_url": url, "model": "scripted", "timeout_s": 5, "max_retries": 0, **over}
+    )
 
 
 def pool(urls, **kw) -> EndpointPool:
@@ -37,8 +37,9 @@ async def send(p: EndpointPool, text: str = "hello"):
 
 
 def serving(*responses, latency: float = 0.0) -> ScriptedServer:
-    return ScriptedServer(Script(rules=[Rule(responses=list(responses) or [R(content="ok")])],
-                                 default_latency_s=latency)).start()
+    return ScriptedServer(
+        Script(rules=[Rule(responses=list(responses) or [R(content="ok")])], default_latency_s=latency)
+    ).start()
 
 
 def dead_url() -> str:
@@ -48,6 +49,7 @@ def dead_url() -> str:
 def test_requests_go_to_the_least_busy_endpoint():
     a, b = serving(latency=0.3), serving(latency=0.3)
     try:
+
         async def go():
             p = pool([a.url, b.url])
             try:
@@ -65,6 +67,7 @@ def test_requests_go_to_the_least_busy_endpoint():
 def test_a_dead_endpoint_fails_over_once_then_is_skipped():
     b = serving()
     try:
+
         async def go():
             p = pool([dead_url(), b.url])
             try:
@@ -86,6 +89,7 @@ def test_a_5xx_fails_over_and_an_unavailable_endpoint_is_marked_down(status, sta
     others (until ERRORS_IN_A_ROW requests in a row got a 5xx)."""
     a, b = serving(R(fault="status", status=status)), serving()
     try:
+
         async def go():
             p = pool([a.url, b.url])
             try:
@@ -104,9 +108,14 @@ def test_a_5xx_fails_over_and_an_unavailable_endpoint_is_marked_down(status, sta
 def test_a_timeout_fails_over():
     a, b = serving(R(fault="timeout")), serving()
     try:
+
         async def go():
-            p = EndpointPool(teacher(a.url, timeout_s=0.3), [a.url, b.url], required_models=["scripted"],
-                             egress=EgressPolicy())
+            p = EndpointPool(
+                teacher(a.url, timeout_s=0.3),
+                [a.url, b.url],
+                required_models=["scripted"],
+                egress=EgressPolicy(),
+            )
             try:
                 return await send(p), p.members[0].state
             finally:
@@ -121,6 +130,7 @@ def test_a_timeout_fails_over():
 def test_a_request_the_server_refuses_is_not_sent_elsewhere():
     a, b = serving(R(fault="status", status=400, message="bad request")), serving()
     try:
+
         async def go():
             p = pool([a.url, b.url])
             try:
@@ -141,6 +151,7 @@ def test_no_server_message_reaches_the_pool_errors_or_states():
     a = serving(R(fault="status", status=500, message=echo))
     b = serving(R(fault="status", status=503, message=echo))
     try:
+
         async def go():
             p = pool([a.url, b.url])
             try:
@@ -151,7 +162,9 @@ def test_no_server_message_reaches_the_pool_errors_or_states():
                 await p.aclose()
 
         message, reasons = asyncio.run(go())
-        assert reasons == [None, "HTTP 503"] and "HTTP 500" in message and "HTTP 503" in message  # a: still up
+        assert (
+            reasons == [None, "HTTP 503"] and "HTTP 500" in message and "HTTP 503" in message
+        )  # a: still up
         assert "Quorlin" not in message + "".join(r or "" for r in reasons)
     finally:
         a.stop(), b.stop()
@@ -180,6 +193,7 @@ def test_a_down_endpoint_comes_back_through_the_background_check():
     b = serving()
     a: ScriptedServer | None = None
     try:
+
         async def go():
             nonlocal a
             p = pool([url, b.url], check_interval_s=0.2)
@@ -206,6 +220,7 @@ def test_a_down_endpoint_comes_back_through_the_background_check():
 def test_health_check_needs_every_required_model():
     a = serving()
     try:
+
         async def go():
             p = pool([a.url], required_models=["scripted", "value_miner"])
             try:
@@ -238,8 +253,12 @@ def test_a_lone_endpoint_that_is_back_is_used_at_once():
 
 
 def test_egress_is_checked_for_every_endpoint():
-    p = EndpointPool(teacher("http://127.0.0.1:9/v1"), ["http://127.0.0.1:9/v1", "http://gpu02.example.org/v1"],
-                     required_models=["m"], egress=EgressPolicy())
+    p = EndpointPool(
+        teacher("http://127.0.0.1:9/v1"),
+        ["http://127.0.0.1:9/v1", "http://gpu02.example.org/v1"],
+        required_models=["m"],
+        egress=EgressPolicy(),
+    )
     with pytest.raises(EgressRefused, match="gpu02.example.org"):
         p.check_egress(carries_patient_text=True, data_class="private", what="x")
     p.check_egress(carries_patient_text=False, data_class="private", what="x")
@@ -255,10 +274,14 @@ def test_the_same_url_twice_is_refused():
 def test_one_request_answered_500_does_not_take_a_lone_endpoint_from_the_others():
     """A lone vLLM answering 500 to one request (e.g. its grammar fails to compile): that request
     fails, the next ones are served at once (no 503 while a background check waits)."""
-    srv = ScriptedServer(Script(rules=[Rule(match={"contains": ["bad grammar"]},
-                                            responses=[R(fault="status", status=500)])],
-                                default=R(content="ok"))).start()
+    srv = ScriptedServer(
+        Script(
+            rules=[Rule(match={"contains": ["bad grammar"]}, responses=[R(fault="status", status=500)])],
+            default=R(content="ok"),
+        )
+    ).start()
     try:
+
         async def go():
             p = pool([srv.url])
             try:

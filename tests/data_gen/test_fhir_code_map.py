@@ -1,7 +1,6 @@
 """The site code map: the shipped file loads; a malformed one is refused naming the key."""
 
 import pytest
-
 from verdict.data_gen.fhir.code_map import load_code_map
 from verdict.data_gen.fhir.errors import CodeMapError
 

@@ -2,14 +2,14 @@
 conversion in the evidence) resolves its atom, which is then not left for the miner."""
 
 import pytest
-
-from verdict.data_gen.fhir.code_map import load_code_map
-from verdict.data_gen.fhir.resolve import resolve_coded
-from verdict.data_gen.fhir.sources import load_source
-from tests.fixtures.fhir_server.data import AT, topic_resources, write_bundle
 from verdict.core.engine import decide
 from verdict.core.patient import ResolvedPatient
 from verdict.core.program import load_program
+from verdict.data_gen.fhir.code_map import load_code_map
+from verdict.data_gen.fhir.resolve import resolve_coded
+from verdict.data_gen.fhir.sources import load_source
+
+from tests.fixtures.fhir_server.data import AT, topic_resources, write_bundle
 
 PROGRAM = {
     "trial_id": "FHIR-TEST-1",

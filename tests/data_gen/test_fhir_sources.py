@@ -7,9 +7,9 @@ import json
 import logging
 
 import pytest
-
 from verdict.data_gen.fhir.errors import FhirSourceError
 from verdict.data_gen.fhir.sources import load_source
+
 from tests.fixtures.fhir_server.data import AT, topic_resources, write_bundle, write_ndjson
 
 CODED = ["trec-202124", "trec-202129", "trec-202132"]

@@ -1,7 +1,6 @@
 """UCUM conversions: the table's arithmetic, the analyte rules, and every refusal with its reason."""
 
 import pytest
-
 from verdict.data_gen.fhir.errors import UnitConversionError
 from verdict.data_gen.fhir.units import convert, convertible, ucum_code
 

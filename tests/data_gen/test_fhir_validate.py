@@ -4,7 +4,6 @@ and extreme or hostile input is a clear problem, not a crash."""
 import base64
 
 import pytest
-
 from verdict.data_gen.fhir.errors import FhirSourceError
 from verdict.data_gen.fhir.validate import Validated, parse_json, validate_all, validate_resource
 

@@ -7,7 +7,9 @@ import asyncio
 import json
 
 import pytest
-
+from verdict.core.policy import load_policy, resolve
+from verdict.core.program import TrialProgram, check_program
+from verdict.core.reference import load_reference
 from verdict.data_gen.formalizer import Formalizer
 from verdict.data_gen.formalizer.budget import TokenCounter, qwen25_counter
 from verdict.data_gen.formalizer.miner import (
@@ -24,9 +26,6 @@ from verdict.data_gen.protocol import NoteDocument, PatientDoc
 from verdict.data_gen.scripted_server import Match, Rule, Script
 from verdict.data_gen.scripted_server import ScriptedResponse as R
 from verdict.data_gen.teacher_config import TeacherConfig
-from verdict.core.policy import load_policy, resolve
-from verdict.core.program import TrialProgram, check_program
-from verdict.core.reference import load_reference
 
 from ..support import BENCHMARKS, REFERENCE_V6, need
 from .teacher_data import program, trial_id
@@ -299,9 +298,7 @@ def test_conflicting_documents_are_a_conflict_with_both_quotes_and_the_atom_stay
     assert "Known condition" not in c.note()  # the resolution's note names documents, never quotes
     # the policy does not impute over it; the observed value carries its document
     policy = load_policy("strict")
-    patient = resolve(
-        prog, "p1", list(mined), policy, held_open=mined.held_open(), sources=mined.sources
-    )
+    patient = resolve(prog, "p1", list(mined), policy, held_open=mined.held_open(), sources=mined.sources)
     r = patient.by_atom()
     assert r["has_condition_1"].status == "unresolved" and "'fu' gives false" in r["has_condition_1"].note
     assert r["age_years"].status == "observed" and r["age_years"].evidence_source == "adm"
@@ -358,8 +355,10 @@ def test_evidence_is_checked_against_its_own_passage_and_a_rejected_call_keeps_t
     # its atoms stay unresolved, each with why (ids only): the passage it could not read may hold them
     unread = res.output.unread
     assert set(unread) == {"age_years", "has_condition_1"} and [mv.value for mv in res.output] == [None, None]
-    assert all("document 'fu', atoms chunk 1/1 failed validation after one repair (evidence)" in w
-               for w in unread.values())
+    assert all(
+        "document 'fu', atoms chunk 1/1 failed validation after one repair (evidence)" in w
+        for w in unread.values()
+    )
     assert res.output.held_open() == unread  # resolve() keeps them unresolved, never imputed
     assert res.assembly["unread"] == ["age_years", "has_condition_1"]
 
@@ -390,8 +389,8 @@ def test_sides_merge_with_the_same_rule():
 
 
 def test_numbers_and_bounds_that_can_both_hold_are_no_conflict():
-    from verdict.data_gen.formalizer.miner import Finding, merge_findings
     from verdict.core.patient import Bounds
+    from verdict.data_gen.formalizer.miner import Finding, merge_findings
 
     fs = [
         Finding(bounds=Bounds(lo=100), evidence="platelets above 100", document="d1", passage="p1"),

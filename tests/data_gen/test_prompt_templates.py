@@ -1,7 +1,6 @@
 """Versioned prompt templates: a changed wording needs a new version (LOCK.json pins each hash)."""
 
 import pytest
-
 from verdict.data_gen.errors import TeacherConfigError
 from verdict.data_gen.prompt_templates import (
     STAGE_TEMPLATE,

@@ -4,12 +4,12 @@ value-miner records (no API calls)."""
 import json
 
 import pytest
-
+from verdict.core.program import ParsedCriterion
 from verdict.data_gen.export import export_datasets
 from verdict.data_gen.formalizer import check_miner_output, quote_in_note
 from verdict.data_gen.recorded import import_recorded, recorded_evidence, requirement_outputs
-from verdict.core.program import ParsedCriterion
 from verdict.data_gen.records import RecordStore
+
 from tests.support import BENCHMARKS, REFERENCE_V6, need
 
 
@@ -17,8 +17,9 @@ from tests.support import BENCHMARKS, REFERENCE_V6, need
 def recorded(tmp_path_factory):
     need(REFERENCE_V6.is_dir() and (BENCHMARKS / "patients_sigir.jsonl").exists(), "shared reference data")
     out = tmp_path_factory.mktemp("recorded")
-    summary = import_recorded(REFERENCE_V6, BENCHMARKS / "patients_sigir.jsonl", out / "runs",
-                              trials_path=TRIAL_FILES)
+    summary = import_recorded(
+        REFERENCE_V6, BENCHMARKS / "patients_sigir.jsonl", out / "runs", trials_path=TRIAL_FILES
+    )
     return out, summary
 
 
@@ -33,8 +34,10 @@ def test_import_checks_every_record(recorded):
     store = RecordStore(out / "runs" / "recorded-v6" / "records.sqlite")
     recs = store.records()
     store.close()
-    notes = {json.loads(line)["_id"]: json.loads(line)["text"]
-             for line in (BENCHMARKS / "patients_sigir.jsonl").read_text().splitlines()}
+    notes = {
+        json.loads(line)["_id"]: json.loads(line)["text"]
+        for line in (BENCHMARKS / "patients_sigir.jsonl").read_text().splitlines()
+    }
     recs = [r for r in recs if r.task == "value_miner"]
     for r in recs:
         assert r.teacher == "recorded-v6" and r.trial_id.startswith("NCT")
@@ -59,8 +62,9 @@ def test_import_makes_per_criterion_parser_records(recorded):
     assert s.requirements >= 400 and 0 < s.requirements_unaligned < s.requirements / 5
     assert set(s.alignment) == {"index", "overlap"}
     r = next(r for r in recs if r.status == "accepted")
-    assert r.prompt_version == "criterion_parser@v1" and r.messages[1]["content"].startswith(("Inclusion criterion:\n",
-                                                                                              "Exclusion criterion:\n"))
+    assert r.prompt_version == "criterion_parser@v1" and r.messages[1]["content"].startswith(
+        ("Inclusion criterion:\n", "Exclusion criterion:\n")
+    )
     crit = ParsedCriterion.model_validate_json(r.output_json)
     assert crit.in_scope and crit.atoms
     assert r.trial_id in programs  # the recorded program itself, for mining
@@ -87,10 +91,10 @@ def test_every_imported_record_names_atoms_the_parser_grammar_can_write(recorded
 
 
 def test_renaming_long_names_keeps_every_decision():
-    from verdict.data_gen.recorded import fit_to_grammar
     from verdict.core.engine import Engine
     from verdict.core.reference import load_reference
     from verdict.core.schemas import GRAMMAR_MAX_NAME
+    from verdict.data_gen.recorded import fit_to_grammar
 
     need(REFERENCE_V6.is_dir(), "shared reference data")
     engine, renamed = Engine(), 0
@@ -104,7 +108,10 @@ def test_renaming_long_names_keeps_every_decision():
         names = [a.name for a in fit.program.atoms]
         assert max(map(len, names)) <= GRAMMAR_MAX_NAME and len(set(names)) == len(names)
         assert {r.atom for r in fit.patient.resolutions} == set(names)
-        assert engine.decide(fit.program, fit.patient).decision == engine.decide(case.program, case.patient).decision
+        assert (
+            engine.decide(fit.program, fit.patient).decision
+            == engine.decide(case.program, case.patient).decision
+        )
     assert renamed == 40
 
 
@@ -133,8 +140,10 @@ def test_recorded_set_exports_without_leakage(recorded, tmp_path):
 
 def test_quoted_parts_become_the_evidence():
     note = "The pain started while she was walking, radiates to the back."
-    assert recorded_evidence('"The pain started while she was walking"; no pain at rest', note) == \
-        "The pain started while she was walking"
+    assert (
+        recorded_evidence('"The pain started while she was walking"; no pain at rest', note)
+        == "The pain started while she was walking"
+    )
     assert recorded_evidence("Chart is silent on pain at rest", note) == "Chart is silent on pain at rest"
 
 
@@ -145,8 +154,9 @@ def test_check_is_the_formalizers_check():
     from .teacher_data import program, trial_id
 
     prog = check_program(TrialProgram(trial_id=trial_id(0), **program(0)))
-    ok = check_miner_output('{"values":[{"atom":"is_pregnant","value":null}]}', "stop", prog, ["is_pregnant"], "x",
-                            max_tokens=0)
+    ok = check_miner_output(
+        '{"values":[{"atom":"is_pregnant","value":null}]}', "stop", prog, ["is_pregnant"], "x", max_tokens=0
+    )
     assert ok.ok
 
 
@@ -154,13 +164,41 @@ def test_import_recorded_command(recorded, tmp_path):
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "verdict", "teacher", "import-recorded",
-                        "--reference", str(REFERENCE_V6), "--patients", str(BENCHMARKS / "patients_sigir.jsonl"),
-                        "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "verdict",
+            "teacher",
+            "import-recorded",
+            "--reference",
+            str(REFERENCE_V6),
+            "--patients",
+            str(BENCHMARKS / "patients_sigir.jsonl"),
+            "--out-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     _, s = recorded
     assert f"{s.accepted} accepted, {s.rejected} rejected" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "verdict", "teacher", "import-recorded",
-                        "--reference", str(tmp_path / "nothing"), "--out-dir", str(tmp_path)],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "verdict",
+            "teacher",
+            "import-recorded",
+            "--reference",
+            str(tmp_path / "nothing"),
+            "--out-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "no reference files" in r.stderr

@@ -12,9 +12,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from verdict.data_gen.scripted_server import Match, Rule, Script, ScriptedServer
 from verdict.data_gen.scripted_server import ScriptedResponse as R
+
 from tests.support import VERDICT
 
 from .teacher_data import (
@@ -38,7 +38,9 @@ def verdict(*args, timeout=120, **kw) -> subprocess.CompletedProcess:
 def records(run_dir: Path) -> list[tuple]:
     db = sqlite3.connect(run_dir / "records.sqlite")
     try:
-        return db.execute("SELECT record_id, status, reason, output_json FROM records ORDER BY record_id").fetchall()
+        return db.execute(
+            "SELECT record_id, status, reason, output_json FROM records ORDER BY record_id"
+        ).fetchall()
     finally:
         db.close()
 
@@ -76,11 +78,22 @@ def test_run_records_every_item_and_a_rerun_pays_nothing(setup):
     # result + one row per chunk call
     assert len(recs) == 3 * (1 + 3) + 3 * 3 * 2 * 2 and all(x[1] == "accepted" for x in recs)
     parsed = {x[0]: json.loads(x[3]) for x in recs if x[0].startswith("parser:") and "#" not in x[0]}
-    assert parsed[f"parser:{trial_id(1)}"]["cohorts"][0]["inclusion"][1]["formula"] == "has_condition_1"  # repaired
+    assert (
+        parsed[f"parser:{trial_id(1)}"]["cohorts"][0]["inclusion"][1]["formula"] == "has_condition_1"
+    )  # repaired
     calls = {x[0]: json.loads(x[3]) for x in recs if x[0].startswith("parser:") and "#" in x[0]}
-    assert calls[f"parser:{trial_id(1)}#inc-2"] == {"in_scope": True, "atoms": [
-        {"name": "has_condition_1", "domain": "bool", "kind": "diagnosis",
-         "definition": "The patient has a diagnosis of condition 1."}], "formula": "has_condition_1"}
+    assert calls[f"parser:{trial_id(1)}#inc-2"] == {
+        "in_scope": True,
+        "atoms": [
+            {
+                "name": "has_condition_1",
+                "domain": "bool",
+                "kind": "diagnosis",
+                "definition": "The patient has a diagnosis of condition 1.",
+            }
+        ],
+        "formula": "has_condition_1",
+    }
     sent = len(srv.requests)
     # criterion calls: "Adults aged 18 or older" and "Pregnancy" recur in the three trials (one call
     # each), "Diagnosis of condition i" is each trial's own, plus one repair; 9 inclusion passes; the
@@ -105,8 +118,12 @@ def test_run_records_every_item_and_a_rerun_pays_nothing(setup):
     again = verdict("teacher", "run", "-c", cfg, "--no-progress")
     assert again.returncode == 0 and len(srv.requests) == sent
     # another run over the same inputs and cache: every call is a cache hit
-    other = write_run(tmp, tmp / "scripted-test.yaml", {"trials": tmp / "trials.jsonl",
-                                                         "patients": tmp / "patients.jsonl"}, name="other-run")
+    other = write_run(
+        tmp,
+        tmp / "scripted-test.yaml",
+        {"trials": tmp / "trials.jsonl", "patients": tmp / "patients.jsonl"},
+        name="other-run",
+    )
     r3 = verdict("teacher", "run", "-c", other, "--no-progress")
     assert r3.returncode == 0 and len(srv.requests) == sent
     assert "28 cache hits" in r3.stdout  # 9 criterion calls + the repair call + 18 miner calls
@@ -133,15 +150,21 @@ def test_dry_run_sends_nothing(setup):
     assert float(total[-1]) > 0
     assert verdict("teacher", "run", "-c", cfg, "--no-progress").returncode == 0
     r = verdict("teacher", "run", "-c", cfg, "--dry-run")
-    assert [line.split()[1:4] for line in r.stdout.splitlines() if line.strip().startswith("total")] == [["0", "0", "0"]]
+    assert [line.split()[1:4] for line in r.stdout.splitlines() if line.strip().startswith("total")] == [
+        ["0", "0", "0"]
+    ]
 
 
 def test_budget_stops_before_exceeding(tmp_path, scripted_server):
     inputs = write_inputs(tmp_path, 3, 2)
     scripted_server.set_script(parser_script(3))
-    teacher = write_teacher(tmp_path, scripted_server.url, concurrency=2,
-                            max_tokens={"parser": 400, "miner_inclusion": 200, "miner_exclusion": 200},
-                            prices={"input_per_million": 50.0, "output_per_million": 50.0})
+    teacher = write_teacher(
+        tmp_path,
+        scripted_server.url,
+        concurrency=2,
+        max_tokens={"parser": 400, "miner_inclusion": 200, "miner_exclusion": 200},
+        prices={"input_per_million": 50.0, "output_per_million": 50.0},
+    )
     cfg = write_run(tmp_path, teacher, inputs)
     budget = 0.15  # the whole run costs about $0.30; one call at most about $0.08
     r = verdict("teacher", "run", "-c", cfg, "--budget-usd", budget, "--no-progress")
@@ -165,8 +188,12 @@ def test_resume_after_kill_9_repeats_no_answered_call(tmp_path):
         teacher = write_teacher(tmp_path, srv.url, concurrency=conc)
         cfg = write_run(tmp_path, teacher, inputs)
         cache = tmp_path / "runs" / "cache.sqlite"
-        proc = subprocess.Popen([*CLI, "teacher", "run", "-c", str(cfg), "--no-progress"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [*CLI, "teacher", "run", "-c", str(cfg), "--no-progress"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.time() + 60
         while time.time() < deadline:
             if cache.exists():
@@ -192,7 +219,9 @@ def test_resume_after_kill_9_repeats_no_answered_call(tmp_path):
         assert not repeated & answered  # no call whose answer was stored was ever sent again
         assert repeated <= in_flight and max(counts.values()) <= 2
         recs = records(tmp_path / "runs" / "test-run")
-        assert len(items(recs)) == n_trials + 2 * n_trials * n_patients and all(x[1] == "accepted" for x in recs)
+        assert len(items(recs)) == n_trials + 2 * n_trials * n_patients and all(
+            x[1] == "accepted" for x in recs
+        )
         db = sqlite3.connect(tmp_path / "runs" / "test-run" / "records.sqlite")
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         db.close()
@@ -210,11 +239,23 @@ def test_patient_text_never_reaches_logs(tmp_path):
     echo = f"context too long: '{notes[1]}'"
     script = parser_script(2)
     script.rules = [
-        Rule(match=Match(contains=[notes[0].split(".")[0], "has_condition_0"]),  # evidence not in the note
-             responses=[R(content={"values": [{"atom": "age_years", "value": 30, "evidence": "thirty years old"},
-                                              {"atom": "has_condition_0", "value": None, "evidence": ""}]})]),
-        Rule(match=Match(contains=[notes[1].split(".")[0], "is_pregnant"]),
-             responses=[R(fault="status", status=400, message=echo)]),
+        Rule(
+            match=Match(contains=[notes[0].split(".")[0], "has_condition_0"]),  # evidence not in the note
+            responses=[
+                R(
+                    content={
+                        "values": [
+                            {"atom": "age_years", "value": 30, "evidence": "thirty years old"},
+                            {"atom": "has_condition_0", "value": None, "evidence": ""},
+                        ]
+                    }
+                )
+            ],
+        ),
+        Rule(
+            match=Match(contains=[notes[1].split(".")[0], "is_pregnant"]),
+            responses=[R(fault="status", status=400, message=echo)],
+        ),
     ] + script.rules
     log_file = tmp_path / "server.log"
     with ScriptedServer(script, log_path=log_file) as srv:
@@ -225,8 +266,13 @@ def test_patient_text_never_reaches_logs(tmp_path):
         assert "patients.jsonl:4" in r.stderr and "patients.jsonl:5" in r.stderr  # bad rows reported by line
         assert "evidence" in (tmp_path / "runs" / "test-run" / "run.log").read_text()
         stats = verdict("teacher", "stats", tmp_path / "runs" / "test-run")
-    written = [r.stdout, r.stderr, stats.stdout, (tmp_path / "runs" / "test-run" / "run.log").read_text(),
-               log_file.read_text()]
+    written = [
+        r.stdout,
+        r.stderr,
+        stats.stdout,
+        (tmp_path / "runs" / "test-run" / "run.log").read_text(),
+        log_file.read_text(),
+    ]
     for text in written:
         assert not leaks(text, notes), leaks(text, notes)[:3]
     assert "withheld" in r.stderr
@@ -257,7 +303,9 @@ def test_wrong_key_stops_the_run_with_a_clear_error(tmp_path, scripted_server):
     scripted_server.set_script(Script(default=R(fault="status", status=401, message="invalid api key")))
     cfg = write_run(tmp_path, write_teacher(tmp_path, scripted_server.url), inputs)
     r = verdict("teacher", "run", "-c", cfg, "--no-progress")
-    assert r.returncode == 2 and "error:" in r.stderr and "HTTP 401" in r.stderr and "Traceback" not in r.stderr
+    assert (
+        r.returncode == 2 and "error:" in r.stderr and "HTTP 401" in r.stderr and "Traceback" not in r.stderr
+    )
     assert len(scripted_server.requests) <= 4 * 3  # stops at once (calls already in flight finish: the
     # criteria of the trials being parsed)
 
@@ -265,13 +313,21 @@ def test_wrong_key_stops_the_run_with_a_clear_error(tmp_path, scripted_server):
 def test_pairs_select_what_is_mined(tmp_path, scripted_server):
     inputs = write_inputs(tmp_path, 2, 3, pairs=[(0, 0), (0, 2), (1, 1), (5, 1)])
     scripted_server.set_script(parser_script(2))
-    cfg = write_run(tmp_path, write_teacher(tmp_path, scripted_server.url), inputs, stages=["parser", "miner_exclusion"])
+    cfg = write_run(
+        tmp_path, write_teacher(tmp_path, scripted_server.url), inputs, stages=["parser", "miner_exclusion"]
+    )
     r = verdict("teacher", "run", "-c", cfg, "--no-progress")
     assert r.returncode == 0, r.stderr
     ids = [x[0] for x in items(records(tmp_path / "runs" / "test-run"))]
-    assert sorted(ids) == sorted([f"parser:{trial_id(0)}", f"parser:{trial_id(1)}",
-                                  f"miner_exclusion:{trial_id(0)}:synth-0", f"miner_exclusion:{trial_id(0)}:synth-2",
-                                  f"miner_exclusion:{trial_id(1)}:synth-1"])
+    assert sorted(ids) == sorted(
+        [
+            f"parser:{trial_id(0)}",
+            f"parser:{trial_id(1)}",
+            f"miner_exclusion:{trial_id(0)}:synth-0",
+            f"miner_exclusion:{trial_id(0)}:synth-2",
+            f"miner_exclusion:{trial_id(1)}:synth-1",
+        ]
+    )
 
 
 def test_bad_config_is_a_clear_error(tmp_path):
@@ -283,7 +339,10 @@ def test_bad_config_is_a_clear_error(tmp_path):
     r = verdict("teacher", "run", "-c", "no-such-run")
     assert r.returncode == 2 and "no teacher_runs config named 'no-such-run'" in r.stderr
     missing = tmp_path / "m.yaml"
-    missing.write_text(f"name: x\nteachers: {{parser: scripted}}\nstages: [parser]\ntrials: {{path: {tmp_path / 'nope.jsonl'}}}\n")
+    missing.write_text(
+        f"name: x\nteachers: {{parser: scripted}}\nstages: [parser]\n"
+        f"trials: {{path: {tmp_path / 'nope.jsonl'}}}\n"
+    )
     r = verdict("teacher", "run", "-c", missing)
     assert r.returncode == 2 and "no such file" in r.stderr
     assert program(0)  # keep the helper import honest

@@ -3,7 +3,6 @@
 import json
 
 import httpx
-
 from verdict.data_gen.scripted_server import Match, Rule, Script, ScriptedServer, auto_nulls
 from verdict.data_gen.scripted_server import ScriptedResponse as R
 
@@ -17,46 +16,80 @@ def body(text, model="m", **extra):
 
 
 def test_rules_sequences_and_default(scripted_server, tmp_path):
-    scripted_server.set_script(Script(rules=[
-        Rule(match=Match(contains=["alpha", "beta"]), responses=[R(content="both")]),
-        Rule(match=Match(contains=["alpha"]), responses=[R(fault="status", status=429, retry_after=2), R(content="a")]),
-        Rule(match=Match(model="special"), responses=[R(content={"k": 1})]),
-    ]))
+    scripted_server.set_script(
+        Script(
+            rules=[
+                Rule(match=Match(contains=["alpha", "beta"]), responses=[R(content="both")]),
+                Rule(
+                    match=Match(contains=["alpha"]),
+                    responses=[R(fault="status", status=429, retry_after=2), R(content="a")],
+                ),
+                Rule(match=Match(model="special"), responses=[R(content={"k": 1})]),
+            ]
+        )
+    )
     assert post(scripted_server, body("alpha beta")).json()["choices"][0]["message"]["content"] == "both"
     r = post(scripted_server, body("alpha"))
     assert r.status_code == 429 and r.headers["retry-after"] == "2"
     assert post(scripted_server, body("alpha")).json()["choices"][0]["message"]["content"] == "a"
-    assert post(scripted_server, body("alpha")).json()["choices"][0]["message"]["content"] == "a"  # last repeats
+    assert (
+        post(scripted_server, body("alpha")).json()["choices"][0]["message"]["content"] == "a"
+    )  # last repeats
     # a different request matching the same rule starts its own sequence
     assert post(scripted_server, body("alpha gamma")).status_code == 429
-    assert json.loads(post(scripted_server, body("x", model="special")).json()["choices"][0]["message"]["content"]) == {"k": 1}
+    assert json.loads(
+        post(scripted_server, body("x", model="special")).json()["choices"][0]["message"]["content"]
+    ) == {"k": 1}
     assert post(scripted_server, body("nothing matches")).status_code == 404
-    assert [r.kind for r in scripted_server.requests] == ["ok", "status", "ok", "ok", "status", "ok", "no_match"]
+    assert [r.kind for r in scripted_server.requests] == [
+        "ok",
+        "status",
+        "ok",
+        "ok",
+        "status",
+        "ok",
+        "no_match",
+    ]
 
 
 def test_truncated_and_usage(scripted_server):
     scripted_server.set_script(Script(default=R(content="x" * 100, fault="truncated")))
     j = post(scripted_server, body("hi")).json()
     assert j["choices"][0]["finish_reason"] == "length" and len(j["choices"][0]["message"]["content"]) == 50
-    assert j["usage"]["completion_tokens"] > 0 and j["usage"]["total_tokens"] == j["usage"]["prompt_tokens"] + 13
+    assert (
+        j["usage"]["completion_tokens"] > 0 and j["usage"]["total_tokens"] == j["usage"]["prompt_tokens"] + 13
+    )
 
 
 def test_auto_nulls_read_the_schema():
-    schema = {"$defs": {"MinedValue": {"properties": {"atom": {"type": "string", "enum": ["a", "b"]}, "value": {}}}}}
+    schema = {
+        "$defs": {"MinedValue": {"properties": {"atom": {"type": "string", "enum": ["a", "b"]}, "value": {}}}}
+    }
     b = body("x", response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
-    assert auto_nulls(b) == {"values": [{"atom": "a", "value": None, "evidence": ""},
-                                        {"atom": "b", "value": None, "evidence": ""}]}
+    assert auto_nulls(b) == {
+        "values": [{"atom": "a", "value": None, "evidence": ""}, {"atom": "b", "value": None, "evidence": ""}]
+    }
     assert auto_nulls(body("x", structured_outputs={"json": schema}))["values"][1]["atom"] == "b"
 
 
 def test_auto_values_answer_only_the_atoms_a_request_asks(scripted_server):
-    scripted_server.set_script(Script(default=R(auto="nulls", auto_values={"b": {"value": 3, "evidence": "b is 3"},
-                                                                          "z": {"value": True, "evidence": "z"}})))
+    scripted_server.set_script(
+        Script(
+            default=R(
+                auto="nulls",
+                auto_values={"b": {"value": 3, "evidence": "b is 3"}, "z": {"value": True, "evidence": "z"}},
+            )
+        )
+    )
     schema = {"properties": {"atom": {"type": "string", "enum": ["a", "b"]}, "value": {}}}
     b = body("x", response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
     content = json.loads(post(scripted_server, b).json()["choices"][0]["message"]["content"])
-    assert content == {"values": [{"atom": "a", "value": None, "evidence": ""},
-                                  {"atom": "b", "value": 3, "evidence": "b is 3"}]}  # z is not asked
+    assert content == {
+        "values": [
+            {"atom": "a", "value": None, "evidence": ""},
+            {"atom": "b", "value": 3, "evidence": "b is 3"},
+        ]
+    }  # z is not asked
 
 
 def test_log_holds_hashes_not_content(tmp_path):
@@ -64,7 +97,9 @@ def test_log_holds_hashes_not_content(tmp_path):
     with ScriptedServer(Script(default=R(content="ok")), log_path=log) as srv:
         post(srv, body("A 58-year-old woman with chest pain"))
     line = json.loads(log.read_text())
-    assert set(line) == {"i", "key", "id", "model", "rule", "kind", "t", "dt"} and "chest" not in log.read_text()
+    assert (
+        set(line) == {"i", "key", "id", "model", "rule", "kind", "t", "dt"} and "chest" not in log.read_text()
+    )
 
 
 def test_shipped_demo_script_is_valid():

@@ -3,9 +3,9 @@
 import json
 
 import pytest
-
 from verdict.data_gen.errors import SourceError
 from verdict.data_gen.sources import load_pairs, load_patients, load_trials, split_criteria
+
 from tests.support import BENCHMARKS, need
 
 
@@ -21,33 +21,58 @@ def test_shared_benchmarks_load_cleanly():
     some = load_trials(BENCHMARKS / "trials.jsonl", ids=["NCT00005485", "NCT00000000"])
     assert [t.trial_id for t in some.items] == ["NCT00005485"] and "NCT00000000" in some.problems[0]
     text = some.items[0].criteria_text()
-    assert text.startswith("Inclusion criteria:\nAfrican American") and "Exclusion criteria:\nInstitutionalization" in text
+    assert (
+        text.startswith("Inclusion criteria:\nAfrican American")
+        and "Exclusion criteria:\nInstitutionalization" in text
+    )
 
 
 def test_malformed_rows_are_reported_not_fatal(tmp_path):
     p = tmp_path / "trials.jsonl"
-    p.write_text("\n".join([
-        json.dumps({"nct_id": "NCT1", "title": "ok", "inclusion": "adults", "exclusion": None}),
-        "{broken",
-        json.dumps({"title": "no id", "criteria": "x"}),
-        json.dumps({"nct_id": "NCT2", "criteria": "  "}),
-        json.dumps({"nct_id": "NCT3", "criteria": ["not", "text"]}),
-        json.dumps(["a list"]),
-        json.dumps({"nct_id": "NCT1", "criteria": "duplicate"}),
-        json.dumps({"nct_id": "NCT4", "criteria": "Inclusion Criteria:\n- adults\nExclusion Criteria:\n- none"}),
-    ]) + "\n")
+    p.write_text(
+        "\n".join(
+            [
+                json.dumps({"nct_id": "NCT1", "title": "ok", "inclusion": "adults", "exclusion": None}),
+                "{broken",
+                json.dumps({"title": "no id", "criteria": "x"}),
+                json.dumps({"nct_id": "NCT2", "criteria": "  "}),
+                json.dumps({"nct_id": "NCT3", "criteria": ["not", "text"]}),
+                json.dumps(["a list"]),
+                json.dumps({"nct_id": "NCT1", "criteria": "duplicate"}),
+                json.dumps(
+                    {
+                        "nct_id": "NCT4",
+                        "criteria": "Inclusion Criteria:\n- adults\nExclusion Criteria:\n- none",
+                    }
+                ),
+            ]
+        )
+        + "\n"
+    )
     out = load_trials(p)
     assert [t.trial_id for t in out.items] == ["NCT1", "NCT4"]
     joined = "\n".join(out.problems)
-    for where in ("trials.jsonl:2: not valid JSON", "trials.jsonl:3: no 'nct_id'", "'NCT2' has no criteria",
-                  "'NCT3': criteria must be text", "trials.jsonl:6: expected a JSON object", "duplicate trial id 'NCT1'"):
+    for where in (
+        "trials.jsonl:2: not valid JSON",
+        "trials.jsonl:3: no 'nct_id'",
+        "'NCT2' has no criteria",
+        "'NCT3': criteria must be text",
+        "trials.jsonl:6: expected a JSON object",
+        "duplicate trial id 'NCT1'",
+    ):
         assert where in joined
 
 
 def test_patient_problems_never_quote_the_note(tmp_path):
     p = tmp_path / "patients.jsonl"
-    p.write_text(json.dumps({"_id": "p1", "text": "A 71-year-old retired welder"}) + "\n"
-                 + json.dumps({"_id": "p2", "text": 12}) + "\n" + json.dumps({"text": "A 44-year-old nurse"}) + "\n")
+    p.write_text(
+        json.dumps({"_id": "p1", "text": "A 71-year-old retired welder"})
+        + "\n"
+        + json.dumps({"_id": "p2", "text": 12})
+        + "\n"
+        + json.dumps({"text": "A 44-year-old nurse"})
+        + "\n"
+    )
     out = load_patients(p)
     assert [x.patient_id for x in out.items] == ["p1"]
     assert out.problems == ["patients.jsonl:2: patient 'p2' has no 'text'", "patients.jsonl:3: no '_id'"]
@@ -59,12 +84,23 @@ def test_missing_file_is_a_clear_error(tmp_path):
 
 
 def study(nct, text, title="A study", capitalized=False):
-    s = {"protocolSection": {"identificationModule": {"nctId": nct, "briefTitle": title},
-                             "eligibilityModule": {"eligibilityCriteria": text}}}
+    s = {
+        "protocolSection": {
+            "identificationModule": {"nctId": nct, "briefTitle": title},
+            "eligibilityModule": {"eligibilityCriteria": text},
+        }
+    }
     if capitalized:  # the classic API shape
-        s = {"FullStudy": {"Study": {"ProtocolSection": {
-            "IdentificationModule": {"NCTId": nct, "BriefTitle": title},
-            "EligibilityModule": {"EligibilityCriteria": text}}}}}
+        s = {
+            "FullStudy": {
+                "Study": {
+                    "ProtocolSection": {
+                        "IdentificationModule": {"NCTId": nct, "BriefTitle": title},
+                        "EligibilityModule": {"EligibilityCriteria": text},
+                    }
+                }
+            }
+        }
     return s
 
 

@@ -1,10 +1,9 @@
 """Teacher and run configs: the shipped examples load; unknown keys and bad values are named."""
 
 import pytest
-
+from verdict.core.configs import available
 from verdict.data_gen.errors import TeacherConfigError
 from verdict.data_gen.teacher_config import load_run_config, load_teacher
-from verdict.core.configs import available
 
 
 @pytest.mark.parametrize("name", available("teachers"))
@@ -35,13 +34,16 @@ def test_unknown_key_is_named(tmp_path):
     assert "unknown config key 'temprature' (did you mean 'temperature'?)" in str(e.value)
 
 
-@pytest.mark.parametrize("body, words", [
-    ("base_url: ftp://x/v1", ["base_url", "http(s) URL"]),
-    ("base_url: http://a/v1\nextra_params: {temperature: 1}", ["temperature", "dedicated config keys"]),
-    ("base_url: http://a/v1\napi: azure", ["api_version"]),
-    ("base_url: http://a/v1\nmax_tokens: {parser: 0}", ["max_tokens.parser"]),
-    ("base_url: http://a/v1\nmax_tokens: {parsr: 10}", ["parsr"]),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ("base_url: ftp://x/v1", ["base_url", "http(s) URL"]),
+        ("base_url: http://a/v1\nextra_params: {temperature: 1}", ["temperature", "dedicated config keys"]),
+        ("base_url: http://a/v1\napi: azure", ["api_version"]),
+        ("base_url: http://a/v1\nmax_tokens: {parser: 0}", ["max_tokens.parser"]),
+        ("base_url: http://a/v1\nmax_tokens: {parsr: 10}", ["parsr"]),
+    ],
+)
 def test_bad_values_are_explained(tmp_path, body, words):
     p = tmp_path / "t.yaml"
     p.write_text(f"name: t\nmodel: m\n{body}\n")
@@ -55,11 +57,15 @@ def test_run_config_consistency(tmp_path):
     p.write_text("name: r\nteachers: {parser: scripted, miner: scripted}\ntrials: {path: t.jsonl}\n")
     with pytest.raises(TeacherConfigError, match="need a patients source"):
         load_run_config(p)
-    p.write_text("name: r\nteachers: {miner: scripted}\nstages: [miner_inclusion]\ntrials: {path: t.jsonl}\n"
-                 "patients: {path: p.jsonl}\n")
+    p.write_text(
+        "name: r\nteachers: {miner: scripted}\nstages: [miner_inclusion]\ntrials: {path: t.jsonl}\n"
+        "patients: {path: p.jsonl}\n"
+    )
     with pytest.raises(TeacherConfigError, match="add 'parser'"):
         load_run_config(p)
-    p.write_text("name: r\nteachers: {parser: scripted}\nstages: [parser]\ntrials: {path: t.jsonl}\n"
-                 "patients: {path: p.jsonl, data_class: secret}\n")
+    p.write_text(
+        "name: r\nteachers: {parser: scripted}\nstages: [parser]\ntrials: {path: t.jsonl}\n"
+        "patients: {path: p.jsonl, data_class: secret}\n"
+    )
     with pytest.raises(TeacherConfigError, match="data_class"):
         load_run_config(p)

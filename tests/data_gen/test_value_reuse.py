@@ -6,19 +6,27 @@ from __future__ import annotations
 import asyncio
 import json
 
+from verdict.core.program import load_program
 from verdict.data_gen.formalizer import Formalizer
 from verdict.data_gen.formalizer.value_reuse import ValueReuse
 from verdict.data_gen.protocol import PatientDoc
 from verdict.data_gen.scripted_server import Match, Rule, Script, ScriptedServer
 from verdict.data_gen.scripted_server import ScriptedResponse as R
 from verdict.data_gen.teacher_config import TeacherConfig
-from verdict.core.program import load_program
 
 NOTE = "A 58-year-old man with type 2 diabetes, HbA1c 8.1%, no chest pain."
-VALUES = {"age_years": {"value": 58, "evidence": "58-year-old"},
-          "has_t2dm": {"value": True, "evidence": "type 2 diabetes"},
-          "hba1c_percent": {"value": 8.1, "evidence": "HbA1c 8.1%"}}
-AGE = {"name": "age_years", "domain": "int", "kind": "demographic", "unit": "years", "definition": "Age in years."}
+VALUES = {
+    "age_years": {"value": 58, "evidence": "58-year-old"},
+    "has_t2dm": {"value": True, "evidence": "type 2 diabetes"},
+    "hba1c_percent": {"value": 8.1, "evidence": "HbA1c 8.1%"},
+}
+AGE = {
+    "name": "age_years",
+    "domain": "int",
+    "kind": "demographic",
+    "unit": "years",
+    "definition": "Age in years.",
+}
 
 
 def _bool(name, definition=None):
@@ -27,23 +35,48 @@ def _bool(name, definition=None):
 
 def program(trial_id, *atoms):
     """Every atom an inclusion criterion of its own (all mined on the inclusion side)."""
+
     def formula(a):
         return a["name"] if a["domain"] == "bool" else {"op": "cmp", "lhs": a["name"], "rel": "ge", "rhs": 0}
-    return load_program({"trial_id": trial_id, "atoms": list(atoms), "cohorts": [{"id": "main", "inclusion": [
-        {"id": f"inc{i}", "text": a["name"], "formula": formula(a)} for i, a in enumerate(atoms)]}]})
+
+    return load_program(
+        {
+            "trial_id": trial_id,
+            "atoms": list(atoms),
+            "cohorts": [
+                {
+                    "id": "main",
+                    "inclusion": [
+                        {"id": f"inc{i}", "text": a["name"], "formula": formula(a)}
+                        for i, a in enumerate(atoms)
+                    ],
+                }
+            ],
+        }
+    )
 
 
-HBA1C = {"name": "hba1c_percent", "domain": "real", "kind": "lab_value", "unit": "%", "definition": "HbA1c in %."}
+HBA1C = {
+    "name": "hba1c_percent",
+    "domain": "real",
+    "kind": "lab_value",
+    "unit": "%",
+    "definition": "HbA1c in %.",
+}
 T1 = program("T1", AGE, _bool("has_t2dm"))
 T2 = program("T2", AGE, HBA1C)  # shares age_years with T1
 T3 = program("T3", AGE, _bool("has_t2dm"))  # everything shared with T1
 
 
 def server(latency=0.0, fail_on=None) -> ScriptedServer:
-    rules = [Rule(match=Match(contains=[f'"name": "{fail_on}"']), responses=[R(fault="malformed_content")])] \
-        if fail_on else []
-    return ScriptedServer(Script(rules=rules, default=R(auto="nulls", auto_values=VALUES),
-                                 default_latency_s=latency)).start()
+    rules = (
+        [Rule(match=Match(contains=[f'"name": "{fail_on}"']), responses=[R(fault="malformed_content")])]
+        if fail_on
+        else []
+    )
+    return ScriptedServer(
+        Script(rules=rules, default=R(auto="nulls", auto_values=VALUES), default_latency_s=latency)
+    ).start()
 
 
 def asked_atoms(srv) -> list[str]:
@@ -51,14 +84,27 @@ def asked_atoms(srv) -> list[str]:
     out = []
     for r in srv.requests:
         schema = (r.body.get("response_format") or {}).get("json_schema", {}).get("schema") or {}
-        out += json.loads(json.dumps(schema)).get("$defs", {}).get("MinedValue", {}).get("properties", {}) \
-            .get("atom", {}).get("enum", [])
+        out += (
+            json.loads(json.dumps(schema))
+            .get("$defs", {})
+            .get("MinedValue", {})
+            .get("properties", {})
+            .get("atom", {})
+            .get("enum", [])
+        )
     return out
 
 
 def mine(srv, programs, reuse=True, concurrent=False, patient=NOTE, cancel=None, max_tokens=None):
-    t = TeacherConfig(name="t", base_url=srv.url, model="m", timeout_s=10, max_retries=0, backoff_base_s=0.01,
-                      **({"max_tokens": max_tokens} if max_tokens else {}))
+    t = TeacherConfig(
+        name="t",
+        base_url=srv.url,
+        model="m",
+        timeout_s=10,
+        max_retries=0,
+        backoff_base_s=0.01,
+        **({"max_tokens": max_tokens} if max_tokens else {}),
+    )
 
     async def go():
         fz = Formalizer(t, value_reuse=ValueReuse() if reuse else None)
@@ -91,7 +137,10 @@ def test_a_shared_atom_is_mined_once_and_gives_the_same_values():
         srv.stop()
     assert sorted(asked) == ["age_years", "has_t2dm", "hba1c_percent"]  # each asked once
     assert len(srv.requests) == 2 and r3.calls == [] and r3.assembly["reused_atoms"] == 2
-    assert values(r2)["age_years"] == (58, "58-year-old") and values(r2)["hba1c_percent"] == (8.1, "HbA1c 8.1%")
+    assert values(r2)["age_years"] == (58, "58-year-old") and values(r2)["hba1c_percent"] == (
+        8.1,
+        "HbA1c 8.1%",
+    )
     assert values(r3) == values(r1)
     assert (reuse.asked, reuse.reused) == (3, 3)
     srv = server()
@@ -161,8 +210,12 @@ def test_an_atom_a_shared_mining_could_not_read_is_asked_again_not_taken_as_null
     t5 = program("T5", HBA1C)
     srv = server(latency=0.3, fail_on="hba1c_percent")
     try:
-        (r2, r5), _ = mine(srv, [T2, t5], concurrent=True,
-                           max_tokens={"parser": 64, "miner_inclusion": 150, "miner_exclusion": 64})
+        (r2, r5), _ = mine(
+            srv,
+            [T2, t5],
+            concurrent=True,
+            max_tokens={"parser": 64, "miner_inclusion": 150, "miner_exclusion": 64},
+        )
         asked = asked_atoms(srv)
     finally:
         srv.stop()

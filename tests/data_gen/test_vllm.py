@@ -10,23 +10,35 @@ import sys
 
 import pytest
 import yaml
-
 from verdict.data_gen.cache import CallCache
 from verdict.data_gen.client import EndpointClient, build_request
 from verdict.data_gen.formalizer import Formalizer
 from verdict.data_gen.protocol import PatientDoc
 from verdict.data_gen.teacher_config import TeacherConfig
+
 from tests.fixtures.vllm import STUDENT_MAX_TOKENS, teacher_programs
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-BOOL_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
-               "additionalProperties": False}
+BOOL_SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}},
+    "required": ["ok"],
+    "additionalProperties": False,
+}
 
 
 def student(server, model: str, mode: str = "vllm", **over) -> TeacherConfig:
-    cfg = dict(name=f"student-{model}-{mode}", base_url=server.base_url, model=model, structured_output=mode,
-               max_tokens=STUDENT_MAX_TOKENS, timeout_s=300, concurrency=2, max_retries=1)
+    cfg = dict(
+        name=f"student-{model}-{mode}",
+        base_url=server.base_url,
+        model=model,
+        structured_output=mode,
+        max_tokens=STUDENT_MAX_TOKENS,
+        timeout_s=300,
+        concurrency=2,
+        max_retries=1,
+    )
     cfg.update(over)
     return TeacherConfig(**cfg)
 
@@ -53,14 +65,18 @@ def test_value_miner_student_through_the_formalizer(vllm_server, student_records
     """Every raw answer conforms to the JSON Schema sent (in both dialects); the formalizer checks
     it like a teacher's; a repeated request is served from the cache."""
     import jsonschema
-
     from verdict.data_gen.formalizer import core_schema, side_atoms, with_atom_enum
 
     programs = teacher_programs(student_records)
     p = student_records["patients"][0]
     note = PatientDoc(patient_id=p["patient_id"], text=p["note"], data_class="private")
     cache = CallCache(tmp_path / "cache.sqlite")
-    passes = [(prog, side) for prog in programs.values() for side in ("inclusion", "exclusion") if side_atoms(prog, side)]
+    passes = [
+        (prog, side)
+        for prog in programs.values()
+        for side in ("inclusion", "exclusion")
+        if side_atoms(prog, side)
+    ]
 
     async def go(mode):
         fz = Formalizer(student(vllm_server, "value_miner", mode), cache=cache)
@@ -87,35 +103,68 @@ def test_value_miner_student_through_the_formalizer(vllm_server, student_records
 
 def test_teacher_run_with_local_students(vllm_server, student_records, tmp_path):
     trials = tmp_path / "trials.jsonl"
-    trials.write_text("".join(json.dumps({"nct_id": t["trial_id"], "title": t["title"], "inclusion": t["inclusion"],
-                                          "exclusion": t["exclusion"]}) + "\n" for t in student_records["trials"]))
+    trials.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "nct_id": t["trial_id"],
+                    "title": t["title"],
+                    "inclusion": t["inclusion"],
+                    "exclusion": t["exclusion"],
+                }
+            )
+            + "\n"
+            for t in student_records["trials"]
+        )
+    )
     patients = tmp_path / "patients.jsonl"
-    patients.write_text("".join(json.dumps({"_id": p["patient_id"], "text": p["note"]}) + "\n"
-                                for p in student_records["patients"]))
+    patients.write_text(
+        "".join(
+            json.dumps({"_id": p["patient_id"], "text": p["note"]}) + "\n"
+            for p in student_records["patients"]
+        )
+    )
     teachers = {}
     for model in ("parser", "value_miner"):
         path = tmp_path / f"{model}.yaml"
         path.write_text(yaml.safe_dump(student(vllm_server, model).model_dump(mode="json")))
         teachers[model] = str(path)
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "name": "local-students", "out_dir": str(tmp_path / "runs"), "cache": str(tmp_path / "runs" / "c.sqlite"),
-        "teachers": {"parser": teachers["parser"], "miner": teachers["value_miner"]},
-        "trials": {"path": str(trials)}, "patients": {"path": str(patients), "data_class": "private"}}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "name": "local-students",
+                "out_dir": str(tmp_path / "runs"),
+                "cache": str(tmp_path / "runs" / "c.sqlite"),
+                "teachers": {"parser": teachers["parser"], "miner": teachers["value_miner"]},
+                "trials": {"path": str(trials)},
+                "patients": {"path": str(patients), "data_class": "private"},
+            }
+        )
+    )
     cli = [sys.executable, "-m", "verdict", "teacher"]
-    r = subprocess.run([*cli, "run", "-c", str(cfg), "--no-progress"], capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [*cli, "run", "-c", str(cfg), "--no-progress"], capture_output=True, text=True, timeout=900
+    )
     assert r.returncode == 0, r.stdout + r.stderr
-    stats = json.loads(subprocess.run([*cli, "stats", str(tmp_path / "runs" / "local-students"), "--json"],
-                                      capture_output=True, text=True).stdout)
+    stats = json.loads(
+        subprocess.run(
+            [*cli, "stats", str(tmp_path / "runs" / "local-students"), "--json"],
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     assert stats["status"] == "complete" and stats["calls"]["paid"] > 0
     assembled, calls = stats["stages"]["parser (assembled)"], stats["stages"]["parser"]
     assert assembled["accepted"] == len(student_records["trials"])  # each trial assembled from its criteria
-    n_criteria = sum(len(t["parsed"]["cohorts"][0]["inclusion"]) + len(t["parsed"]["cohorts"][0]["exclusion"])
-                     for t in student_records["trials"])
+    n_criteria = sum(
+        len(t["parsed"]["cohorts"][0]["inclusion"]) + len(t["parsed"]["cohorts"][0]["exclusion"])
+        for t in student_records["trials"]
+    )
     assert calls["accepted"] == n_criteria and calls["rejected"] == 0  # one call per criterion
+    from verdict.core.program import TrialProgram
     from verdict.data_gen.formalizer import side_atoms
     from verdict.data_gen.records import RecordStore
-    from verdict.core.program import TrialProgram
 
     store = RecordStore(tmp_path / "runs" / "local-students" / "records.sqlite")
     programs = [TrialProgram.model_validate_json(x) for x in store.programs().values()]
@@ -124,5 +173,7 @@ def test_teacher_run_with_local_students(vllm_server, student_records, tmp_path)
     mined = sum(x["records"] for st, x in stats["stages"].items() if st != "parser")
     # every accepted program was mined: at least one record (chunk call) per side pass
     assert mined >= expected * len(student_records["patients"]) > 0
-    r = subprocess.run([*cli, "run", "-c", str(cfg), "--no-progress"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [*cli, "run", "-c", str(cfg), "--no-progress"], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0 and "0 calls paid" in r.stdout

@@ -25,8 +25,15 @@ CHROMIUM = Path("/usr/bin/chromium")  # Debian's package, installed by .ci/run
 
 CHROMEDRIVER = Path("/usr/bin/chromedriver")  # Debian's chromium-driver
 # Nothing reaching outside the machine, whichever client drives the browser.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def launch_chromium(pw):
@@ -42,7 +49,12 @@ def selenium_chromium(width: int = 1280, height: int = 900):
 
     options = Options()
     options.binary_location = str(CHROMIUM)
-    for arg in [*CHROMIUM_ARGS, "--headless=new", "--disable-dev-shm-usage", f"--window-size={width},{height}"]:
+    for arg in [
+        *CHROMIUM_ARGS,
+        "--headless=new",
+        "--disable-dev-shm-usage",
+        f"--window-size={width},{height}",
+    ]:
         options.add_argument(arg)
     return webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
 

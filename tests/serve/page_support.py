@@ -8,9 +8,9 @@ import re
 from dataclasses import dataclass
 
 import httpx
-
 from verdict.data_gen.formalizer import quote_in_note
 from verdict.data_gen.recorded import recorded_evidence
+
 from tests.support import REFERENCE_V6, SHARED_DATA, need
 
 LARGEST = "sigir-20154/NCT01458405a"  # the reference program with the most criteria (67, 166 atoms)
@@ -51,8 +51,10 @@ SCRIPTED_MODELS = {"parser_model": "scripted", "value_miner_model": "scripted", 
 def miner_script(*pairs: ReferencePair) -> dict:
     """A scripted-server script answering each pair's value-miner requests from its own values (a
     request is told by its note's opening words)."""
-    rules = [{"match": {"contains": [p.note[:60]]}, "responses": [{"auto": "nulls", "auto_values": p.values}]}
-             for p in pairs]
+    rules = [
+        {"match": {"contains": [p.note[:60]]}, "responses": [{"auto": "nulls", "auto_values": p.values}]}
+        for p in pairs
+    ]
     return {"rules": rules, "default": {"auto": "nulls"}}
 
 

@@ -60,7 +60,10 @@ def cubes(trial_id: str, n: int) -> dict:
 def fermat(trial_id: str) -> dict:
     """x^3 + y^3 = z^3 + w, x, y, z >= 1: satisfiable, but with w = 0 from the note (Fermat) the
     decision runs into the solver limit."""
-    cube = lambda v: {"op": "mul", "args": [v, v, v]}
+
+    def cube(v):
+        return {"op": "mul", "args": [v, v, v]}
+
     return {
         "trial_id": trial_id,
         "atoms": [atom(n, "int") for n in "wxyz"],
@@ -100,12 +103,19 @@ def teacher_output(c, names: set[str]):
 
     line = c.text.strip().splitlines()[-1].lstrip("- ").strip()
     if OUT_OF_SCOPE.search(line):
-        return ParsedCriterion(in_scope=False, reason="consent, willingness or a heading: not chart-checkable")
+        return ParsedCriterion(
+            in_scope=False, reason="consent, willingness or a heading: not chart-checkable"
+        )
     age = AGE.search(line)
     if age and c.side == "inclusion":
-        atom = Atom(name="age_years", domain="int", kind="demographic", unit="years", definition="Age in years.")
-        return ParsedCriterion(in_scope=True, atoms=[atom],
-                               formula={"op": "cmp", "lhs": "age_years", "rel": "ge", "rhs": int(age.group(1))})
+        atom = Atom(
+            name="age_years", domain="int", kind="demographic", unit="years", definition="Age in years."
+        )
+        return ParsedCriterion(
+            in_scope=True,
+            atoms=[atom],
+            formula={"op": "cmp", "lhs": "age_years", "rel": "ge", "rhs": int(age.group(1))},
+        )
     words = re.findall(r"[a-z0-9]+", line.lower())[:6]
     name = "_".join(words)[:48].strip("_") or "criterion"
     while name in names:

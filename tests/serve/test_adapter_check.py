@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from verdict.serve.adapter_check import AdapterCheckConfig, first_difference, load_golden, run_adapter_check
 from verdict.serve.errors import AdapterCheckError
 from verdict.serve.vllm_config import VLLMConfig
+
 from tests.fixtures.vllm import student_vllm_config
 from tests.serve.conftest import verdict_command
 from tests.support import REPO
@@ -107,4 +107,6 @@ def test_an_adapter_served_differently_is_caught(
     assert "parser: 0/6 records identical" in r.stdout and "DISAGREES" in r.stdout  # one per criterion
     assert "first difference at character" in r.stdout
     data = json.loads(report.read_text())
-    assert data["passed"] is False and data["adapters"][0]["records"][0]["vllm_output"].startswith('{"in_scope"')
+    assert data["passed"] is False and data["adapters"][0]["records"][0]["vllm_output"].startswith(
+        '{"in_scope"'
+    )

@@ -6,7 +6,6 @@ import json
 import stat
 
 import pytest
-
 from verdict.serve.api_keys import KeyStore
 from verdict.serve.errors import ServeConfigError
 

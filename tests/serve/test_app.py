@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from verdict.data_gen.client import quotes_any
+
 from tests.fixtures.vllm import teacher_programs, teacher_values, trial_text
 from tests.serve.conftest import CHROMIUM, RunningService, launch_chromium, start_service
 from tests.support import need
@@ -305,7 +305,9 @@ def test_clinician_page_in_headless_chromium(svc, trials, student_records):
             marks = [page.locator("mark").nth(i).inner_text() for i in range(page.locator("mark").count())]
             assert marks == ["58-year-old", "type 2 diabetes", "Postmenopausal"]  # in note order
             assert page.locator("#note").inner_text().strip() == p["note"]
-            page.locator("tr[data-criterion='inc-2'] a").click()  # evidence link jumps to the mark in the note
+            page.locator(
+                "tr[data-criterion='inc-2'] a"
+            ).click()  # evidence link jumps to the mark in the note
             assert page.evaluate("location.hash") == "#ev-1"
             assert page.get_by_role("heading", name="What would make the patient ineligible").count() == 1
             assert page.locator("#change li").count() >= 1

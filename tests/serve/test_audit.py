@@ -14,9 +14,9 @@ import stat
 import subprocess
 
 import pytest
-
 from verdict.serve.audit import AuditStore
 from verdict.serve.errors import ServeConfigError
+
 from tests.fixtures.postgres import ADMIN_PASSWORD_ENV, PASSWORD_ENV, WRITER
 from tests.serve.conftest import start_service, verdict_command
 from tests.support import REPO, run_together
@@ -338,7 +338,6 @@ def test_verify_reads_the_store_a_serve_config_names(sqlite_store, tmp_path):
 # ---- PostgreSQL: the database enforces it, also against its own administrator ---------------------
 def test_postgres_refuses_changes_from_the_service_role_and_from_the_owner(postgres_db):
     import psycopg
-
     from verdict.serve.audit.postgres import setup_schema
 
     setup_schema(postgres_db.admin_url, WRITER, password_env=ADMIN_PASSWORD_ENV)
@@ -514,6 +513,7 @@ def test_a_match_key_cannot_replace_a_reviewed_program(backend, request, tmp_pat
 def test_postgres_reconnects_after_a_dropped_connection_and_errors_are_503(postgres_db):
     from verdict.serve.audit.postgres import setup_schema
     from verdict.serve.errors import AuditUnavailable
+
     from tests.fixtures.postgres import free_port
 
     setup_schema(postgres_db.admin_url, WRITER, password_env=ADMIN_PASSWORD_ENV)
@@ -569,8 +569,9 @@ def make_schema_3_store(path) -> str:
         "decisions": {"decision_id": "dec_old", "created_at": 2.0, "created_by": "k", "trial_id": "T1",
                       "program_hash": "sha256:aa", "patient_id": "P1", "note_hash": "sha256:n",
                       "patient_hash": "sha256:p", "policy_name": "prescreen", "policy_version": "1",
-                      "engine_version": "e", "decision": "eligible", "models_json": "{}", "timings_json": "{}",
-                      "artifacts_json": "{}", "note_text": "note", "parent_id": None, "lineage_json": None},
+                      "engine_version": "e", "decision": "eligible", "models_json": "{}",
+                      "timings_json": "{}", "artifacts_json": "{}", "note_text": "note", "parent_id": None,
+                      "lineage_json": None},
     }  # fmt: skip
     head = None
     for table, columns in rows.items():
@@ -614,7 +615,6 @@ def test_a_schema_3_store_is_verified_as_is_then_upgraded_in_place(tmp_path):
 
 def test_a_postgres_schema_3_store_is_upgraded_by_its_owner_only(postgres_db):
     import psycopg
-
     from verdict.serve.audit.postgres import setup_schema
 
     setup_schema(postgres_db.admin_url, WRITER, password_env=ADMIN_PASSWORD_ENV)

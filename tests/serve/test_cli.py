@@ -11,9 +11,9 @@ import time
 import httpx
 import pytest
 import yaml
-
 from verdict.serve.api_keys import KeyStore
 from verdict.serve.vllm_server import _group_alive
+
 from tests.fixtures.vllm import (
     STUDENT_MAX_TOKENS,
     student_vllm_config,

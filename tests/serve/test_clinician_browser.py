@@ -15,9 +15,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from verdict.data_gen.scripted_server import Script, ScriptedServer
 from verdict.serve.api_keys import KeyStore
+
 from tests.serve.conftest import CHROMEDRIVER, CHROMIUM, selenium_chromium, start_service
 from tests.serve.page_support import (
     LARGEST,
@@ -53,8 +53,10 @@ def pairs():
 
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory, pairs):
-    need(CHROMIUM.exists() and CHROMEDRIVER.exists(),
-         "Chromium or chromedriver missing: apt-get install -y chromium chromium-driver")
+    need(
+        CHROMIUM.exists() and CHROMEDRIVER.exists(),
+        "Chromium or chromedriver missing: apt-get install -y chromium chromium-driver",
+    )
     pytest.importorskip("selenium", reason="selenium missing: pip install -e '.[dev]'")
     srv = ScriptedServer(Script.model_validate(miner_script(*pairs))).start()
     s = start_service(tmp_path_factory.mktemp("browser"), srv.url, {"formalizer": SCRIPTED_MODELS})
@@ -134,11 +136,18 @@ def test_review_through_the_page_forms_on_the_largest_reference_program(svc, pai
     check_fits(browser, tmp_path, "1-before")
 
     # confirm a condition of "to confirm at the screening visit"
-    confirmed = next(f.get_attribute("data-atom")
-                     for f in browser.find_elements(By.CSS_SELECTOR, "#confirm form[data-review=confirm]")
-                     if f.find_elements(By.CSS_SELECTOR, "select[name=value]"))  # a yes/no condition
-    submit_review(browser, f"#confirm form[data-review=confirm][data-atom='{confirmed}']", "false",
-                  "asked at the screening visit", established="screening_visit")
+    confirmed = next(
+        f.get_attribute("data-atom")
+        for f in browser.find_elements(By.CSS_SELECTOR, "#confirm form[data-review=confirm]")
+        if f.find_elements(By.CSS_SELECTOR, "select[name=value]")
+    )  # a yes/no condition
+    submit_review(
+        browser,
+        f"#confirm form[data-review=confirm][data-atom='{confirmed}']",
+        "false",
+        "asked at the screening visit",
+        established="screening_visit",
+    )
     assert "re-derived" in text("#notice")
     second = text("#decision-id")
     assert second != first["decision_id"]
@@ -149,8 +158,9 @@ def test_review_through_the_page_forms_on_the_largest_reference_program(svc, pai
     assert browser.find_elements(By.CSS_SELECTOR, f"mark[data-atoms~='{corrected}']")
     old = pair.values[corrected]["value"]
     new = str(not old).lower() if isinstance(old, bool) else "unknown"
-    submit_review(browser, f"#decisive form[data-review=correct][data-atom='{corrected}']", new,
-                  "misread quote")
+    submit_review(
+        browser, f"#decisive form[data-review=correct][data-atom='{corrected}']", new, "misread quote"
+    )
     third = text("#decision-id")
     assert third not in (first["decision_id"], second)
 
@@ -168,8 +178,11 @@ def test_review_through_the_page_forms_on_the_largest_reference_program(svc, pai
     assert [ch["type"] for e in hist["entries"] for ch in e["changes"]] == ["confirm", "correct"]
     # the older page says it is superseded and links to the newest
     browser.get(svc.url + page)
-    assert browser.find_element(By.CSS_SELECTOR, "#superseded a").get_attribute("href").endswith(
-        f"/v1/decisions/{third}/page")
+    assert (
+        browser.find_element(By.CSS_SELECTOR, "#superseded a")
+        .get_attribute("href")
+        .endswith(f"/v1/decisions/{third}/page")
+    )
     assert not browser.find_elements(By.CSS_SELECTOR, "form[data-review]")  # reviews go to the newest
     assert "supersedes" in text("#no-forms")
     browser.get(f"{svc.url}/v1/decisions/{third}/page")

@@ -11,7 +11,9 @@ import re
 from html.parser import HTMLParser
 
 import pytest
-
+from verdict.core.cases import load_case
+from verdict.core.engine import Engine
+from verdict.core.policy import load_policy
 from verdict.serve.audit import DecisionRow
 from verdict.serve.clinician_page import (
     _CSS,
@@ -22,10 +24,8 @@ from verdict.serve.clinician_page import (
     highlighted_note,
     render_page,
 )
+
 from tests.support import REFERENCE_V6, REPO, SHARED_DATA, need
-from verdict.core.cases import load_case
-from verdict.core.engine import Engine
-from verdict.core.policy import load_policy
 
 
 def test_quotes_are_found_across_whitespace_and_ellipses():
@@ -55,12 +55,25 @@ LARGEST = "sigir-20154/NCT01458405a"  # the reference program with the most crit
 
 def decision_row(program, patient, decision, note: str | None) -> DecisionRow:
     return DecisionRow(
-        decision_id="dec_test", created_at=0.0, created_by="k", trial_id=program.trial_id,
-        program_hash=program.content_hash or "", patient_id=patient.patient_id, note_hash="", patient_hash="",
-        policy_name="prescreen", policy_version="1", engine_version="1", decision=decision.decision,
-        models={}, timings={}, note_text=note,
-        artifacts={"decision": json.loads(decision.canonical_json()),
-                   "patient": patient.model_dump(mode="json")},
+        decision_id="dec_test",
+        created_at=0.0,
+        created_by="k",
+        trial_id=program.trial_id,
+        program_hash=program.content_hash or "",
+        patient_id=patient.patient_id,
+        note_hash="",
+        patient_hash="",
+        policy_name="prescreen",
+        policy_version="1",
+        engine_version="1",
+        decision=decision.decision,
+        models={},
+        timings={},
+        note_text=note,
+        artifacts={
+            "decision": json.loads(decision.canonical_json()),
+            "patient": patient.model_dump(mode="json"),
+        },
     )
 
 
@@ -137,12 +150,12 @@ def test_an_eligible_decision_shows_the_criteria_resting_on_assumptions_first():
     in_order = [lb.criterion for lb in decision.labels if lb.criterion in resting]
     assert [c for t, c in rows[: len(resting)]] == in_order
     assert all(t == "decisive" for t, _ in rows[: len(resting)])
-    assert all(t == "other" for t, _ in rows[len(resting):])
+    assert all(t == "other" for t, _ in rows[len(resting) :])
 
 
 def test_everything_from_the_record_is_escaped():
     program, patient, decision, note = demo_case()
-    evil = '<script>alert(1)</script><img src=x onerror=alert(2)>"\''
+    evil = "<script>alert(1)</script><img src=x onerror=alert(2)>\"'"
     program = program.model_copy(update={"title": evil})
     crit = program.cohorts[0].inclusion[0].model_copy(update={"text": evil})
     cohort = program.cohorts[0].model_copy(update={"inclusion": [crit, *program.cohorts[0].inclusion[1:]]})

@@ -25,7 +25,10 @@ def test_demo_runs_the_whole_story(tmp_path, student_base_dir, student_adapters)
         (work / f"tiny-{task}" / "adapter").symlink_to(adapter)
     r = subprocess.run(
         [sys.executable, "-m", "verdict", "demo", "--work", str(work)],
-        capture_output=True, text=True, cwd=REPO, timeout=900,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=900,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "already trained" in r.stderr  # reused, not retrained

@@ -14,10 +14,18 @@ from verdict.serve.serving import MatchingService
 
 
 def _service(tmp_path, url: str, warm: bool = True) -> MatchingService:
-    cfg = ApiConfig.model_validate({
-        "formalizer": {"base_url": url, "parser_model": "scripted", "value_miner_model": "scripted",
-                       "warm_up_grammars": warm},
-        "audit_db": str(tmp_path / "audit.sqlite"), "api_keys": str(tmp_path / "keys.json")})
+    cfg = ApiConfig.model_validate(
+        {
+            "formalizer": {
+                "base_url": url,
+                "parser_model": "scripted",
+                "value_miner_model": "scripted",
+                "warm_up_grammars": warm,
+            },
+            "audit_db": str(tmp_path / "audit.sqlite"),
+            "api_keys": str(tmp_path / "keys.json"),
+        }
+    )
     return MatchingService(cfg, url)
 
 
@@ -50,6 +58,7 @@ def test_not_ready_until_both_stage_grammars_are_warm_and_a_failure_is_retried(t
                 assert len(srv.requests) == before  # warmed once per server
             finally:
                 await svc.aclose()
+
     asyncio.run(go())
 
 
@@ -67,6 +76,7 @@ def test_a_readiness_check_during_the_warm_up_does_not_wait_for_it(tmp_path):
                 assert (await svc.readiness()).ready is True
             finally:
                 await svc.aclose()
+
     asyncio.run(go())
 
 
@@ -78,4 +88,5 @@ def test_without_the_setting_nothing_is_sent_before_ready(tmp_path):
                 assert (await svc.readiness()).ready is True and srv.requests == []
             finally:
                 await svc.aclose()
+
     asyncio.run(go())

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from verdict.data_gen.formalizer.endpoints import ERRORS_IN_A_ROW
 from verdict.data_gen.scripted_server import Script, ScriptedServer
 from verdict.data_gen.scripted_server import ScriptedResponse as R
 from verdict.serve.vllm_server import free_port
+
 from tests.fixtures.vllm import teacher_programs
 from tests.serve.conftest import RunningService, start_service, verdict_command
 from tests.support import REPO
@@ -49,8 +49,10 @@ def match(svc: RunningService, trial_id: str, patient: dict) -> httpx.Response:
     with svc.client() as c:
         return c.post(
             "/v1/match",
-            json={"trial_id": trial_id,
-                  "patient": {"patient_id": patient["patient_id"], "note": patient["note"]}},
+            json={
+                "trial_id": trial_id,
+                "patient": {"patient_id": patient["patient_id"], "note": patient["note"]},
+            },
         )
 
 
@@ -117,7 +119,9 @@ def test_503_with_retry_after_only_when_no_endpoint_is_left(tmp_path, student_re
 
 def test_refuses_to_start_when_any_endpoint_is_off_the_allowlist(tmp_path):
     svc = start_service(
-        tmp_path / "e", "http://127.0.0.1:9/v1", pool_config(["http://127.0.0.1:9/v1", "http://gpu02.example.org/v1"]),
+        tmp_path / "e",
+        "http://127.0.0.1:9/v1",
+        pool_config(["http://127.0.0.1:9/v1", "http://gpu02.example.org/v1"]),
         wait=False,
     )
     assert svc.process.wait(timeout=60) != 0
@@ -145,9 +149,15 @@ def test_two_replicas_on_postgres_scripted_formalizer_and_replica_killed_mid_loa
     formalizers = [_scripted_process(tmp_path / f"scripted-{i}.log") for i in range(2)]
     try:
         urls = [url for _, url in formalizers]
-        numbers = ha_load(tmp_path, postgres_db, urls, lambda: os.kill(formalizers[1][0].pid, signal.SIGKILL),
-                          teacher_programs(student_records), student_records["patients"],
-                          formalizer={**SCRIPTED_MODELS})
+        numbers = ha_load(
+            tmp_path,
+            postgres_db,
+            urls,
+            lambda: os.kill(formalizers[1][0].pid, signal.SIGKILL),
+            teacher_programs(student_records),
+            student_records["patients"],
+            formalizer={**SCRIPTED_MODELS},
+        )
         assert numbers
     finally:
         for proc, _ in formalizers:
@@ -161,6 +171,7 @@ def test_two_replicas_two_vllms_one_of_each_killed_mid_load(
     tmp_path, vllm_server, student_records, postgres_db
 ):
     from verdict.serve.vllm_server import VLLMServer
+
     from tests.serve.test_app import core_decision
 
     t0 = time.monotonic()
@@ -176,9 +187,15 @@ def test_two_replicas_two_vllms_one_of_each_killed_mid_load(
             for p in student_records["patients"]
         }
         # Kill its leader only, as the attack did; the engine process stays for `second.stop()`.
-        numbers = ha_load(tmp_path, postgres_db, [vllm_server.base_url, second.base_url],
-                          lambda: os.kill(second.process.pid, signal.SIGKILL),
-                          teacher_programs(student_records), student_records["patients"], expected=expected)
+        numbers = ha_load(
+            tmp_path,
+            postgres_db,
+            [vllm_server.base_url, second.base_url],
+            lambda: os.kill(second.process.pid, signal.SIGKILL),
+            teacher_programs(student_records),
+            student_records["patients"],
+            expected=expected,
+        )
         print(f"{numbers}, {time.monotonic() - t0:.0f} s with the second vLLM's start")
     finally:
         second.stop()
@@ -187,34 +204,67 @@ def test_two_replicas_two_vllms_one_of_each_killed_mid_load(
 def _scripted_process(log: Path) -> tuple[subprocess.Popen, str]:
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "verdict.data_gen.scripted_server", "--latency", "0.05", "--log",
-                             str(log)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "verdict.data_gen.scripted_server", "--latency", "0.05", "--log", str(log)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     line = proc.stdout.readline()
     assert line.startswith("READY "), line
     return proc, line.split()[1]
 
 
-def ha_load(tmp_path: Path, postgres_db, urls: list[str], kill_formalizer, programs: dict, patients: list,
-            *, formalizer: dict | None = None, expected: dict | None = None) -> str:
+def ha_load(
+    tmp_path: Path,
+    postgres_db,
+    urls: list[str],
+    kill_formalizer,
+    programs: dict,
+    patients: list,
+    *,
+    formalizer: dict | None = None,
+    expected: dict | None = None,
+) -> str:
     """Two API replicas (the same serve config) on one PostgreSQL store in front of ``urls``; a bounded
     load over both; after KILL_AFTER answers, kill -9 replica 2 and ``kill_formalizer()``. Asserts the
     HA guarantees and returns the observed numbers."""
     from verdict.serve.api_config import ApiConfig
     from verdict.serve.audit.store import open_store
+
     from tests.fixtures.postgres import ADMIN_PASSWORD_ENV, PASSWORD_ENV, WRITER
 
     t_start = time.monotonic()
     r = subprocess.run(
-        [*verdict_command(), "serve", "audit", "setup-postgres", "--url", postgres_db.admin_url,
-         "--writer", WRITER, "--password-env", ADMIN_PASSWORD_ENV],
-        capture_output=True, text=True, cwd=REPO, timeout=120,
+        [
+            *verdict_command(),
+            "serve",
+            "audit",
+            "setup-postgres",
+            "--url",
+            postgres_db.admin_url,
+            "--writer",
+            WRITER,
+            "--password-env",
+            ADMIN_PASSWORD_ENV,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
     )
     assert r.returncode == 0, r.stderr
     api = {
         # The load repeats pairs: without reuse_values off, repeats would ask the formalizer nothing, and
         # this is about failover while it is being asked.
-        "formalizer": {"base_url": None, "base_urls": urls, "health_check_interval_s": 1,
-                       "concurrency": LOAD_CONCURRENCY, "reuse_values": False, **(formalizer or {})},
+        "formalizer": {
+            "base_url": None,
+            "base_urls": urls,
+            "health_check_interval_s": 1,
+            "concurrency": LOAD_CONCURRENCY,
+            "reuse_values": False,
+            **(formalizer or {}),
+        },
         "audit_db": postgres_db.writer_url,
         "audit_password_env": PASSWORD_ENV,
     }
@@ -222,8 +272,11 @@ def ha_load(tmp_path: Path, postgres_db, urls: list[str], kill_formalizer, progr
     try:
         replicas.append(start_service(tmp_path / "replica-1", urls[0], api))
         # The same serve config, keys included: only the process, port and log differ.
-        replicas.append(start_service(tmp_path / "replica-2", urls[0],
-                                      {**api, "api_keys": str(replicas[0].folder / "keys.json")}))
+        replicas.append(
+            start_service(
+                tmp_path / "replica-2", urls[0], {**api, "api_keys": str(replicas[0].folder / "keys.json")}
+            )
+        )
         for program in programs.values():  # the programs the value miner learned on
             upload(replicas[0], program)
         pairs = [(tid, p) for tid in programs for p in patients]
@@ -268,8 +321,9 @@ def ha_load(tmp_path: Path, postgres_db, urls: list[str], kill_formalizer, progr
         # killed replica may have written for requests cut with it.
         ids = [x["decision_id"] for x in ok]
         assert len(set(ids)) == len(ids)
-        store = open_store(ApiConfig(audit_db=postgres_db.writer_url, audit_password_env=PASSWORD_ENV),
-                           read_only=True)
+        store = open_store(
+            ApiConfig(audit_db=postgres_db.writer_url, audit_password_env=PASSWORD_ENV), read_only=True
+        )
         try:
             for x in ok:
                 row = store.decision(x["decision_id"])
@@ -278,9 +332,20 @@ def ha_load(tmp_path: Path, postgres_db, urls: list[str], kill_formalizer, progr
         finally:
             store.close()
         assert len(ok) <= stored <= len(ok) + len(cut)
-        r = subprocess.run([*verdict_command(), "serve", "audit", "verify", "--config",
-                            str(replicas[0].folder / "serve.yaml")], capture_output=True, text=True, cwd=REPO,
-                           timeout=120)
+        r = subprocess.run(
+            [
+                *verdict_command(),
+                "serve",
+                "audit",
+                "verify",
+                "--config",
+                str(replicas[0].folder / "serve.yaml"),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+        )
         assert r.returncode == 0 and "intact" in r.stderr, r.stderr
         with replicas[0].client(None) as c:
             ready = c.get("/readyz").json()
@@ -299,8 +364,13 @@ async def _load(urls: list[str], key: str, work: list, kill) -> list[dict]:
     killed = asyncio.Event()
     limits = httpx.Limits(max_connections=LOAD_CONCURRENCY, max_keepalive_connections=LOAD_CONCURRENCY)
     clients = [
-        httpx.AsyncClient(base_url=u, headers={"Authorization": f"Bearer {key}"}, timeout=600, limits=limits,
-                          trust_env=False)
+        httpx.AsyncClient(
+            base_url=u,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=600,
+            limits=limits,
+            trust_env=False,
+        )
         for u in urls
     ]
 

@@ -9,30 +9,56 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from tests.serve.conftest import start_service
 from verdict.core.formula import MAX_DEPTH, MAX_MAGNITUDE
 
+from tests.serve.conftest import start_service
+
 ATOMS = [
-    {"name": "age_years", "domain": "int", "kind": "demographic", "unit": "years", "definition": "Age in years."},
+    {
+        "name": "age_years",
+        "domain": "int",
+        "kind": "demographic",
+        "unit": "years",
+        "definition": "Age in years.",
+    },
     {"name": "has_chest_pain", "domain": "bool", "kind": "diagnosis", "definition": "Has chest pain."},
 ]
 AGE_INC = '"name": "age_years"'
 SCRIPT = {
     "rules": [
-        {"match": {"contains": ["Huge age note", AGE_INC]},
-         "responses": [{"content": {"values": [{"atom": "age_years", "value": 10**400, "evidence": "Huge age note"}]}}]},
-        {"match": {"contains": ["Adult note", AGE_INC]},
-         "responses": [{"content": {"values": [{"atom": "age_years", "value": 40, "evidence": "Adult note"}]}}]},
+        {
+            "match": {"contains": ["Huge age note", AGE_INC]},
+            "responses": [
+                {
+                    "content": {
+                        "values": [{"atom": "age_years", "value": 10**400, "evidence": "Huge age note"}]
+                    }
+                }
+            ],
+        },
+        {
+            "match": {"contains": ["Adult note", AGE_INC]},
+            "responses": [
+                {"content": {"values": [{"atom": "age_years", "value": 40, "evidence": "Adult note"}]}}
+            ],
+        },
     ],
     "default": {"auto": "nulls"},
 }
 
 
 def program(trial_id: str, formula, exclusion=None) -> dict:
-    return {"trial_id": trial_id, "atoms": ATOMS, "cohorts": [{
-        "id": "main", "inclusion": [{"id": "inc1", "text": "Adults", "formula": formula}],
-        "exclusion": [{"id": "exc1", "text": "Chest pain", "formula": exclusion or "has_chest_pain"}]}]}
+    return {
+        "trial_id": trial_id,
+        "atoms": ATOMS,
+        "cohorts": [
+            {
+                "id": "main",
+                "inclusion": [{"id": "inc1", "text": "Adults", "formula": formula}],
+                "exclusion": [{"id": "exc1", "text": "Chest pain", "formula": exclusion or "has_chest_pain"}],
+            }
+        ],
+    }
 
 
 def age_at_least(rhs) -> dict:
@@ -49,8 +75,11 @@ def nested(depth: int) -> dict:
 
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory, scripted):
-    s = start_service(tmp_path_factory.mktemp("inputs-service"), scripted.url,
-                      {"formalizer": {"parser_model": "scripted", "value_miner_model": "scripted"}})
+    s = start_service(
+        tmp_path_factory.mktemp("inputs-service"),
+        scripted.url,
+        {"formalizer": {"parser_model": "scripted", "value_miner_model": "scripted"}},
+    )
     yield s
     s.stop()
 
@@ -60,9 +89,13 @@ def upload(svc, body_text: str):
         return c.post("/v1/trials", content=body_text, headers={"Content-Type": "application/json"})
 
 
-@pytest.mark.parametrize("rhs_text", [str(10**400), "NaN", "Infinity", "-Infinity", "1e400", "1000000000000001"])
+@pytest.mark.parametrize(
+    "rhs_text", [str(10**400), "NaN", "Infinity", "-Infinity", "1e400", "1000000000000001"]
+)
 def test_numbers_out_of_range_are_422_naming_the_field(svc, rhs_text):
-    body = json.dumps({"program": program("T-NUM", age_at_least(0))}).replace('"rhs": 0', f'"rhs": {rhs_text}')
+    body = json.dumps({"program": program("T-NUM", age_at_least(0))}).replace(
+        '"rhs": 0', f'"rhs": {rhs_text}'
+    )
     assert rhs_text in body
     r = upload(svc, body)
     assert r.status_code == 422, r.text
@@ -84,7 +117,9 @@ def test_nesting_at_the_bound_round_trips_and_one_past_it_is_refused(svc):
     with svc.client() as c:
         got = c.get("/v1/trials/T-DEEP")
         assert got.status_code == 200, got.text  # reloaded from the store
-        m = c.post("/v1/match", json={"trial_id": "T-DEEP", "patient": {"patient_id": "P1", "note": "Adult note."}})
+        m = c.post(
+            "/v1/match", json={"trial_id": "T-DEEP", "patient": {"patient_id": "P1", "note": "Adult note."}}
+        )
     assert m.status_code == 200, m.text
     assert m.json()["decision"]["decision"] == "eligible"
 
@@ -93,7 +128,10 @@ def test_a_miner_value_of_10_to_the_400_is_a_named_502(svc):
     r = upload(svc, json.dumps({"program": program("T-HUGE", age_at_least(18))}))
     assert r.status_code == 200, r.text
     with svc.client() as c:
-        m = c.post("/v1/match", json={"trial_id": "T-HUGE", "patient": {"patient_id": "P2", "note": "Huge age note."}})
+        m = c.post(
+            "/v1/match",
+            json={"trial_id": "T-HUGE", "patient": {"patient_id": "P2", "note": "Huge age note."}},
+        )
     assert m.status_code == 502, m.text  # the miner output is refused (after one repair), not a crash
     body = m.json()
     assert body["error"] == "formalizer_output_invalid" and "reason: type" in body["message"], body

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from verdict.serve.errors import BatchError
 from verdict.serve.match_batch import (
     load_plan,
@@ -20,6 +19,7 @@ from verdict.serve.match_batch import (
     run_shard,
     shard_of,
 )
+
 from tests.fixtures.vllm import MAX_MODEL_LEN, STUDENT_MAX_TOKENS, vllm_available, vllm_python
 from tests.serve.conftest import verdict_command
 from tests.serve.test_app import core_decision
@@ -101,9 +101,13 @@ def test_plan_shards_by_trial_and_refuses_a_changed_plan(tmp_path, student_recor
 
 def scripted_serve_config(folder: Path) -> Path:
     """folder/serve.yaml: a serve config whose formalizer is the scripted server (no vLLM is started)."""
-    cfg = {"vllm": {"model": str(folder / "unused")},
-           "api": {"formalizer": {"parser_model": "scripted", "value_miner_model": "scripted"},
-                   "api_keys": str(folder / "keys.json")}}
+    cfg = {
+        "vllm": {"model": str(folder / "unused")},
+        "api": {
+            "formalizer": {"parser_model": "scripted", "value_miner_model": "scripted"},
+            "api_keys": str(folder / "keys.json"),
+        },
+    }
     (folder / "serve.yaml").write_text(yaml.safe_dump(cfg))
     return folder / "serve.yaml"
 
@@ -114,16 +118,26 @@ def test_a_result_line_torn_by_a_kill_is_redone_and_nothing_is_lost(tmp_path):
     import asyncio
 
     from verdict.data_gen.scripted_server import Script, ScriptedServer
+
     from tests.serve.test_serving import SCRIPT
 
     scripted_serve_config(tmp_path)
-    (tmp_path / "patients.jsonl").write_text("".join(
-        json.dumps({"_id": f"P{i}", "text": f"Patient {i}, {30 + i} years old."}) + "\n" for i in range(3)))
-    (tmp_path / "trials.jsonl").write_text(json.dumps(
-        {"nct_id": "NCT01", "title": "t", "inclusion": "Adults", "exclusion": "Chest pain"}) + "\n")
+    (tmp_path / "patients.jsonl").write_text(
+        "".join(
+            json.dumps({"_id": f"P{i}", "text": f"Patient {i}, {30 + i} years old."}) + "\n" for i in range(3)
+        )
+    )
+    (tmp_path / "trials.jsonl").write_text(
+        json.dumps({"nct_id": "NCT01", "title": "t", "inclusion": "Adults", "exclusion": "Chest pain"}) + "\n"
+    )
     out = tmp_path / "out"
-    plan_batch(out, name="torn", serve_config=tmp_path / "serve.yaml", patients=tmp_path / "patients.jsonl",
-               trials=tmp_path / "trials.jsonl")
+    plan_batch(
+        out,
+        name="torn",
+        serve_config=tmp_path / "serve.yaml",
+        patients=tmp_path / "patients.jsonl",
+        trials=tmp_path / "trials.jsonl",
+    )
     with ScriptedServer(Script.model_validate(SCRIPT)) as srv:
         assert asyncio.run(run_shard(out, 0, formalizer_url=srv.url))["matched"] == 3
         path = result_path(out, 0)
@@ -141,7 +155,9 @@ def test_a_result_line_torn_by_a_kill_is_redone_and_nothing_is_lost(tmp_path):
     assert by_trial["trial_id"] == "NCT01" and sorted(r["patient_id"] for r in ranked) == ["P0", "P1", "P2"]
     assert [r["rank"] for r in ranked] == [1, 2, 3] and all(r["decision_id"] and r["reason"] for r in ranked)
     by_patient = [json.loads(x) for x in (out / "ranked_by_patient.jsonl").read_text().splitlines()]
-    assert [g["patient_id"] for g in by_patient] == ["P0", "P1", "P2"] and all(len(g["rows"]) == 1 for g in by_patient)
+    assert [g["patient_id"] for g in by_patient] == ["P0", "P1", "P2"] and all(
+        len(g["rows"]) == 1 for g in by_patient
+    )
 
 
 def test_fhir_records_go_through_the_batch_with_their_coded_facts(tmp_path):
@@ -153,27 +169,45 @@ def test_fhir_records_go_through_the_batch_with_their_coded_facts(tmp_path):
     from verdict.data_gen.protocol import NoteDocument
     from verdict.data_gen.scripted_server import Script, ScriptedServer
     from verdict.data_gen.sources import load_patients
+
     from tests.serve.test_screen import asked as screen_asked
     from tests.serve.test_serving import SCRIPT
 
     scripted_serve_config(tmp_path)
-    rec = FhirPatientRecord(patient_id="F1", reference_date="2024-06-01", birth_date="1980-02-03", age_years=44,
-                            documents=[NoteDocument(id="DocumentReference/d1", text="Seen today. No chest pain.")])
-    broken = {"format": "verdict.fhir_patient/v1", "patient_id": "F2", "reference_date": "2024-06-01",
-              "facts": [{"secret": "Zyx"}]}
+    rec = FhirPatientRecord(
+        patient_id="F1",
+        reference_date="2024-06-01",
+        birth_date="1980-02-03",
+        age_years=44,
+        documents=[NoteDocument(id="DocumentReference/d1", text="Seen today. No chest pain.")],
+    )
+    broken = {
+        "format": "verdict.fhir_patient/v1",
+        "patient_id": "F2",
+        "reference_date": "2024-06-01",
+        "facts": [{"secret": "Zyx"}],
+    }
     (tmp_path / "broken.jsonl").write_text(json.dumps(broken) + "\n")
     (problem,) = load_patients(tmp_path / "broken.jsonl").problems
     assert "broken.jsonl:1: FHIR record of patient 'F2' is invalid" in problem and "Zyx" not in problem
     (tmp_path / "patients.jsonl").write_text(rec.model_dump_json() + "\n")
-    (tmp_path / "trials.jsonl").write_text(json.dumps(
-        {"nct_id": "NCT01", "title": "t", "inclusion": "Adults", "exclusion": "Chest pain"}) + "\n")
+    (tmp_path / "trials.jsonl").write_text(
+        json.dumps({"nct_id": "NCT01", "title": "t", "inclusion": "Adults", "exclusion": "Chest pain"}) + "\n"
+    )
     out = tmp_path / "out"
-    plan_batch(out, name="fhir", serve_config=tmp_path / "serve.yaml", patients=tmp_path / "patients.jsonl",
-               trials=tmp_path / "trials.jsonl")
+    plan_batch(
+        out,
+        name="fhir",
+        serve_config=tmp_path / "serve.yaml",
+        patients=tmp_path / "patients.jsonl",
+        trials=tmp_path / "trials.jsonl",
+    )
     with ScriptedServer(Script.model_validate(SCRIPT)) as srv:
         assert asyncio.run(run_shard(out, 0, formalizer_url=srv.url))["matched"] == 1
         asked = screen_asked(srv, "No chest pain")
-    assert "has_chest_pain" in asked and "age_years" not in asked  # the age comes from the birth date, not mined
+    assert (
+        "has_chest_pain" in asked and "age_years" not in asked
+    )  # the age comes from the birth date, not mined
     (line,) = read_results(result_path(out, 0))
     assert line.status == 200, line.error
     merge_results(out)
@@ -224,8 +258,24 @@ def test_shards_resume_after_a_crash_and_merge_without_duplicates(
 
 def batch_command(cfg: Path, inputs: dict[str, Path], out: Path, *extra: str) -> list[str]:
     """`verdict match batch` over the inputs in 3 shards on the local SLURM cluster."""
-    return [*verdict_command(), "match", "batch", "--config", str(cfg), "--patients", str(inputs["patients"]),
-            "--trials", str(inputs["trials"]), "--out", str(out), "--shards", "3", "--slurm", "local", *extra]
+    return [
+        *verdict_command(),
+        "match",
+        "batch",
+        "--config",
+        str(cfg),
+        "--patients",
+        str(inputs["patients"]),
+        "--trials",
+        str(inputs["trials"]),
+        "--out",
+        str(out),
+        "--shards",
+        "3",
+        "--slurm",
+        "local",
+        *extra,
+    ]
 
 
 def _run(out: Path, shard: int, url: str) -> dict:
@@ -244,8 +294,18 @@ def test_batch_as_a_job_array_on_the_real_slurm_cluster(
     inputs = write_inputs(tmp_path / "in", student_records)
     cfg = write_serve_config(tmp_path, student_base_dir, student_adapters)
     out = tmp_path / "batch"
-    cmd = batch_command(cfg, inputs, out, "--slurm-set", f"log_dir={tmp_path / 'slurm-logs'}",
-                        "--slurm-set", "jobs.serve.mem=5G", "--wait", "--timeout", "1500")
+    cmd = batch_command(
+        cfg,
+        inputs,
+        out,
+        "--slurm-set",
+        f"log_dir={tmp_path / 'slurm-logs'}",
+        "--slurm-set",
+        "jobs.serve.mem=5G",
+        "--wait",
+        "--timeout",
+        "1500",
+    )
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=slurm_cluster.env(), timeout=1800)
     logs = "\n".join(p.read_text()[-3000:] for p in (tmp_path / "slurm-logs").glob("*.out"))
     assert r.returncode == 0, r.stderr[-3000:] + logs

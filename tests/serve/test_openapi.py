@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from verdict.data_gen.scripted_server import Script, ScriptedServer
+
 from tests.serve.conftest import start_service
 from tests.serve.test_serving import EXCLUSION, INCLUSION  # the scripted per-criterion parser answers
 
@@ -28,7 +28,10 @@ def svc(tmp_path_factory):
                 "rules": [
                     {"match": {"contains": ["Patient note"]}, "responses": [{"auto": "nulls"}]},
                     # a satisfiable program whatever the criteria: adults, excluded with chest pain
-                    {"match": {"contains": ["Exclusion criterion:\n"]}, "responses": [{"content": EXCLUSION}]},
+                    {
+                        "match": {"contains": ["Exclusion criterion:\n"]},
+                        "responses": [{"content": EXCLUSION}],
+                    },
                 ],
                 "default": {"content": INCLUSION},
             }

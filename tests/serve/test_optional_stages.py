@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from verdict.data_gen.client import quotes_any
+
 from tests.serve.conftest import start_service
 
 ARBITER = "values it reported contradict definitional"  # the arbiter prompt (arbiter.v1)
@@ -16,7 +16,10 @@ VERBALIZER = "you only restate it"  # the verbalizer prompt (verbalizer.v1)
 MINER = "You read one patient note"  # both value-miner prompts
 # Severe asthma implies asthma (a definition); the miner reports the severe form and denies the
 # plain one: an extraction conflict, not a reason to exclude.
-FIX = "40 years old. Reports no asthma history. ARB-FIX: severe asthma attack last week, asthma confirmed by spirometry."
+FIX = (
+    "40 years old. Reports no asthma history. ARB-FIX: severe asthma attack last week, asthma "
+    "confirmed by spirometry."
+)
 GARBAGE = (
     "40 years old. Reports no asthma history. ARB-GARBAGE: severe asthma attack last week, asthma "
     "confirmed by spirometry."

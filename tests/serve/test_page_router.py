@@ -8,10 +8,10 @@ import re
 
 import httpx
 import pytest
-
 from verdict.data_gen.scripted_server import Script, ScriptedServer
 from verdict.serve.api_keys import KeyStore
 from verdict.serve.pages.session import LOGIN_COOKIE, SESSION_COOKIE
+
 from tests.serve.conftest import start_service
 from tests.serve.page_support import SCRIPTED_MODELS, csrf_of, decide, login, miner_script, reference_pair
 
@@ -26,9 +26,14 @@ def pair():
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory, pair):
     srv = ScriptedServer(Script.model_validate(miner_script(pair))).start()
-    s = start_service(tmp_path_factory.mktemp("pages"), srv.url,
-                      {"auth": {"max_failures": MAX_FAILURES, "window_s": 60, "lockout_s": 60},
-                       "formalizer": SCRIPTED_MODELS})
+    s = start_service(
+        tmp_path_factory.mktemp("pages"),
+        srv.url,
+        {
+            "auth": {"max_failures": MAX_FAILURES, "window_s": 60, "lockout_s": 60},
+            "formalizer": SCRIPTED_MODELS,
+        },
+    )
     store = KeyStore(s.folder / "keys.json")  # the service re-reads the key file
     for role in ("review", "trial_owner"):
         s.keys[role] = store.add(f"test-{role}", [role])[0]
@@ -105,7 +110,7 @@ def test_roles_forms_and_csrf(svc, decision):
     # audit role: the page, no forms, and a line saying why; a forged form POST is refused
     auditor = login(svc.url, svc.keys["audit"], page)
     r = auditor.get(page)
-    assert r.status_code == 200 and "<form class=\"review\"" not in r.text and 'id="no-forms"' in r.text
+    assert r.status_code == 200 and '<form class="review"' not in r.text and 'id="no-forms"' in r.text
     token = csrf_of(r.text)  # the logout form's
     flag = {"type": "flag", "criterion": "x", "note": "n", "reason": "r"}
     r = auditor.post(action, data={"csrf": token, **flag})
@@ -154,7 +159,7 @@ def test_a_form_review_goes_to_the_review_service_and_errors_name_the_field(svc,
     assert [ch["type"] for e in hist.json()["entries"] for ch in e["changes"]] == ["flag"]
     # the old decision is superseded: its page has no forms, and a stale form is refused
     old = reviewer.get(page)
-    assert 'id="superseded"' in old.text and "<form class=\"review\"" not in old.text
+    assert 'id="superseded"' in old.text and '<form class="review"' not in old.text
     again = send(type="flag", criterion=criterion, note="n", reason="r")
     assert again.status_code == 409 and 'id="error"' in again.text
 

@@ -54,12 +54,12 @@ def _limits(tokenizer: str | None = None):
 def teacher_records(limits) -> dict:
     """Student records (verdict.serve.students' layout) for the trial and its patient, split as the service
     splits the trial under `limits`."""
+    from verdict.core.engine import Engine
     from verdict.data_gen.formalizer import Formalizer
     from verdict.data_gen.formalizer.assembly import assemble
     from verdict.data_gen.sources import load_patients, load_trials
     from verdict.serve.protocol import TrialText
     from verdict.serve.serving import trial_doc
-    from verdict.core.engine import Engine
 
     doc = load_trials(TRIALS, ids=[TRIAL]).items[0]
     note = load_patients(PATIENTS, ids=[PATIENT], data_class="public").items[0]
@@ -80,8 +80,13 @@ def teacher_records(limits) -> dict:
             facts[cr.formula] = [True, hit]
     oos = {c.text: o.reason for c, o in ((c, outputs[c.id]) for c in criteria) if not o.in_scope}
     return {
-        "trials": [{**text.model_dump(exclude_none=True), "out_of_scope": oos,
-                    "parsed": asm.program.model_dump(mode="json", by_alias=True, exclude={"trial_id", "title"})}],
+        "trials": [
+            {
+                **text.model_dump(exclude_none=True),
+                "out_of_scope": oos,
+                "parsed": asm.program.model_dump(mode="json", by_alias=True, exclude={"trial_id", "title"}),
+            }
+        ],
         "patients": [{"patient_id": note.patient_id, "note": note.text, "facts": facts}],
         "report": asm.report,
         "criteria": len(criteria),
@@ -128,13 +133,13 @@ def _rows(export: Path, task: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def path(student):
     """The trial and the patient through parser, assembly, miner, core and rationale."""
+    from verdict.core.engine import Engine
+    from verdict.core.policy import load_policy, resolve
+    from verdict.core.rationale import render_markdown
     from verdict.data_gen.formalizer import Formalizer, merge_sides
     from verdict.data_gen.protocol import PatientDoc
     from verdict.serve.serving import trial_doc
     from verdict.serve.students import trial_text
-    from verdict.core.engine import Engine
-    from verdict.core.policy import load_policy, resolve
-    from verdict.core.rationale import render_markdown
 
     limits, url = student["limits"], student["server"].base_url
     trial, patient = student["records"]["trials"][0], student["records"]["patients"][0]
@@ -146,17 +151,33 @@ def path(student):
     record = PatientDoc(patient_id=patient["patient_id"], text=patient["note"])
 
     async def both():
-        return await asyncio.gather(*(miner.mine_values(program, record, s) for s in ("inclusion", "exclusion")))
+        return await asyncio.gather(
+            *(miner.mine_values(program, record, s) for s in ("inclusion", "exclusion"))
+        )
 
     inc, exc = asyncio.run(both())
     assert inc.accepted and exc.accepted, (inc.reason, inc.problems[:3], exc.reason, exc.problems[:3])
     mined = merge_sides(inc.output, exc.output)
-    resolved = resolve(program, record.patient_id, list(mined), load_policy("prescreen"),
-                       held_open=mined.held_open(), sources=mined.sources)
+    resolved = resolve(
+        program,
+        record.patient_id,
+        list(mined),
+        load_policy("prescreen"),
+        held_open=mined.held_open(),
+        sources=mined.sources,
+    )
     decision = Engine(timeout_ms=20_000, alternatives=2).decide(program, resolved)
-    return {"parsed": parsed, "program": program, "miners": [inc, exc], "mined": mined, "resolved": resolved,
-            "decision": decision, "rationale": render_markdown(program, resolved, decision),
-            "parser": parser, "miner": miner}
+    return {
+        "parsed": parsed,
+        "program": program,
+        "miners": [inc, exc],
+        "mined": mined,
+        "resolved": resolved,
+        "decision": decision,
+        "rationale": render_markdown(program, resolved, decision),
+        "parser": parser,
+        "miner": miner,
+    }
 
 
 def test_the_trial_is_real_size_and_every_criterion_is_one_call_accounted_for(student, path):
@@ -165,9 +186,14 @@ def test_the_trial_is_real_size_and_every_criterion_is_one_call_accounted_for(st
     parsed = path["parsed"]
     assert len(parsed.calls) == n  # one call per criterion, none grouped or cut
     report = parsed.assembly
-    placed = [*report["formalized"], *(x["id"] for x in report["out_of_scope"]),
-              *(x["id"] for x in report["unformalized"])]
-    assert sorted(placed) == sorted(c.item for c in parsed.calls)  # each: formalized, out of scope or reported
+    placed = [
+        *report["formalized"],
+        *(x["id"] for x in report["out_of_scope"]),
+        *(x["id"] for x in report["unformalized"]),
+    ]
+    assert sorted(placed) == sorted(
+        c.item for c in parsed.calls
+    )  # each: formalized, out of scope or reported
     assert len(report["formalized"]) >= n // 2, report
     assert len(path["program"].atoms) >= n // 2
 
@@ -180,7 +206,9 @@ def _over_budget(calls, limits, counter) -> list[str]:
         budget = getattr(limits.max_tokens, r.stage)
         prompt = counter.count_messages(r.messages)
         if prompt + budget > CONTEXT or r.usage.completion_tokens > budget * len(r.attempts):
-            over.append(f"{r.item}: prompt {prompt} + {budget} > {CONTEXT}, or completion {r.usage.completion_tokens}")
+            over.append(
+                f"{r.item}: prompt {prompt} + {budget} > {CONTEXT}, or completion {r.usage.completion_tokens}"
+            )
     return over
 
 
@@ -191,11 +219,15 @@ def test_no_stage_call_exceeds_its_budget(student, path):
     parser_calls = path["parsed"].calls
     miner_calls = [c for m in path["miners"] for c in (m.calls or [m])]
     assert len(miner_calls) > 2  # the trial's atoms do not fit one call per side: the miner works in chunks
-    assert all(c.usage.prompt_tokens >= counter.count_messages(c.messages) for c in parser_calls + miner_calls)
+    assert all(
+        c.usage.prompt_tokens >= counter.count_messages(c.messages) for c in parser_calls + miner_calls
+    )
     assert _over_budget(parser_calls, student["limits"], counter) == []
     assert _over_budget(miner_calls, student["limits"], counter) == []
     cut = [c.item for c in parser_calls + miner_calls if any(a.finish_reason == "length" for a in c.attempts)]
-    print(f"\nreal-size calls: parser {len(parser_calls)}, miner {len(miner_calls)}, cut at max_tokens: {cut}")
+    print(
+        f"\nreal-size calls: parser {len(parser_calls)}, miner {len(miner_calls)}, cut at max_tokens: {cut}"
+    )
 
 
 def test_every_call_also_fits_the_paper_limits_with_the_real_qwen_tokenizer(student):
@@ -212,7 +244,9 @@ def test_every_call_also_fits_the_paper_limits_with_the_real_qwen_tokenizer(stud
             completion = counter.count_text(row["messages"][-1]["content"])
             budget = paper.stage_tokens(row["stage"])
             if prompt > paper.prompt_budget(row["stage"]) or completion > budget:
-                over.append(f"{row['record_id']}: prompt {prompt}, completion {completion}, max_tokens {budget}")
+                over.append(
+                    f"{row['record_id']}: prompt {prompt}, completion {completion}, max_tokens {budget}"
+                )
     assert over == []
 
 
@@ -227,14 +261,18 @@ def test_the_core_decides_on_every_atom_and_the_rationale_names_the_trial(path):
     # a miner call the student got wrong leaves its atoms open with the reason, never a default
     unread = path["mined"].unread
     assert all(res[a].status == "unresolved" and "failed validation" in (res[a].note or "") for a in unread)
-    print(f"\nreal-size decision: {d.decision}; atoms {len(res)}, observed "
-          f"{sum(r.status == 'observed' for r in res.values())}, left open by a failed miner call {len(unread)}")
+    print(
+        f"\nreal-size decision: {d.decision}; atoms {len(res)}, observed "
+        f"{sum(r.status == 'observed' for r in res.values())}, left open by a failed miner call {len(unread)}"
+    )
 
 
 def test_the_student_reproduces_most_of_its_records(student, path):
     """Exact output of each parser call against its record (the same prompt)."""
-    targets = {tuple(m["content"] for m in r["messages"][:-1]): r["messages"][-1]["content"]
-               for r in _rows(student["export"], "parser")}
+    targets = {
+        tuple(m["content"] for m in r["messages"][:-1]): r["messages"][-1]["content"]
+        for r in _rows(student["export"], "parser")
+    }
     same = 0
     for c in path["parsed"].calls:
         want = targets.get(tuple(m["content"] for m in c.messages))

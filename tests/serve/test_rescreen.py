@@ -71,10 +71,10 @@ def run_rescreen(db, config_dir, *args):
 
 def test_rescreen_after_a_policy_change_on_the_reference_corpus(tmp_path):
     need(REFERENCE_V6.is_dir(), f"reference corpus missing: {REFERENCE_V6}")
-    from verdict.serve.audit import AuditStore
     from verdict.core.engine import Engine
     from verdict.core.policy import load_policy
     from verdict.core.reference import load_reference
+    from verdict.serve.audit import AuditStore
 
     (tmp_path / "configs" / "policies").mkdir(parents=True)
     policy_file = tmp_path / "configs" / "policies" / "site-policy.yaml"
@@ -155,12 +155,13 @@ def test_rescreen_after_a_policy_change_on_the_reference_corpus(tmp_path):
 
 
 def test_rescreen_for_a_new_program_version_reuses_values_only_when_the_atoms_are_unchanged(tmp_path):
-    from verdict.serve.audit import AuditStore
-    from tests.serve.test_reviews import atom, program
     from verdict.core.engine import Engine
     from verdict.core.patient import Resolution, ResolvedPatient
     from verdict.core.policy import load_policy
     from verdict.core.program import TrialProgram, check_program
+    from verdict.serve.audit import AuditStore
+
+    from tests.serve.test_reviews import atom, program
 
     def checked(data):
         return check_program(TrialProgram.model_validate(data))

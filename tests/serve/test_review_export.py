@@ -13,8 +13,8 @@ import subprocess
 import time
 
 import pytest
-
 from verdict.data_gen.scripted_server import Script, ScriptedServer
+
 from tests.serve.conftest import start_service, verdict_command
 from tests.serve.test_reviews import CONFIG, program
 from tests.support import REPO
@@ -31,8 +31,13 @@ SCRIPT = {
     }],
     "default": {"auto": "nulls"},
 }  # fmt: skip
-CORRECT = {"type": "correct", "atom": "creatinine", "value": "1.3 mg/dL", "reason": "3.1 was last year's",
-           "evidence": "creatinine 1.3 mg/dL today"}
+CORRECT = {
+    "type": "correct",
+    "atom": "creatinine",
+    "value": "1.3 mg/dL",
+    "reason": "3.1 was last year's",
+    "evidence": "creatinine 1.3 mg/dL today",
+}
 NOT_IN_NOTE = {**CORRECT, "evidence": "lab of 2026-11-30: 1.3 mg/dL"}
 
 
@@ -72,10 +77,14 @@ def reviewed(tmp_path_factory, scripted):
     note, and a trial revision that changes one criterion."""
     svc = service(tmp_path_factory.mktemp("reviewed"), scripted)
     try:
-        ids = {"good": match_and_review(svc, "P1", NOTE, CORRECT),
-               "not_in_note": match_and_review(svc, "P2", NOTE_2, NOT_IN_NOTE)}
+        ids = {
+            "good": match_and_review(svc, "P1", NOTE, CORRECT),
+            "not_in_note": match_and_review(svc, "P2", NOTE_2, NOT_IN_NOTE),
+        }
         with svc.client("trial_owner") as o:
-            r = o.post(f"/v1/trials/{TRIAL}/revisions", json={"program": program(age_min=21), "reason": "age 21"})
+            r = o.post(
+                f"/v1/trials/{TRIAL}/revisions", json={"program": program(age_min=21), "reason": "age 21"}
+            )
         assert r.status_code == 200, r.text
     finally:
         svc.stop()
@@ -83,8 +92,13 @@ def reviewed(tmp_path_factory, scripted):
 
 
 def export_cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([*verdict_command(), "teacher", "export", *map(str, args)], capture_output=True,
-                          text=True, cwd=REPO, timeout=300)
+    return subprocess.run(
+        [*verdict_command(), "teacher", "export", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
 
 
 def rows(folder) -> list[dict]:
@@ -101,7 +115,11 @@ def test_reviews_export_as_checked_private_records_with_provenance(reviewed, tmp
     assert miner and all(row["trial_id"] == TRIAL and row["patient_id"] == "P1" for row in miner)
     for row in miner:
         values = {v["atom"]: v for v in json.loads(row["messages"][-1]["content"])["values"]}
-        assert values["creatinine"] == {"atom": "creatinine", "value": 1.3, "evidence": "creatinine 1.3 mg/dL today"}
+        assert values["creatinine"] == {
+            "atom": "creatinine",
+            "value": 1.3,
+            "evidence": "creatinine 1.3 mg/dL today",
+        }
         assert "creatinine 1.3 mg/dL today" in row["messages"][1]["content"]  # the passage is in the prompt
         prov = json.loads(row["provenance"])
         assert prov["decision_ids"] == [ids["good"][1]] and prov["reviewer_roles"] == ["review"]
@@ -136,7 +154,9 @@ def test_without_stored_notes_the_decisions_are_reported_by_id(tmp_path, scripte
 
 def test_the_export_refuses_a_destination_off_the_allowlist(reviewed, tmp_path):
     svc, _ = reviewed
-    r = export_cli("--from-reviews", svc.folder / "audit.sqlite", "--out", "https://datasets.example.com/site")
+    r = export_cli(
+        "--from-reviews", svc.folder / "audit.sqlite", "--out", "https://datasets.example.com/site"
+    )
     assert r.returncode != 0 and "datasets.example.com" in r.stderr and "patient text" in r.stderr
     assert "Traceback" not in r.stderr
     r = export_cli("run-a", "--from-reviews", svc.folder / "audit.sqlite", "--out", tmp_path / "x")

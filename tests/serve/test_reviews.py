@@ -170,9 +170,15 @@ def test_a_review_rederives_with_the_core_and_supersedes_with_its_lineage(svc, s
     assert hist["entries"][1]["policy"] == {"name": "prescreen", "version": "1"}
     assert old["decision"] == "ineligible"  # the old row is never edited
     assert stored["decision"] == "eligible" and stored["note_stored"] is True
-    assert (stored["parent_id"], old["parent_id"]) == (first["decision_id"], None)  # the record shows its lineage
+    assert (stored["parent_id"], old["parent_id"]) == (
+        first["decision_id"],
+        None,
+    )  # the record shows its lineage
     assert stored["lineage"]["kind"] == "review" and [ch["type"] for ch in stored["lineage"]["changes"]] == [
-        "correct", "confirm", "flag"]
+        "correct",
+        "confirm",
+        "flag",
+    ]
     assert (old_hist["superseded"], old_hist["current_id"]) == (True, new_id)
     with svc.client("trial_owner") as o:
         flags = o.get(f"/v1/trials/{TRIAL}/flags").json()["flags"]
@@ -317,6 +323,7 @@ def location(request, tmp_path):
     if request.param == "sqlite":
         return str(tmp_path / "audit.sqlite")
     from verdict.serve.audit.postgres import setup_schema
+
     from tests.serve.test_audit import ADMIN_PASSWORD_ENV, WRITER
 
     db = request.getfixturevalue("postgres_db")
@@ -447,6 +454,7 @@ def test_a_postgres_schema_2_store_is_upgraded_by_its_owner_only(postgres_db):
     from verdict.serve.audit import AuditStore
     from verdict.serve.audit.postgres import setup_schema
     from verdict.serve.errors import ServeConfigError
+
     from tests.fixtures.postgres import ADMIN_PASSWORD_ENV, PASSWORD_ENV, WRITER
 
     setup_schema(postgres_db.admin_url, WRITER, password_env=ADMIN_PASSWORD_ENV)
@@ -508,8 +516,9 @@ def test_a_revision_is_refused_in_its_transaction_when_the_active_version_moved(
     store = AuditStore(location, **kwargs)
 
     def add(h, origin="upload", guard=None):
-        return store.add_trial(trial_id="T1", program_hash=h, program_json="{}", origin=origin,
-                               created_by="k", refuse_if=guard)
+        return store.add_trial(
+            trial_id="T1", program_hash=h, program_json="{}", origin=origin, created_by="k", refuse_if=guard
+        )
 
     add("sha256:v1")
     add("sha256:p2", origin="parser")  # a parser run does not move the active version

@@ -7,11 +7,17 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from verdict.data_gen.scripted_server import Script, ScriptedServer
+
 from tests.serve.conftest import start_service
 
-AGE = {"name": "age_years", "domain": "int", "kind": "demographic", "unit": "years", "definition": "Age in years."}
+AGE = {
+    "name": "age_years",
+    "domain": "int",
+    "kind": "demographic",
+    "unit": "years",
+    "definition": "Age in years.",
+}
 
 
 def _bool(name):
@@ -19,11 +25,23 @@ def _bool(name):
 
 
 def _program(trial_id, min_age, *exclusions):
-    return {"trial_id": trial_id, "atoms": [AGE, *[_bool(e) for e in exclusions]],
-            "cohorts": [{"id": "main",
-                         "inclusion": [{"id": "inc1", "text": f"age >= {min_age}",
-                                        "formula": {"op": "cmp", "lhs": "age_years", "rel": "ge", "rhs": min_age}}],
-                         "exclusion": [{"id": f"exc{i}", "text": e, "formula": e} for i, e in enumerate(exclusions)]}]}
+    return {
+        "trial_id": trial_id,
+        "atoms": [AGE, *[_bool(e) for e in exclusions]],
+        "cohorts": [
+            {
+                "id": "main",
+                "inclusion": [
+                    {
+                        "id": "inc1",
+                        "text": f"age >= {min_age}",
+                        "formula": {"op": "cmp", "lhs": "age_years", "rel": "ge", "rhs": min_age},
+                    }
+                ],
+                "exclusion": [{"id": f"exc{i}", "text": e, "formula": e} for i, e in enumerate(exclusions)],
+            }
+        ],
+    }
 
 
 TRIALS = [
@@ -35,23 +53,33 @@ TRIALS = [
 ]
 NOTE_40 = "A man, 40 years old, denies chest pain, current smoker."
 NOTE_60 = "A woman, 60 years old, denies chest pain, never smoked."
-VALUES = {"age_years": {"value": 40, "evidence": "40 years old"},
-          "has_chest_pain": {"value": False, "evidence": "denies chest pain"},
-          "is_smoker": {"value": True, "evidence": "current smoker"}}
-VALUES_60 = {"age_years": {"value": 60, "evidence": "60 years old"},
-             "has_chest_pain": {"value": False, "evidence": "denies chest pain"},
-             "is_smoker": {"value": False, "evidence": "never smoked"}}
-SCRIPT = {"rules": [
-    {"match": {"contains": ['"broken_miner"']}, "responses": [{"fault": "malformed_content"}]},
-    {"match": {"contains": ["60 years old"]}, "responses": [{"auto": "nulls", "auto_values": VALUES_60}]},
-], "default": {"auto": "nulls", "auto_values": VALUES}}
+VALUES = {
+    "age_years": {"value": 40, "evidence": "40 years old"},
+    "has_chest_pain": {"value": False, "evidence": "denies chest pain"},
+    "is_smoker": {"value": True, "evidence": "current smoker"},
+}
+VALUES_60 = {
+    "age_years": {"value": 60, "evidence": "60 years old"},
+    "has_chest_pain": {"value": False, "evidence": "denies chest pain"},
+    "is_smoker": {"value": False, "evidence": "never smoked"},
+}
+SCRIPT = {
+    "rules": [
+        {"match": {"contains": ['"broken_miner"']}, "responses": [{"fault": "malformed_content"}]},
+        {"match": {"contains": ["60 years old"]}, "responses": [{"auto": "nulls", "auto_values": VALUES_60}]},
+    ],
+    "default": {"auto": "nulls", "auto_values": VALUES},
+}
 
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     srv = ScriptedServer(Script.model_validate(SCRIPT)).start()
-    svc = start_service(tmp_path_factory.mktemp("screen"), srv.url,
-                        {"formalizer": {"parser_model": "scripted", "value_miner_model": "scripted"}})
+    svc = start_service(
+        tmp_path_factory.mktemp("screen"),
+        srv.url,
+        {"formalizer": {"parser_model": "scripted", "value_miner_model": "scripted"}},
+    )
     try:
         with svc.client("admin") as admin:
             for t in TRIALS:
@@ -67,8 +95,13 @@ def asked(srv, note: str) -> list[str]:
     """The atoms every value-miner call about this note asked for."""
     from verdict.data_gen.scripted_server import _find_atom_enum
 
-    return [a for r in srv.requests if note in json.dumps(r.body)
-            for a in _find_atom_enum(r.body.get("structured_outputs") or r.body.get("response_format") or {}) or []]
+    return [
+        a
+        for r in srv.requests
+        if note in json.dumps(r.body)
+        for a in _find_atom_enum(r.body.get("structured_outputs") or r.body.get("response_format") or {})
+        or []
+    ]
 
 
 def test_one_patient_against_every_registered_trial_ranked_with_reasons(service):
@@ -79,8 +112,13 @@ def test_one_patient_against_every_registered_trial_ranked_with_reasons(service)
         body = r.json()
         # the five trials declare age_years alike: its value is mined once for this note, not five times
         assert asked(srv, NOTE_40).count("age_years") == 1
-        assert sorted(set(asked(srv, NOTE_40))) == ["age_years", "broken_miner", "has_chest_pain", "is_smoker",
-                                                    "on_dialysis"]
+        assert sorted(set(asked(srv, NOTE_40))) == [
+            "age_years",
+            "broken_miner",
+            "has_chest_pain",
+            "is_smoker",
+            "on_dialysis",
+        ]
         assert body["direction"] == "patient" and body["pairs"] == 5
         assert [x["trial_id"] for x in body["rows"]] == ["T-ELIGIBLE", "T-CONFIRM", "T-MISS1", "T-MISS2"]
         eligible, confirm, miss1, miss2 = body["rows"]
@@ -100,29 +138,43 @@ def test_one_patient_against_every_registered_trial_ranked_with_reasons(service)
         # the same screen again: the same order (a pure function of the decisions)
         again = c.post("/v1/screen", json={"patient": {"patient_id": "P40", "note": NOTE_40}}).json()
         assert [f["trial_id"] for f in again["failures"]] == ["T-FAIL"], again["failures"]
-        assert [(x["trial_id"], x["tier"], x["distance"]) for x in again["rows"]] == \
-            [(x["trial_id"], x["tier"], x["distance"]) for x in body["rows"]]
+        assert [(x["trial_id"], x["tier"], x["distance"]) for x in again["rows"]] == [
+            (x["trial_id"], x["tier"], x["distance"]) for x in body["rows"]
+        ]
 
 
 def test_one_trial_against_patients_and_a_filter(service):
     svc, _ = service
     with svc.client("match") as c:
-        r = c.post("/v1/screen", json={"trial_id": "T-MISS1", "patients": [
-            {"patient_id": "P40", "note": NOTE_40}, {"patient_id": "P60", "note": NOTE_60}]})
+        r = c.post(
+            "/v1/screen",
+            json={
+                "trial_id": "T-MISS1",
+                "patients": [{"patient_id": "P40", "note": NOTE_40}, {"patient_id": "P60", "note": NOTE_60}],
+            },
+        )
         assert r.status_code == 200, r.text
-        assert [(x["patient_id"], x["tier"]) for x in r.json()["rows"]] == [("P60", "eligible"), ("P40", "near_miss")]
+        assert [(x["patient_id"], x["tier"]) for x in r.json()["rows"]] == [
+            ("P60", "eligible"),
+            ("P40", "near_miss"),
+        ]
         assert recorded_source(svc, r.json()) == {"kind": "api", "label": None}  # no source stated
-        r = c.post("/v1/screen", json={"patient": {"patient_id": "P60", "note": NOTE_60},
-                                       "trial_ids": ["T-MISS2", "T-ELIGIBLE"]})
+        r = c.post(
+            "/v1/screen",
+            json={"patient": {"patient_id": "P60", "note": NOTE_60}, "trial_ids": ["T-MISS2", "T-ELIGIBLE"]},
+        )
         assert [x["trial_id"] for x in r.json()["rows"]] == ["T-ELIGIBLE", "T-MISS2"]  # both eligible: by id
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"patient": {"patient_id": "P", "note": "x"}, "trial_id": "T-MISS1"}, "body"),
-    ({"trial_id": "T-MISS1"}, "body"),
-    ({"patient": {"patient_id": "P", "note": "x"}, "trial_ids": ["NO-SUCH-TRIAL"]}, "trial_ids.0"),
-    ({"patient": {"patient_id": "P", "note": "x"}, "trial_ids": []}, "trial_ids"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"patient": {"patient_id": "P", "note": "x"}, "trial_id": "T-MISS1"}, "body"),
+        ({"trial_id": "T-MISS1"}, "body"),
+        ({"patient": {"patient_id": "P", "note": "x"}, "trial_ids": ["NO-SUCH-TRIAL"]}, "trial_ids.0"),
+        ({"patient": {"patient_id": "P", "note": "x"}, "trial_ids": []}, "trial_ids"),
+    ],
+)
 def test_bad_requests_name_the_problem(service, body, field):
     svc, _ = service
     with svc.client("match") as c:
@@ -157,8 +209,9 @@ def _cli(args, env_extra=None, tmp=None):
 
     env = {k: v for k, v in os.environ.items() if k not in ("VERDICT_API_KEY", "VERDICT_EGRESS_ALLOW")}
     env.update(env_extra or {})
-    return subprocess.run([*verdict_command(), "screen", *args], capture_output=True, text=True, env=env,
-                          timeout=300)
+    return subprocess.run(
+        [*verdict_command(), "screen", *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def test_the_cli_prints_the_ranked_screen_and_writes_it(service, tmp_path):
@@ -166,8 +219,10 @@ def test_the_cli_prints_the_ranked_screen_and_writes_it(service, tmp_path):
     note = tmp_path / "note.txt"
     note.write_text(NOTE_40)
     out = tmp_path / "screen.json"
-    r = _cli(["--url", svc.url, "--patient-id", "P40", "--note", str(note), "--out", str(out)],
-             {"VERDICT_API_KEY": svc.keys["match"]})
+    r = _cli(
+        ["--url", svc.url, "--patient-id", "P40", "--note", str(note), "--out", str(out)],
+        {"VERDICT_API_KEY": svc.keys["match"]},
+    )
     assert r.returncode == 0, r.stderr
     ranked = [line.split()[1] for line in r.stdout.splitlines()[1:-1] if line.split()[0].isdigit()]
     assert ranked == ["T-ELIGIBLE", "T-CONFIRM", "T-MISS1", "T-MISS2"]
@@ -182,23 +237,33 @@ def test_the_cli_refuses_a_host_off_the_allowlist_before_sending_anything(servic
     svc, srv = service
     note = tmp_path / "note.txt"
     note.write_text(NOTE_40)
-    r = _cli(["--url", "http://10.255.255.1:9", "--patient-id", "P40", "--note", str(note)],
-             {"VERDICT_API_KEY": svc.keys["match"]})
+    r = _cli(
+        ["--url", "http://10.255.255.1:9", "--patient-id", "P40", "--note", str(note)],
+        {"VERDICT_API_KEY": svc.keys["match"]},
+    )
     assert r.returncode == 2 and "not allowed" in r.stderr and "Nothing was sent" in r.stderr
     r = _cli(["--url", svc.url, "--patient-id", "P40", "--note", str(note)])
     assert r.returncode == 2 and "$VERDICT_API_KEY is not set" in r.stderr
-    r = _cli(["--url", svc.url, "--patient-id", "P40", "--note", str(note)], {"VERDICT_API_KEY": svc.keys["audit"]})
+    r = _cli(
+        ["--url", svc.url, "--patient-id", "P40", "--note", str(note)], {"VERDICT_API_KEY": svc.keys["audit"]}
+    )
     assert r.returncode == 2 and "HTTP 403" in r.stderr
 
 
 def test_the_cli_screens_a_trial_against_a_patients_file_and_names_a_bad_line(service, tmp_path):
     svc, _ = service
     pats = tmp_path / "patients.jsonl"
-    pats.write_text(json.dumps({"_id": "P40", "text": NOTE_40}) + "\nnot json\n"
-                    + json.dumps({"_id": "P60", "text": NOTE_60}) + "\n")
+    pats.write_text(
+        json.dumps({"_id": "P40", "text": NOTE_40})
+        + "\nnot json\n"
+        + json.dumps({"_id": "P60", "text": NOTE_60})
+        + "\n"
+    )
     out = tmp_path / "screen.json"
-    r = _cli(["--url", svc.url, "--trial", "T-MISS1", "--patients", str(pats), "--out", str(out)],
-             {"VERDICT_API_KEY": svc.keys["match"]})
+    r = _cli(
+        ["--url", svc.url, "--trial", "T-MISS1", "--patients", str(pats), "--out", str(out)],
+        {"VERDICT_API_KEY": svc.keys["match"]},
+    )
     assert r.returncode == 0, r.stderr
     ranked = [line.split()[2] for line in r.stdout.splitlines()[1:-1] if line.split()[0].isdigit()]
     assert ranked == ["P60", "P40"] and "patients.jsonl:2" in r.stderr and "not json" not in r.stderr
@@ -224,13 +289,20 @@ def test_a_screen_is_recorded_as_one_run_in_the_chain(service, tmp_path):
 
     from verdict.serve.audit import AuditStore
     from verdict.serve.audit.sqlite import TRIGGERS_4
+
     from tests.serve.test_audit import verify_cli
 
     svc, _ = service
     source = {"kind": "fhir_server", "label": "https://fhir.site.example/r4"}
     with svc.client("match") as c, svc.client("audit") as a:
-        r = c.post("/v1/screen", json={"patient": {"patient_id": "P60", "note": NOTE_60}, "source": source,
-                                       "trial_ids": ["T-MISS2", "T-FAIL", "T-ELIGIBLE"]})
+        r = c.post(
+            "/v1/screen",
+            json={
+                "patient": {"patient_id": "P60", "note": NOTE_60},
+                "source": source,
+                "trial_ids": ["T-MISS2", "T-FAIL", "T-ELIGIBLE"],
+            },
+        )
         assert r.status_code == 200, r.text
         body = r.json()
         assert c.get(f"/v1/screenings/{body['screening_id']}").status_code == 403  # a lower role
@@ -250,27 +322,37 @@ def test_a_screen_is_recorded_as_one_run_in_the_chain(service, tmp_path):
     assert ok.returncode == 0 and " screenings" in ok.stderr, ok.stderr
     copy = _copy_of_store(svc, tmp_path)
     db = sqlite3.connect(copy)
-    (seq,) = db.execute("SELECT seq FROM screenings WHERE screening_id = ?", (body["screening_id"],)).fetchone()
-    assert seq > max(db.execute("SELECT seq FROM decisions WHERE decision_id = ?", (d,)).fetchone()[0]
-                     for d in run["decision_ids"])
+    (seq,) = db.execute(
+        "SELECT seq FROM screenings WHERE screening_id = ?", (body["screening_id"],)
+    ).fetchone()
+    assert seq > max(
+        db.execute("SELECT seq FROM decisions WHERE decision_id = ?", (d,)).fetchone()[0]
+        for d in run["decision_ids"]
+    )
     for name in TRIGGERS_4:
         db.execute(f"DROP TRIGGER {name}")
     db.execute("UPDATE screenings SET counts_json = '{}', source_kind = 'api' WHERE seq = ?", (seq,))
     db.commit()
     db.close()
     report = AuditStore(copy, read_only=True).verify()
-    assert f"screenings row seq {seq} ({body['screening_id']}): content does not match its row_hash" in \
-        report.problems[-1] and "trigger screenings_no_update is missing (dropped)" in report.problems
+    assert (
+        f"screenings row seq {seq} ({body['screening_id']}): content does not match its row_hash"
+        in report.problems[-1]
+        and "trigger screenings_no_update is missing (dropped)" in report.problems
+    )
 
 
-@pytest.mark.parametrize("source, field", [
-    ({"kind": "fhir_server", "label": "https://user:secret@fhir.example/r4"}, "source"),
-    ({"kind": "fhir_server", "label": "https://fhir.example/r4?_token=x"}, "source"),
-    ({"kind": "patients_file", "label": "/home/site/patients.jsonl"}, "source"),
-    ({"kind": "fhir_ndjson", "label": "export\n2024"}, "source.label"),
-    ({"kind": "api", "label": "x" * 201}, "source.label"),
-    ({"kind": "email"}, "source.kind"),
-])
+@pytest.mark.parametrize(
+    "source, field",
+    [
+        ({"kind": "fhir_server", "label": "https://user:secret@fhir.example/r4"}, "source"),
+        ({"kind": "fhir_server", "label": "https://fhir.example/r4?_token=x"}, "source"),
+        ({"kind": "patients_file", "label": "/home/site/patients.jsonl"}, "source"),
+        ({"kind": "fhir_ndjson", "label": "export\n2024"}, "source.label"),
+        ({"kind": "api", "label": "x" * 201}, "source.label"),
+        ({"kind": "email"}, "source.kind"),
+    ],
+)
 def test_a_bad_source_is_refused_naming_it(service, source, field):
     svc, srv = service
     n = len(srv.requests)

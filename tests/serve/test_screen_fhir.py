@@ -14,8 +14,8 @@ import os
 import subprocess
 
 import pytest
-
 from verdict.data_gen.scripted_server import _find_atom_enum
+
 from tests.fixtures.fhir_server.data import AT, TOKEN, topic_resources, topics, write_bundle, write_ndjson
 from tests.serve.conftest import start_service, verdict_command
 from tests.serve.test_screen import recorded_source

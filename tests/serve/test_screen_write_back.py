@@ -16,6 +16,7 @@ import urllib.parse
 import urllib.request
 
 from verdict.serve.screen.research_subjects import DECISION_ID, EXT_DECISION, EXT_PAGE, PAIR
+
 from tests.fixtures.fhir_server.data import AT, TOKEN
 from tests.serve.conftest import verdict_command
 

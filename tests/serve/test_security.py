@@ -16,8 +16,8 @@ import time
 
 import httpx
 import pytest
-
 from verdict.data_gen.scripted_server import Script, ScriptedServer
+
 from tests.serve.conftest import start_service
 from tests.serve.programs import cubes, fermat, program
 from tests.support import run_together

@@ -10,17 +10,27 @@ import json
 import time
 
 import pytest
-
 from verdict.data_gen.scripted_server import ScriptedServer
+
 from tests.serve.conftest import CHROMIUM, launch_chromium, start_service
 from tests.serve.programs import fermat
 from tests.support import need, run_together
 
-AGE = {"name": "age_years", "domain": "int", "kind": "demographic", "unit": "years", "definition": "Age in years."}
+AGE = {
+    "name": "age_years",
+    "domain": "int",
+    "kind": "demographic",
+    "unit": "years",
+    "definition": "Age in years.",
+}
 PAIN = {"name": "has_chest_pain", "domain": "bool", "kind": "diagnosis", "definition": "Has chest pain."}
 # what the scripted parser answers, per criterion (criterion_parser@v1): any inclusion criterion is
 # "adults", any exclusion criterion "chest pain"
-INCLUSION = {"in_scope": True, "atoms": [AGE], "formula": {"op": "cmp", "lhs": "age_years", "rel": "ge", "rhs": 18}}
+INCLUSION = {
+    "in_scope": True,
+    "atoms": [AGE],
+    "formula": {"op": "cmp", "lhs": "age_years", "rel": "ge", "rhs": 18},
+}
 EXCLUSION = {"in_scope": True, "atoms": [PAIN], "formula": "has_chest_pain"}
 XSS_NOTE = (
     "40 years old. <script>document.title='pwned'</script> Reports <b>chest pain</b> & "
@@ -65,7 +75,10 @@ SCRIPT = {
             "responses": [values(("age_years", 50, "never right, at 50 years of age with a long quote"))],
         },
         {"match": {"contains": ["Patient note"]}, "responses": [{"auto": "nulls", "latency_s": 0.3}]},
-        {"match": {"contains": ["Exclusion criterion:\n"]}, "responses": [{"content": EXCLUSION, "latency_s": 0.5}]},
+        {
+            "match": {"contains": ["Exclusion criterion:\n"]},
+            "responses": [{"content": EXCLUSION, "latency_s": 0.5}],
+        },
     ],
     "default": {"content": INCLUSION, "latency_s": 0.5},
 }
@@ -88,7 +101,9 @@ def svc(tmp_path_factory, scripted):
 
 def register(c, criteria: str, trial_id: str = "T-SCRIPTED") -> dict:
     """A trial with `criteria` as its inclusion criterion and 'Chest pain' as its exclusion one."""
-    r = c.post("/v1/trials", json={"text": {"trial_id": trial_id, "inclusion": criteria, "exclusion": "Chest pain"}})
+    r = c.post(
+        "/v1/trials", json={"text": {"trial_id": trial_id, "inclusion": criteria, "exclusion": "Chest pain"}}
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -236,9 +251,13 @@ def test_parsed_programs_are_checked_by_the_services_own_engine_and_compiled_onc
 
     default = core_engine._default_engine
     default_cached = set(default._cache) if default is not None else None
-    api = ApiConfig.model_validate({
-        "formalizer": {"parser_model": "scripted", "value_miner_model": "scripted"},
-        "solver_timeout_ms": 321, "audit_db": str(tmp_path / "audit.sqlite")})
+    api = ApiConfig.model_validate(
+        {
+            "formalizer": {"parser_model": "scripted", "value_miner_model": "scripted"},
+            "solver_timeout_ms": 321,
+            "audit_db": str(tmp_path / "audit.sqlite"),
+        }
+    )
     service = MatchingService(api, scripted.url, audit=AuditStore(api.audit_db, store_notes=False))
 
     async def parse_and_match():
@@ -249,7 +268,8 @@ def test_parsed_programs_are_checked_by_the_services_own_engine_and_compiled_onc
             compiled = service.engine._cache.get(key)
             patient = PatientInput(patient_id="P1", note="40 years old.")
             res = await service.match(
-                MatchRequest(trial_id="T-ENGINE", program_hash=row.program_hash, patient=patient), "test")
+                MatchRequest(trial_id="T-ENGINE", program_hash=row.program_hash, patient=patient), "test"
+            )
             return key, compiled, res
         finally:
             await service.aclose()

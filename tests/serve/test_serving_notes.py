@@ -74,9 +74,9 @@ SCRIPT = {
 def one_document_per_call() -> int:
     """A students' context that holds any one of the test documents beside the prompt, never two
     (counted with the byte estimate: the test config names no tokenizer)."""
+    from verdict.core.program import TrialProgram, check_program
     from verdict.data_gen.formalizer import miner_messages, side_atoms
     from verdict.data_gen.formalizer.budget import ByteEstimate
-    from verdict.core.program import TrialProgram, check_program
 
     prog = check_program(TrialProgram(trial_id="T-NOTES", **PROGRAM))
     c = ByteEstimate()
@@ -236,8 +236,13 @@ def test_a_rejected_call_leaves_its_atoms_unresolved_naming_the_call_and_keeps_t
 
 def test_a_side_whose_every_call_is_rejected_is_a_502_naming_the_call(svc):
     with svc.client() as c:
-        r = c.post("/v1/match", json={"trial_id": "T-NOTES", "patient": {
-            "patient_id": "P-BAD", "notes": [{"id": "bad-3", "text": BAD}]}})
+        r = c.post(
+            "/v1/match",
+            json={
+                "trial_id": "T-NOTES",
+                "patient": {"patient_id": "P-BAD", "notes": [{"id": "bad-3", "text": BAD}]},
+            },
+        )
     assert r.status_code == 502 and r.json()["error"] == "formalizer_output_invalid", r.text
     msgs = [p["message"] for p in r.json()["problems"]]
     assert "call bad-3#1/c1 rejected (reason: evidence)" in msgs

@@ -18,13 +18,13 @@ import time
 
 import httpx
 import pytest
-
 from verdict.data_gen.client import EndpointClient, build_request
 from verdict.data_gen.formalizer import core_schema, with_atom_enum
 from verdict.data_gen.formalizer.budget import qwen25_counter, render_chat
 from verdict.data_gen.formalizer.criteria import CriterionText
 from verdict.data_gen.formalizer.parser import criterion_messages
 from verdict.data_gen.teacher_config import TeacherConfig
+
 from tests.fixtures.vllm import vllm_available, vllm_python
 from tests.support import need
 
@@ -40,8 +40,15 @@ def real_vocab_server(tmp_path_factory, qwen25_model_dir):
     from verdict.serve.vllm_server import VLLMServer
 
     log = tmp_path_factory.mktemp("vllm-real-vocab") / "vllm.log"
-    server = VLLMServer(VLLMConfig(model=str(qwen25_model_dir), dtype="float32", max_model_len=4096,
-                                   log_file=str(log), ready_timeout_s=600))
+    server = VLLMServer(
+        VLLMConfig(
+            model=str(qwen25_model_dir),
+            dtype="float32",
+            max_model_len=4096,
+            log_file=str(log),
+            ready_timeout_s=600,
+        )
+    )
     server.start()
     try:
         yield server
@@ -50,22 +57,35 @@ def real_vocab_server(tmp_path_factory, qwen25_model_dir):
 
 
 def _endpoint(server, **over) -> TeacherConfig:
-    return TeacherConfig(name="real-vocab", base_url=server.base_url, model="base", structured_output="vllm",
-                         max_tokens={"parser": 160, "miner_inclusion": 160, "miner_exclusion": 160},
-                         context_tokens=4096, tokenizer="qwen2.5", timeout_s=300, max_retries=0, **over)
+    return TeacherConfig(
+        name="real-vocab",
+        base_url=server.base_url,
+        model="base",
+        structured_output="vllm",
+        max_tokens={"parser": 160, "miner_inclusion": 160, "miner_exclusion": 160},
+        context_tokens=4096,
+        tokenizer="qwen2.5",
+        timeout_s=300,
+        max_retries=0,
+        **over,
+    )
 
 
 def _criterion_messages() -> list[dict[str, str]]:
-    return criterion_messages(CriterionText(id="inc-1", side="inclusion",
-                                            text="Age 18 years or older; HbA1c between 7% and 10%"))
+    return criterion_messages(
+        CriterionText(id="inc-1", side="inclusion", text="Age 18 years or older; HbA1c between 7% and 10%")
+    )
 
 
 def test_chat_template_and_prompt_tokens_equal_our_count(real_vocab_server):
     counter = qwen25_counter()
     msgs = _criterion_messages()
     origin = real_vocab_server.base_url.removesuffix("/v1")
-    r = httpx.post(f"{origin}/tokenize", json={"model": "base", "messages": msgs, "add_generation_prompt": True},
-                   timeout=60)
+    r = httpx.post(
+        f"{origin}/tokenize",
+        json={"model": "base", "messages": msgs, "add_generation_prompt": True},
+        timeout=60,
+    )
     r.raise_for_status()
     assert r.json()["tokens"] == counter.encode(render_chat(msgs))  # the same template, the same ids
     t = _endpoint(real_vocab_server)
@@ -87,10 +107,19 @@ def test_warm_up_precedes_readiness_and_the_first_request_is_cheap(real_vocab_se
     from verdict.serve.api_config import ApiConfig
     from verdict.serve.serving import MatchingService
 
-    cfg = ApiConfig.model_validate({
-        "formalizer": {"base_url": real_vocab_server.base_url, "parser_model": "base", "value_miner_model": "base",
-                       "warm_up_grammars": True, "timeout_s": 300},
-        "audit_db": str(tmp_path / "audit.sqlite"), "api_keys": str(tmp_path / "keys.json")})
+    cfg = ApiConfig.model_validate(
+        {
+            "formalizer": {
+                "base_url": real_vocab_server.base_url,
+                "parser_model": "base",
+                "value_miner_model": "base",
+                "warm_up_grammars": True,
+                "timeout_s": 300,
+            },
+            "audit_db": str(tmp_path / "audit.sqlite"),
+            "api_keys": str(tmp_path / "keys.json"),
+        }
+    )
 
     async def go():
         svc = MatchingService(cfg, real_vocab_server.base_url)
@@ -101,8 +130,9 @@ def test_warm_up_precedes_readiness_and_the_first_request_is_cheap(real_vocab_se
             t = _endpoint(real_vocab_server)
             c = EndpointClient(t)
             try:
-                req = build_request(t, "parser", _criterion_messages(), core_schema("parsed-criterion"),
-                                    "parsed_criterion")
+                req = build_request(
+                    t, "parser", _criterion_messages(), core_schema("parsed-criterion"), "parsed_criterion"
+                )
                 req["max_tokens"] = 1
                 t1 = time.perf_counter()
                 await c.complete(req, carries_patient_text=False)
@@ -114,7 +144,10 @@ def test_warm_up_precedes_readiness_and_the_first_request_is_cheap(real_vocab_se
             await svc.aclose()
 
     ready, warm_s, first_s = asyncio.run(go())
-    print(f"real vocabulary: grammar warm-up + readiness {warm_s:.2f} s, first parser request after it {first_s:.2f} s")
+    print(
+        f"real vocabulary: grammar warm-up + readiness {warm_s:.2f} s, first parser request after it "
+        f"{first_s:.2f} s"
+    )
     assert ready.ready is True
     assert first_s < warm_s  # the one-time setup was paid by the warm-up, not by the request
 
@@ -129,10 +162,17 @@ def test_structured_outputs_for_both_stage_schemas_are_schema_valid(real_vocab_s
     import jsonschema
 
     names = ["age_years", "hba1c_percent"]
-    cases = [(_criterion_messages(), core_schema("parsed-criterion"), "parsed_criterion"),
-             ([{"role": "system", "content": "Return the atoms' values as JSON."},
-               {"role": "user", "content": "A 58-year-old man, HbA1c 8.1%."}],
-              with_atom_enum(core_schema("value-miner"), names), "value_miner")]
+    cases = [
+        (_criterion_messages(), core_schema("parsed-criterion"), "parsed_criterion"),
+        (
+            [
+                {"role": "system", "content": "Return the atoms' values as JSON."},
+                {"role": "user", "content": "A 58-year-old man, HbA1c 8.1%."},
+            ],
+            with_atom_enum(core_schema("value-miner"), names),
+            "value_miner",
+        ),
+    ]
     t = _endpoint(real_vocab_server, extra_body={"logit_bias": _bias()})
 
     async def go():
@@ -151,7 +191,9 @@ def test_structured_outputs_for_both_stage_schemas_are_schema_valid(real_vocab_s
         obj = json.loads(comp.content)
         jsonschema.validate(obj, schema)  # valid under the schema (the core's semantic checks come after)
     log = real_vocab_server.log_path.read_text(errors="replace")
-    assert "Failed to compile" not in log and "fallback" not in log.lower().replace("falling back to anyof", "")
+    assert "Failed to compile" not in log and "fallback" not in log.lower().replace(
+        "falling back to anyof", ""
+    )
 
 
 def test_the_schema_bounds_an_atom_name_so_a_looping_model_must_close_it(real_vocab_server):
@@ -162,8 +204,12 @@ def test_the_schema_bounds_an_atom_name_so_a_looping_model_must_close_it(real_vo
     from verdict.core.schemas import GRAMMAR_MAX_NAME as MAX_NAME
 
     name_schema = core_schema("parsed-criterion")["$defs"]["Atom"]["properties"]["name"]
-    schema = {"type": "object", "properties": {"name": name_schema}, "required": ["name"],
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"name": name_schema},
+        "required": ["name"],
+        "additionalProperties": False,
+    }
     loop = qwen25_counter().encode("aaaaaaaa")
     assert len(loop) == 1
     t = _endpoint(real_vocab_server, extra_body={"logit_bias": {str(loop[0]): 100.0}})  # 160 new tokens
@@ -171,8 +217,10 @@ def test_the_schema_bounds_an_atom_name_so_a_looping_model_must_close_it(real_vo
     async def go():
         c = EndpointClient(t)
         try:
-            return await c.complete(build_request(t, "parser", _criterion_messages(), schema, "atom_name"),
-                                    carries_patient_text=False)
+            return await c.complete(
+                build_request(t, "parser", _criterion_messages(), schema, "atom_name"),
+                carries_patient_text=False,
+            )
         finally:
             await c.aclose()
 

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from verdict.serve.errors import VLLMServerError
 from verdict.serve.vllm_config import VLLMConfig
 from verdict.serve.vllm_server import VLLMServer, _group_alive
+
 from tests.fixtures.vllm import vllm_available, vllm_python
 from tests.serve.test_vllm_config import write_adapter
 from tests.support import REPO, need
@@ -206,11 +206,12 @@ def test_real_vllm_detached_start_and_stop_through_the_cli(tmp_path, student_bas
 
 # ---- supervision: a leader that dies (SIGKILL) leaves nothing behind --------------------------------
 FORKING_STANDIN = STANDIN.replace(
-    "HTTPServer((", """import os, subprocess, tempfile
+    "HTTPServer((",
+    """import os, subprocess, tempfile
 open(os.path.join(tempfile.gettempdir(), "engine.sock"), "w").close()
 child = subprocess.Popen(["sleep", "300"])  # an "engine process": outlives a SIGKILL of the leader
 open(os.path.join(os.path.dirname(sys.argv[0]), "child.pid"), "w").write(str(child.pid))
-HTTPServer(("""
+HTTPServer((""",
 )
 
 
@@ -274,23 +275,36 @@ def test_real_vllm_killed_under_serve_up_leaves_nothing_behind(tmp_path, student
 
     import httpx
     import yaml
-
     from verdict.serve.students import STUDENT_MAX_TOKENS, student_vllm_config
 
     need(vllm_available(), f"vLLM environment missing ({vllm_python()})")
     adapters = {name: random_adapter(student_base_dir, tmp_path / name) for name in ("parser", "value_miner")}
     vllm = student_vllm_config(student_base_dir, adapters, tmp_path / "vllm.log").model_dump()
     cfg = tmp_path / "up.yaml"
-    cfg.write_text(yaml.safe_dump({"vllm": vllm, "api": {
-        "host": "127.0.0.1", "port": 0,
-        "formalizer": {"max_tokens": STUDENT_MAX_TOKENS, "health_check_interval_s": 1},
-        "audit_db": str(tmp_path / "audit.sqlite"), "api_keys": str(tmp_path / "keys.json"),
-        "log_file": str(tmp_path / "api.log")}}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "vllm": vllm,
+                "api": {
+                    "host": "127.0.0.1",
+                    "port": 0,
+                    "formalizer": {"max_tokens": STUDENT_MAX_TOKENS, "health_check_interval_s": 1},
+                    "audit_db": str(tmp_path / "audit.sqlite"),
+                    "api_keys": str(tmp_path / "keys.json"),
+                    "log_file": str(tmp_path / "api.log"),
+                },
+            }
+        )
+    )
     ready = tmp_path / "ready.json"
     out, err = open(tmp_path / "stdout.txt", "w"), open(tmp_path / "stderr.txt", "w")
     exe = Path(sys.executable).with_name("verdict")
-    proc = subprocess.Popen([str(exe), "serve", "up", "--config", str(cfg), "--ready-file", str(ready)],
-                            stdout=out, stderr=err, cwd=REPO)
+    proc = subprocess.Popen(
+        [str(exe), "serve", "up", "--config", str(cfg), "--ready-file", str(ready)],
+        stdout=out,
+        stderr=err,
+        cwd=REPO,
+    )
     out.close(), err.close()
     try:
         deadline = time.monotonic() + 400

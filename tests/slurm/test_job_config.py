@@ -1,9 +1,9 @@
 """Cluster configs (verdict.slurm.job_config): shipped configs load, bad values are refused by name."""
 
 import pytest
-
-from verdict.slurm.job_config import load_slurm_config
 from verdict.core.configs import ConfigError
+from verdict.slurm.job_config import load_slurm_config
+
 from tests.support import REPO
 
 SLURM = REPO / "configs" / "slurm"

@@ -7,7 +7,6 @@ import tempfile
 import time
 
 import pytest
-
 from verdict.slurm.submit import wait_for
 
 

@@ -5,10 +5,10 @@ import shlex
 import subprocess
 
 import pytest
-
+from verdict.core.configs import ConfigError
 from verdict.slurm.job_config import load_slurm_config
 from verdict.slurm.render import RenderError, render_job, render_train_chain
-from verdict.core.configs import ConfigError
+
 from tests.support import REPO
 
 SLURM = REPO / "configs" / "slurm"

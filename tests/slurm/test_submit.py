@@ -5,9 +5,9 @@ import subprocess
 import sys
 
 import pytest
+from verdict.train.run_dir import RunDir
 
 from tests.fixtures.sft import TINY_OVERRIDES
-from verdict.train.run_dir import RunDir
 from tests.support import REPO
 
 
@@ -132,4 +132,6 @@ def test_a_job_depending_on_one_not_submitted_before_it_is_refused_before_any_sb
     from verdict.slurm.submit import Job, SubmitError, submit_jobs
 
     with pytest.raises(SubmitError, match="'report' depends on eval, not submitted before it"):
-        submit_jobs([Job("report", tmp_path / "report.sbatch", after=["eval"]), Job("eval", tmp_path / "e.sbatch")])
+        submit_jobs(
+            [Job("report", tmp_path / "report.sbatch", after=["eval"]), Job("eval", tmp_path / "e.sbatch")]
+        )

@@ -7,12 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from tests.fixtures.sft import compact, parsed_trial
 from verdict.train.eval import EvalError, Target, check_output, compare, evaluate, same_value, score
 from verdict.train.eval_config import EvalConfig
 from verdict.train.run_dir import RunDir
 from verdict.train.sft_config import TrainConfig
+
+from tests.fixtures.sft import compact, parsed_trial
 from tests.support import REPO
 
 
@@ -33,8 +33,8 @@ def test_check_output_grades_json_and_schema_validity():
 def test_schema_valid_means_what_the_formalizer_checks():
     """One meaning of schema_valid: an output the formalizer rejects as "schema" is not schema-valid
     here either (an empty interval passes the raw JSON-Schema check, not the output model)."""
-    from verdict.data_gen.formalizer import check_miner_output
     from verdict.core.program import load_program
+    from verdict.data_gen.formalizer import check_miner_output
 
     text = '{"values":[{"atom":"age_years","value":null,"bounds":{"lo":80,"hi":18},"evidence":"age"}]}'
     c = check_output("value_miner", text)
@@ -156,10 +156,13 @@ def test_report_p95_and_rates_are_the_shared_definitions(sft_export_dir, tmp_pat
     d = t.run.eval_dir(spec.label, "test")
     d.mkdir(parents=True, exist_ok=True)
     outputs = _teacher(sft_export_dir, "value_miner", "test")
-    (d / "predictions.jsonl").write_text("".join(
-        json.dumps({"record_id": k, "output": v, "new_tokens": 10, "seconds": float(i), "batch_size": 1})
-        + "\n"
-        for i, (k, v) in enumerate(outputs.items(), 1)))
+    (d / "predictions.jsonl").write_text(
+        "".join(
+            json.dumps({"record_id": k, "output": v, "new_tokens": 10, "seconds": float(i), "batch_size": 1})
+            + "\n"
+            for i, (k, v) in enumerate(outputs.items(), 1)
+        )
+    )
     r = score(t, spec.path, spec.label, "test", EvalConfig())
     assert r["performance"]["latency_per_record_s"]["p95"] == 3.85  # interpolated (nearest-rank: 4.0)
     assert r["exact_match"]["ci95"] == [pytest.approx(0.5101, abs=1e-4), 1.0]
@@ -175,8 +178,10 @@ def test_predictions_torn_by_a_kill_are_resumed_without_losing_a_record(sft_expo
     spec = t.cfg.datasets[0]
     d = t.run.eval_dir(spec.label, "test")
     d.mkdir(parents=True, exist_ok=True)
-    preds = [Prediction(record_id=k, output=v, new_tokens=10, seconds=0.5, batch_size=1)
-             for k, v in _teacher(sft_export_dir, "value_miner", "test").items()]
+    preds = [
+        Prediction(record_id=k, output=v, new_tokens=10, seconds=0.5, batch_size=1)
+        for k, v in _teacher(sft_export_dir, "value_miner", "test").items()
+    ]
     path = prediction_file(d, 0, 1)
     r2 = preds[1].model_dump_json() + "\n"
     path.write_text(preds[0].model_dump_json() + "\n" + r2[: len(r2) // 2])
@@ -233,7 +238,9 @@ def test_sharded_generation_resumes_and_reports_once_complete(tiny_value_miner_r
         progress=lines.append,
     )
     lines.clear()
-    reports = evaluate(tiny_value_miner_run, "test", cfg, datasets=[ds], progress=lines.append)  # unsharded rerun
+    reports = evaluate(
+        tiny_value_miner_run, "test", cfg, datasets=[ds], progress=lines.append
+    )  # unsharded rerun
     assert "4 of 4 records already done, 0 to generate" in lines[0]
     out = RunDir(tiny_value_miner_run).eval_dir("public/value_miner", "test")
     assert sorted(p.name for p in out.glob("predictions*")) == [
@@ -258,8 +265,9 @@ def test_generation_killed_between_two_writes_resumes_with_every_record(tiny_val
     r2 half-written, r3 and r4 never written). The rerun generates r2-r4 and the report scores all."""
     cfg = EvalConfig(max_new_tokens=128, batch_size=4)
     ds = str(sft_export_dir / "value_miner")
-    evaluate(tiny_value_miner_run, "test", cfg, datasets=[ds], do_report=False, fresh=True,
-             progress=lambda m: None)
+    evaluate(
+        tiny_value_miner_run, "test", cfg, datasets=[ds], do_report=False, fresh=True, progress=lambda m: None
+    )
     path = RunDir(tiny_value_miner_run).eval_dir("public/value_miner", "test") / "predictions.jsonl"
     r1, r2 = path.read_text().splitlines(keepends=True)[:2]
     path.write_text(r1 + r2[: len(r2) // 2])
@@ -287,9 +295,7 @@ def test_trained_tiny_student_reproduces_its_teacher_end_to_end(tiny_value_miner
         "--set",
         "batch_size=8",
     ]
-    out = subprocess.run(
-        cli + ["--split", "train"], capture_output=True, text=True, cwd=REPO, timeout=600
-    )
+    out = subprocess.run(cli + ["--split", "train"], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["records"] == 8 and summary["exact_match"] == 1.0
@@ -299,9 +305,7 @@ def test_trained_tiny_student_reproduces_its_teacher_end_to_end(tiny_value_miner
     # patient text stays in the run directory, never in the logs
     assert "year-old" not in out.stderr and "year-old" not in out.stdout
 
-    test = subprocess.run(
-        cli + ["--split", "test"], capture_output=True, text=True, cwd=REPO, timeout=600
-    )
+    test = subprocess.run(cli + ["--split", "test"], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert test.returncode == 0, test.stderr[-2000:]
     report_dir = RunDir(tiny_value_miner_run).eval_dir("public/value_miner", "test")
     report = json.loads((report_dir / "report.json").read_text())

@@ -1,9 +1,9 @@
 """Eval settings (verdict.train.eval_config): the paper's decoding by default, strict keys."""
 
 import pytest
-
-from verdict.train.eval_config import load_eval_config
 from verdict.core.configs import ConfigError
+from verdict.train.eval_config import load_eval_config
+
 from tests.support import REPO
 
 EVAL = REPO / "configs" / "train" / "eval.yaml"

@@ -1,7 +1,6 @@
 """Batched greedy generation (verdict.train.generation): left padding must not change any output."""
 
 import pytest
-
 from verdict.train.generation import Generator
 from verdict.train.run_dir import RunDir
 from verdict.train.sft_config import TrainConfig

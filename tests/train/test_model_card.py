@@ -1,7 +1,6 @@
 """The model card written next to every adapter (verdict.train.model_card)."""
 
 import yaml
-
 from verdict.train.model_card import render_model_card
 from verdict.train.sft_config import TrainConfig
 

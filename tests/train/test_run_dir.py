@@ -1,7 +1,6 @@
 """Run directory helpers (verdict.train.run_dir)."""
 
 import pytest
-
 from verdict.train.run_dir import RunDir, RunError, code_version, open_run, write_atomic
 
 

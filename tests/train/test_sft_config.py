@@ -3,9 +3,9 @@
 from pathlib import Path
 
 import pytest
-
-from verdict.train.sft_config import TrainConfig, load_train_config
 from verdict.core.configs import ConfigError
+from verdict.train.sft_config import TrainConfig, load_train_config
+
 from tests.support import REPO
 
 

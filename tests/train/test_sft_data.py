@@ -3,10 +3,10 @@
 import shutil
 
 import pytest
-
-from tests.fixtures.sft import compact, miner_rows, parser_row, write_task
 from verdict.train import sft_data
 from verdict.train.sft_data import DatasetError
+
+from tests.fixtures.sft import compact, miner_rows, parser_row, write_task
 
 
 def test_checked_load_of_a_good_export(sft_export_dir):

@@ -3,8 +3,8 @@
 import json
 import subprocess
 import sys
-from tests.support import REPO
 
+from tests.support import REPO
 
 
 def test_benchmark_runs_on_cpu_with_tiny_flag(tmp_path, sft_export_dir, tiny_model_dir):

@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tests.fixtures.sft import TINY_OVERRIDES
 from verdict.train.run_dir import RunDir, RunError
 from verdict.train.sft_config import TrainConfig, load_train_config
 from verdict.train.sft_data import DatasetError
 from verdict.train.sft_trainer import TrainError, build_trainer, merge, prepare, train
+
+from tests.fixtures.sft import TINY_OVERRIDES
 from tests.support import REPO
 
 VM_CONFIG = REPO / "configs" / "train" / "value_miner.yaml"
@@ -315,7 +315,9 @@ def test_a_continued_run_records_the_adapters_lora_settings_and_trains_again_fro
     adapter.mkdir()
     lora = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": ["v_proj", "q_proj", "up_proj"]}
     (adapter / "adapter_config.json").write_text(json.dumps(lora))
-    cfg = tiny_cfg(tiny_model_dir, sft_export_dir / "value_miner", tmp_path / "runs", f"init_adapter={adapter}")
+    cfg = tiny_cfg(
+        tiny_model_dir, sft_export_dir / "value_miner", tmp_path / "runs", f"init_adapter={adapter}"
+    )
     run, state = open_for_training(prepare(cfg), overwrite=False)
     assert state == "new"
     recorded = load_train_config(run.config)

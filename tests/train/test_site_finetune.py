@@ -79,14 +79,14 @@ def test_the_site_fine_tune_learns_a_reviewed_correction(
     vllm_server,
 ):
     pytest.importorskip("trl")
+    from verdict.core.configs import find_config
     from verdict.serve.api_keys import KeyStore
+    from verdict.train import sft_data
     from verdict.train.eval import evaluate, read_predictions
     from verdict.train.eval_config import EvalConfig
-    from verdict.train import sft_data
     from verdict.train.run_dir import RunDir
     from verdict.train.sft_config import load_train_config
     from verdict.train.sft_trainer import train
-    from verdict.core.configs import find_config
 
     trial = next(t for t in student_records["trials"] if t["trial_id"] == TRIAL)
     patient = next(p for p in student_records["patients"] if p["patient_id"] == PATIENT)
@@ -173,7 +173,9 @@ def test_the_site_fine_tune_learns_a_reviewed_correction(
     public_before = read_predictions(RunDir(session_run).eval_dir(public_label, "train"))
 
     def reproduced(preds) -> set[str]:
-        return {x["record_id"] for x in public if preds[x["record_id"]].output == x["messages"][-1]["content"]}
+        return {
+            x["record_id"] for x in public if preds[x["record_id"]].output == x["messages"][-1]["content"]
+        }
 
     # the public records the fine-tune replayed: a weight of 0.5 replays the same seeded half each
     # epoch, and the other half is what a fine-tune may forget (docs/train.md: check it with eval)

@@ -3,8 +3,8 @@
 import json
 import subprocess
 import sys
-from tests.support import REPO
 
+from tests.support import REPO
 
 
 def test_make_tiny_builds_a_loadable_qwen2_with_the_official_template(tmp_path):
@@ -45,7 +45,6 @@ def test_make_tiny_builds_a_loadable_qwen2_with_the_official_template(tmp_path):
 
 def test_same_seed_same_weights(tmp_path):
     from safetensors.torch import load_file
-
     from verdict.train.tiny import build_tiny_student
 
     a = load_file(build_tiny_student(tmp_path / "a") / "model.safetensors")
