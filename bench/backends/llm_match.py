@@ -93,7 +93,7 @@ def _direct_matcher_class():
                     return Check([("schema", p) for p in describe_validation_error(e, "output")])
                 return Check([], out, out.model_dump_json())
 
-            return await self._stage(
+            return await self.run_stage(
                 STAGE,
                 messages,
                 LlmMatchOutput.model_json_schema(),

@@ -560,7 +560,7 @@ async def mine_values(
                 c.content, c.finish_reason, program, call.atoms, call.texts, max_tokens=max_tokens
             )
 
-        res = await fz._stage(
+        res = await fz.run_stage(
             stage,
             call.messages,
             schema,

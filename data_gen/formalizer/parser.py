@@ -151,7 +151,7 @@ async def parse_criterion(
     # reservation while it waits): a 40-criterion trial does not reserve 40 worst cases up front.
     slots = fz.__dict__.setdefault("_criterion_slots", asyncio.Semaphore(max(1, t.concurrency)))
     async with slots:
-        res = await fz._stage(
+        res = await fz.run_stage(
             "parser",
             fz.criterion_messages(c),
             core_schema(SCHEMA),

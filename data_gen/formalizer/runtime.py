@@ -201,7 +201,7 @@ class Formalizer:
                 problems += _still_conflicting(self.engine, program, patient, overrides)
             return Check(problems, overrides, compact(out.model_dump(mode="json")))
 
-        return await self._stage(
+        return await self.run_stage(
             "arbiter",
             messages,
             schema,
@@ -247,7 +247,7 @@ class Formalizer:
                 )
             return Check(problems, out.rationale, compact(out.model_dump(mode="json")))
 
-        return await self._stage(
+        return await self.run_stage(
             "verbalizer",
             messages,
             VerbalizerOutput.model_json_schema(),
@@ -259,8 +259,8 @@ class Formalizer:
             sensitive=(record,),
         )
 
-    # -- the shared stage loop ---------------------------------------------------------------------
-    async def _stage(
+    # -- the shared stage loop: the public stage interface ------------------------------------------
+    async def run_stage(
         self,
         stage: str,
         messages: list[dict[str, str]],
@@ -274,6 +274,17 @@ class Formalizer:
         sensitive: tuple[str, ...] = (),
         solver: bool = False,
     ) -> StageResult:
+        """Run one formalizer stage: the one interface every stage (parser, miner, reader, arbiter,
+        verbalizer, a bench backend's own stage) calls the endpoint through.
+
+        `messages` are sent (from the cache when this exact request was answered before; identical
+        requests in flight share one call); `validate` checks the answer and returns a `Check`; on
+        problems the answer is repaired once with them fed back. `stage` names the prompt and the
+        completion budget (`max_tokens.for_stage`); `schema`/`schema_name` the structured output;
+        `patient_text`/`data_class` what the egress policy checks; `ids` names the item in the log
+        (never text); `sensitive` are texts the client keeps out of errors; `solver`: the check runs
+        the solver (run in a thread). Returns the StageResult: accepted (with the checked output)
+        or rejected (with the problems), its attempts and usage."""
         t = self.endpoint
         usage = Usage()
         attempts: list[Attempt] = []
