@@ -10,18 +10,22 @@ Mapping (lossless for everything the decision depends on):
 - ``..._AUXILIARY...`` assertions become definitions (trial-wide), ``..._COMPONENT...`` assertions
   criteria of one cohort; exclusion assertions are stored un-negated (``(not X)`` -> criterion X,
   anything else -> ``not EXPR``), so the program means exactly what the two sides meant;
-- values: a number/boolean is observed, or imputed when its evidence starts with "silent" (the
-  authors' miner applied its own silence doctrine: the imputation record says so); a null with a
-  ``range`` becomes bounds; a null without one stays unresolved;
+- values: a number/boolean is observed; a null with a ``range`` becomes bounds; a null without one
+  stays unresolved. A value whose evidence starts with "silent" is not an observation but that
+  pass's silence default (the authors' miner applied its own doctrine per side): it is imputed
+  (the imputation record says so) only when every side whose criteria use the atom recorded that
+  same default; otherwise the atom stays open, since a side's default must not decide the other
+  side's criteria;
 - ``__THRESH__::<atom>::<op>::<num>`` keys are threshold helpers the program does not declare.
   With a value they state a comparison the chart establishes: ``lt/le/gt/ge/eq`` ones become
   bounds (or a value) when the atom has no value or range of its own, and are checked against it
   when it has; ``ne`` ones are only checked; nulls are ignored. Helpers that contradict each other
   or the atom's own record are an extraction conflict (reported, the atom set aside), never dropped;
-- the two sides' values are merged like two value-miner passes: a value beats a null, compatible
-  records are intersected, incompatible ones (two different values, disjoint ranges) are an
-  extraction conflict naming both passes and values; a value only one pass recorded for an atom
-  the other side's criteria also use is noted (it can decide the other side's criteria);
+- the two sides' observed values are merged like two value-miner passes: an observation beats a
+  null or a silence default, compatible records are intersected, incompatible ones (two different
+  values, disjoint ranges) are an extraction conflict naming both passes and values; an observation
+  only one pass recorded for an atom the other side's criteria also use is noted (one chart, one
+  fact: it can decide the other side's criteria);
 - ``(exists ((v S)) ...)`` in a definition (at a positive position: not under a negation, an
   equivalence or an ``ite`` condition) is skolemized: each bound variable becomes a fresh atom
   renamed apart, which keeps exactly the same set of patients. Any construct that cannot be
@@ -199,7 +203,9 @@ def import_reference(data: dict, trial_id: str, patient_id: str, source: str = "
     except VerdictError as e:
         raise ImportFormatError(f"{where}: imported program is invalid", e.problems or [e.summary]) from None
     aside = {a for c in conflicts for a in c.set_aside}
-    merged, pass_conflicts, pass_notes = _merge_passes(passes, mentions, aside)
+    merged, pass_conflicts, pass_notes, left_open = _merge_passes(
+        passes, program.atom_sides(), mentions, aside
+    )
     conflicts += pass_conflicts
     notes += pass_notes
     aside |= {a for c in pass_conflicts for a in c.set_aside}
@@ -217,11 +223,13 @@ def import_reference(data: dict, trial_id: str, patient_id: str, source: str = "
                 )
             )
             continue
+        if atom.name in left_open:
+            resolutions.append(Resolution(atom=atom.name, status="unresolved", note=left_open[atom.name]))
+            continue
         if mv is None or (mv.value is None and mv.bounds is None):
             resolutions.append(Resolution(atom=atom.name, status="unresolved", note=note))
             continue
-        silent = (mv.evidence or "").strip().lower().startswith("silent")
-        if silent:
+        if _is_silence(mv):
             imp = Imputation(
                 policy=RECORDED_POLICY.name,
                 policy_version=RECORDED_POLICY.version,
@@ -289,6 +297,10 @@ def _record_text(mv: MinedValue) -> str:
     return f"{mv.atom} = {json.dumps(mv.value)}"
 
 
+def _value_text(mv: MinedValue) -> str:
+    return mv.bounds.text(mv.atom) if mv.bounds is not None else json.dumps(mv.value)
+
+
 def _meet(a: MinedValue, b: MinedValue) -> MinedValue | None:
     """The record both say (value within range, range intersection), or None if none can hold."""
     if a.value is not None and b.value is not None:
@@ -323,34 +335,53 @@ def _meet(a: MinedValue, b: MinedValue) -> MinedValue | None:
         return None
 
 
-def _merge_passes(passes: dict[str, dict[str, MinedValue]], mentions: dict[str, list[str]], aside: set[str]):
-    """One record per atom from the inclusion and exclusion passes (see the module docstring)."""
+def _is_silence(mv: MinedValue) -> bool:
+    """A recorded value whose own evidence marks it as the pass's silence default, not an observation."""
+    return (mv.evidence or "").strip().lower().startswith("silent")
+
+
+def _merge_passes(
+    passes: dict[str, dict[str, MinedValue]],
+    sides: dict[str, set[str]],
+    mentions: dict[str, list[str]],
+    aside: set[str],
+):
+    """One record per atom from the inclusion and exclusion passes (see the module docstring).
+
+    Observed values are one chart fact. A silence default is its side's policy default: it is kept
+    (imputed) only if every side that uses the atom (``sides``: through definitions too, as a policy
+    sees it) recorded the same default; otherwise the atom is returned in ``left_open`` (atom -> why),
+    as a policy leaves an atom open whose sides disagree."""
     merged: dict[str, MinedValue] = {}
     conflicts: list[ExtractionConflict] = []
     notes: list[str] = []
+    left_open: dict[str, str] = {}
     names = list(dict.fromkeys(a for side in SIDES for a in passes.get(side, {})))
     for atom in names:
         if atom in aside:
             continue
         recs = {
-            side: passes[side][atom]
+            side: mv
             for side in SIDES
-            if atom in passes.get(side, {})
-            and (passes[side][atom].value is not None or passes[side][atom].bounds is not None)
+            if (mv := passes.get(side, {}).get(atom)) is not None
+            and (mv.value is not None or mv.bounds is not None)
         }
+        observed = {side: mv for side, mv in recs.items() if not _is_silence(mv)}
+        defaults = {side: mv for side, mv in recs.items() if _is_silence(mv)}
         if not recs:
             merged[atom] = MinedValue(atom=atom, value=None)
-        elif len(recs) == 1:
-            ((side, mv),) = recs.items()
+        elif len(observed) == 1:
+            ((side, mv),) = observed.items()
             merged[atom] = mv
             other = "exclusion" if side == "inclusion" else "inclusion"
             if any(c.startswith(other[:3] + ".") for c in mentions.get(atom, [])):
+                left = "recorded only its silence default" if other in defaults else "left it open"
                 notes.append(
                     f"{atom}: {_record_text(mv)} was recorded by the {side} pass only (the {other} pass "
-                    f"left it open); it is one chart fact, so it also decides {other} criteria"
+                    f"{left}); it is one chart fact, so it also decides {other} criteria"
                 )
-        else:
-            meet = _meet(recs["inclusion"], recs["exclusion"])
+        elif observed:
+            meet = _meet(observed["inclusion"], observed["exclusion"])
             if meet is None:
                 conflicts.append(
                     ExtractionConflict(
@@ -358,12 +389,27 @@ def _merge_passes(passes: dict[str, dict[str, MinedValue]], mentions: dict[str, 
                         definitions=[],
                         set_aside=[atom],
                         source="passes",
-                        values=[f"{side} pass: {_record_text(mv)}" for side, mv in recs.items()],
+                        values=[f"{side} pass: {_record_text(mv)}" for side, mv in observed.items()],
                     )
                 )
             else:
                 merged[atom] = meet
-    return merged, conflicts, notes
+        else:
+            users = [side for side in SIDES if side in (sides.get(atom) or defaults)]
+            views = {
+                side: f"silence default {_value_text(defaults[side])}" if side in defaults else "left open"
+                for side in users
+            }
+            if len(set(views.values())) == 1 and all(side in defaults for side in users):
+                merged[atom] = defaults[users[0]]
+            else:
+                detail = "; ".join(f"{side} pass: {view}" for side, view in views.items())
+                left_open[atom] = (
+                    f"left open: a recorded silence default is its side's policy default, not a chart "
+                    f"fact, and the sides that use this atom differ ({detail})"
+                )
+                notes.append(f"{atom}: {left_open[atom]}")
+    return merged, conflicts, notes, left_open
 
 
 def _values(rich: dict, sorts: dict[str, str], side: str):

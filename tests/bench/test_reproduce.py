@@ -20,7 +20,6 @@ DOCUMENTED = {
     "sigir-20153/NCT00378027",
     "sigir-20156/NCT00150124b",
     "sigir-201511/NCT02126683",
-    "sigir-201413/NCT01828697b",
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 import z3
 from verdict.core.cases import load_case
 from verdict.core.engine import Engine
-from verdict.core.policy import load_policy
+from verdict.core.policy import apply_policy, load_policy
 from verdict.core.reference import import_reference
 
 from tests.support import REFERENCE_V6, need
@@ -27,9 +27,6 @@ CONFLICT_SET_ASIDE = {  # facts contradict definitions: reported as an extractio
 }
 AUTHORS_DROPPED_VALUE = {  # the authors' evaluator dropped a value contradicting a definitional equality
     ("sigir-201511/NCT02126683", "inclusion"): "patient_has_finding_of_euthyroid_now",
-}
-PASSES_MERGED = {  # the exclusion pass resolved an atom the inclusion pass left null; one chart fact here
-    ("sigir-201413/NCT01828697b", "inclusion"): "patient_has_finding_of_thromboembolism_of_vein_inthehistory",
 }
 
 
@@ -77,13 +74,6 @@ def test_recorded_side_satisfiability(path):
         elif k in AUTHORS_DROPPED_VALUE:
             assert ours[side] != recorded and not d.conflicts
             assert side_sat(case, patient, side, drop={AUTHORS_DROPPED_VALUE[k]}) == recorded
-        elif k in PASSES_MERGED:
-            atom = PASSES_MERGED[k]
-            raw = json.loads(path.read_text())
-            assert raw["inclusion"]["raw"]["patient_var_values_rich"][atom]["value"] is None
-            assert raw["exclusion"]["raw"]["patient_var_values_rich"][atom]["value"] is not None
-            assert ours[side] != recorded
-            assert side_sat(case, patient, side, drop={atom}) == recorded
         else:
             assert ours[side] == recorded, f"{side} side"
     # a variant is eligible iff both sides are satisfiable (the recorded convention), unless a
@@ -102,7 +92,7 @@ def test_agreement_count():
             s.exclusion_satisfiable == case.recorded_sat["exclusion"]
         )
         total += 2
-    assert total - agree == len(CONFLICT_SET_ASIDE) + len(AUTHORS_DROPPED_VALUE) + len(PASSES_MERGED)
+    assert total - agree == len(CONFLICT_SET_ASIDE) + len(AUTHORS_DROPPED_VALUE)
 
 
 def test_import_is_lossless_for_values():
@@ -121,6 +111,11 @@ def test_import_is_lossless_for_values():
                 ].get(atom)
                 if other and other["value"] is not None and other["value"] != v["value"]:
                     assert r.status == "unresolved"  # the two passes disagree: left open, with a note
+                elif r.status == "unresolved":  # a side's silence default, not a chart fact: a note says so
+                    assert v["evidence"].lower().startswith("silent") and "silence default" in r.note, (
+                        path.name,
+                        atom,
+                    )
                 else:
                     assert r.value == v["value"], (path.name, atom)
 
@@ -159,7 +154,7 @@ def test_cross_check_decision_with_plain_z3():
                     v = z3.Bool(r.atom) if isinstance(r.value, bool) else z3.Real(r.atom)
                     s.add(v == (z3.BoolVal(r.value) if isinstance(r.value, bool) else z3.RealVal(r.value)))
             sat[side] = s.check() == z3.sat
-        if any(r.bounds for r in patient.resolutions) or key(path) in {k for k, _ in PASSES_MERGED}:
+        if any(r.bounds for r in patient.resolutions):
             continue
         assert (d.cohorts[0].inclusion_satisfiable, d.cohorts[0].exclusion_satisfiable) == (
             sat["inclusion"],
@@ -361,6 +356,76 @@ def test_incompatible_passes_are_a_conflict_and_compatible_ones_are_merged_with_
         else:
             assert not ref.conflicts
             assert (r.value if r.bounds is None else (r.bounds.lo, r.bounds.hi)) == meet
+
+
+def test_a_silence_default_of_one_side_does_not_decide_the_other_sides_criteria():
+    """One atom in both sides, silent on one: the exclusion pass's "silent" false is that side's
+    default, not a chart fact, so the inclusion requirement on the atom stays open (issue 22)."""
+    inc = ["(assert (! p :named REQ0_COMPONENT0_HISTORY))"]  # inclusion: a history of p
+    exc = ["(assert (! (not (and p q)) :named REQ0_COMPONENT0_RECENT))"]  # exclusion: p together with q
+    decls = (("p", "Bool"), ("q", "Bool"))
+    silent = {"value": False, "evidence": "silent: defer to visit", "assessment": "not mentioned"}
+    observed_q = {"q": {"value": False, "evidence": "no recent event"}}
+
+    def decide_tiny(inc_values, exc_values, policy=PRESCREEN):
+        ref = import_reference(
+            tiny(inc, exc, decls, inc_values=inc_values, exc_values=exc_values), trial_id="T", patient_id="p"
+        )
+        return ref, ENGINE.decide(ref.program, apply_policy(ref.program, ref.patient, policy))
+
+    # the inclusion pass left p open, the exclusion pass recorded its silence default
+    ref, d = decide_tiny(
+        {"p": {"value": None, "evidence": "silent: defer to visit"}}, {"p": silent, **observed_q}
+    )
+    r = ref.patient.by_atom()["p"]
+    assert r.status == "unresolved" and r.value is None
+    assert "inclusion pass: left open; exclusion pass: silence default false" in r.note
+    assert d.decision == "eligible" and d.cohorts[0].inclusion_satisfiable
+    assert [(a.atom, a.value) for a in d.assumptions] == [("p", True)]  # to confirm at the visit
+    (note,) = ref.notes
+    assert note.startswith("p: left open: a recorded silence default is its side's policy default")
+    # the same under the authors' convention: the policy applies the exclusion default on that side
+    # only, the sides disagree, and the atom stays open
+    ref, d = decide_tiny({}, {"p": silent, **observed_q}, load_policy("exclusion-absent"))
+    assert d.decision == "eligible"
+    # a default only the side that uses the atom recorded is that side's policy: imputed as before
+    ref = import_reference(
+        tiny([], exc, decls, exc_values={"p": silent, **observed_q}), trial_id="T", patient_id="p"
+    )
+    r = ref.patient.by_atom()["p"]
+    assert (r.status, r.value, r.imputation.rule) == ("imputed", False, "miner-silence-default")
+    # the same default on both sides that use it: imputed
+    ref, d = decide_tiny({"p": silent}, {"p": silent, **observed_q})
+    assert ref.patient.by_atom()["p"].status == "imputed" and d.decision == "ineligible"
+    # one chart, one fact for observations: an observation beats the other side's silence default
+    # (silence does not contradict it), and decides both sides
+    seen = {"p": {"value": True, "evidence": "history of DVT in 2009"}}
+    ref, d = decide_tiny(seen, {"p": silent, **observed_q})
+    r = ref.patient.by_atom()["p"]
+    assert not ref.conflicts and (r.status, r.value) == ("observed", True) and d.decision == "eligible"
+    ref, d = decide_tiny(
+        {"p": silent},
+        {"p": {"value": True, "evidence": "history of DVT"}, "q": {"value": True, "evidence": "recent"}},
+    )
+    assert not ref.conflicts and ref.patient.by_atom()["p"].value is True and d.decision == "ineligible"
+    (note,) = ref.notes
+    assert "(the inclusion pass recorded only its silence default)" in note
+
+
+def test_the_corpus_file_whose_exclusion_silence_decided_an_inclusion_criterion():
+    """sigir-201413/NCT01828697b: the exclusion pass's "silent: defer to visit" false for a history of
+    venous thromboembolism made the inclusion side unsatisfiable; the recorded evaluation (each side
+    with its own values) has both sides satisfiable, and so does the import now."""
+    path = REFERENCE_V6 / "sigir-201413" / "NCT01828697b__full.json"
+    need(path.is_file(), "reference corpus missing")
+    atom = "patient_has_finding_of_thromboembolism_of_vein_inthehistory"
+    raw = json.loads(path.read_text())
+    assert raw["exclusion"]["raw"]["patient_var_values_rich"][atom]["evidence"].startswith("silent")
+    case, patient, d = decide(path)
+    r = patient.by_atom()[atom]
+    assert r.status == "unresolved" and "silence default" in r.note
+    assert d.cohorts[0].inclusion_satisfiable is case.recorded_sat["inclusion"] is True
+    assert d.decision == "eligible"
 
 
 def test_a_program_no_patient_can_satisfy_names_the_conflicting_criteria():
