@@ -74,7 +74,7 @@ def vllm_cmd(
         err=True,
     )
     t0 = time.monotonic()
-    server.start(wait=False)
+    server.start(wait=False, detached=detach)  # without --detach it dies with this command
     try:
         server.wait_ready(progress=lambda m: typer.echo(m, err=True))
     except BaseException:

@@ -6,13 +6,16 @@ spawns, and with its own temporary folder (TMPDIR: vLLM's IPC sockets and caches
 stops. `start()` returns once `/v1/models` lists the base model and every adapter; if the process
 dies first, the error carries the tail of its log. `supervise()` watches a running server: when the
 leader dies (even by SIGKILL, which leaves the engine processes orphaned) it stops what is left of
-the group, removes the temporary folder and reports how it ended.
+the group, removes the temporary folder and reports how it ended. When the launcher itself dies
+(even by SIGKILL), a parent-death signal and a reaper process stop the group and remove the folder
+(`process_reaper`); a folder left by a launcher that is gone anyway is removed at the next start.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -28,9 +31,12 @@ from pydantic import BaseModel
 from verdict.core.progress import Progress
 
 from .errors import VLLMServerError
+from .process_reaper import Reaper, parent_death_signal
 from .vllm_config import VLLMConfig
 
 LOG_TAIL_LINES = 40
+TMP_PREFIX = "verdict-vllm-"
+_TMP_NAME = re.compile(re.escape(TMP_PREFIX) + r"(\d+)-")  # verdict-vllm-<launcher pid>-<random>
 
 
 class ServerState(BaseModel):
@@ -90,6 +96,7 @@ class VLLMServer:
             else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
         )
         self.process: subprocess.Popen | None = None
+        self.reaper: Reaper | None = None
         self.tmp_dir: Path | None = None
         self.pid: int | None = None
         self.exit_code: int | None = None  # set once the leader is seen dead
@@ -184,12 +191,15 @@ class VLLMServer:
         c.lora_rank()  # adapter folders exist and name a rank
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def start(self, wait: bool = True) -> VLLMServer:
+    def start(self, wait: bool = True, detached: bool = False) -> VLLMServer:
+        """Start the server. Unless ``detached`` (left running for `verdict serve stop`), it dies with
+        this process: a parent-death signal, and a reaper that stops its group and removes its folder."""
         if self.process is not None:
             raise VLLMServerError("server already started")
         self.check_paths()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp_dir = Path(tempfile.mkdtemp(prefix="verdict-vllm-"))
+        remove_orphaned_tmp_dirs()
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-"))
         self.exit_code = None
         log = open(self.log_path, "ab")
         try:
@@ -200,8 +210,14 @@ class VLLMServer:
                 stdin=subprocess.DEVNULL,
                 env=self.environment(),
                 start_new_session=True,
+                preexec_fn=None if detached else parent_death_signal(),
             )
+            if not detached:
+                self.reaper = Reaper(self.process.pid, self.tmp_dir)
         except BaseException:
+            if self.process is not None:
+                stop_process_group(self.process.pid, timeout_s=5.0, popen=self.process)
+                self.process = None
             self._remove_tmp()
             raise
         finally:
@@ -258,10 +274,12 @@ class VLLMServer:
         with self._lock:
             if self.process is None:
                 self._remove_tmp()
+                self._release_reaper()
                 return self.exit_code
             rc = stop_process_group(self.process.pid, timeout_s, popen=self.process)
             self.process = None
             self._remove_tmp()
+            self._release_reaper()
             return rc
 
     def supervise(self, on_exit, interval_s: float = 0.5) -> threading.Thread:
@@ -293,6 +311,11 @@ class VLLMServer:
         t.start()
         return t
 
+    def _release_reaper(self) -> None:
+        if self.reaper is not None:
+            self.reaper.release()
+            self.reaper = None
+
     def _remove_tmp(self) -> None:
         if self.tmp_dir is not None:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
@@ -317,6 +340,29 @@ class VLLMServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def remove_orphaned_tmp_dirs() -> list[Path]:
+    """Remove the temporary folders of servers whose launcher is gone (one killed before its reaper
+    could run); a live launcher's folder is left alone."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{TMP_PREFIX}*"):
+        m = _TMP_NAME.match(folder.name)
+        if m is None or not folder.is_dir() or _pid_alive(int(m.group(1))):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def stop_process_group(

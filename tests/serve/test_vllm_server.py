@@ -334,3 +334,74 @@ def test_real_vllm_killed_under_serve_up_leaves_nothing_behind(tmp_path, student
         except subprocess.TimeoutExpired:
             proc.kill()
     assert "Traceback" not in (tmp_path / "stderr.txt").read_text()
+
+
+# ---- a launcher killed by SIGKILL takes its server (and the server's children) with it ---------------
+LAUNCHER = """
+import json, sys
+from pathlib import Path
+from verdict.serve.vllm_config import VLLMConfig
+from verdict.serve.vllm_server import VLLMServer
+model, python, out = sys.argv[1:]
+server = VLLMServer(VLLMConfig(model=model, python=python, ready_timeout_s=30)).start()
+Path(out).write_text(json.dumps({"leader": server.pid, "tmp_dir": str(server.tmp_dir)}))
+import time
+while True:
+    time.sleep(1)
+"""
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie awaiting its reaping parent counts as gone)."""
+    try:
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
+    except OSError:
+        return False
+
+
+def test_server_and_its_children_die_with_a_sigkilled_launcher(tmp_path):
+    """kill -9 of the process that started the server (as of `verdict serve up`): the server, the engine
+    process it spawned and its temp folder go too (they stayed under init before)."""
+    import signal
+
+    py = executable(tmp_path / "python", FORKING_STANDIN.format(python=sys.executable))
+    out = tmp_path / "launched.json"
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, str(tiny_model_folder(tmp_path)), str(py), str(out)], cwd=REPO
+    )
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not out.exists() and launcher.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        info = json.loads(out.read_text())
+        pids = [info["leader"], int((tmp_path / "child.pid").read_text())]
+        tmp_dir = Path(info["tmp_dir"])
+        assert all(alive(p) for p in pids) and tmp_dir.is_dir()
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        deadline = time.monotonic() + 30  # a bound on the wait, not a speed claim
+        while (any(alive(p) for p in pids) or tmp_dir.exists()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [p for p in pids if alive(p)] == [] and not tmp_dir.exists()
+    finally:
+        launcher.kill()
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_temp_folder_left_by_a_dead_launcher_is_removed_at_the_next_start(tmp_path, monkeypatch):
+    import tempfile
+
+    from verdict.serve.vllm_server import TMP_PREFIX, remove_orphaned_tmp_dirs
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    orphan = tmp_path / f"{TMP_PREFIX}{gone.pid}-abc"
+    live = tmp_path / f"{TMP_PREFIX}{os.getpid()}-def"
+    for folder in (orphan, live):
+        (folder / "engine").mkdir(parents=True)
+    assert remove_orphaned_tmp_dirs() == [orphan]
+    assert not orphan.exists() and live.is_dir()
