@@ -178,6 +178,7 @@ def _check_fhir(patient_id: str, rec: FhirPatientRecord) -> None:
     import datetime as dt
 
     from verdict.data_gen.fhir.records import age_at
+    from verdict.data_gen.fhir.resolve import default_code_map
 
     if rec.patient_id != patient_id:
         raise ValueError("`fhir.patient_id` must equal `patient_id`")
@@ -209,6 +210,9 @@ def _check_fhir(patient_id: str, rec: FhirPatientRecord) -> None:
         at = dt.date.fromisoformat(rec.reference_date)
     except ValueError:
         raise ValueError("`fhir.reference_date` is not an ISO date YYYY-MM-DD") from None
+    implausible = default_code_map().dates.reference_date_problem(at)
+    if implausible:
+        raise ValueError(f"`fhir.reference_date` is {implausible} (plausible dates: configs/fhir/codes.yaml)")
     span = None
     if rec.birth_date is not None:
         try:

@@ -928,6 +928,7 @@ def fhir_meta(rec: FhirPatientRecord | None, coded: CodedResolutions | None) -> 
         "reference_date": rec.reference_date,
         "coded_atoms": {r.atom: r.evidence_source for r in coded.resolutions},
         "left_for_miner": coded.notes,
+        "refused": coded.refused,
         "problems": rec.problems,
     }
 

@@ -1,6 +1,9 @@
 """The site code map (configs/fhir/codes.yaml): which codes (LOINC, SNOMED CT, RxNorm, ICD-10) mean
 which canonical fact, in which canonical unit, and which words name that fact in an atom.
 
+Each analyte also states the range of values a patient can have (`plausible`, in its canonical unit),
+and `dates` bounds reference dates and ages (`plausible.py`): a value outside is refused.
+
 Loaded with the project's strict config loader (`verdict.core.configs`): an unknown key, an unknown
 code-system prefix, a unit outside the UCUM table or a code mapped twice is an error naming it.
 """
@@ -16,7 +19,9 @@ from verdict.core.configs import StrictModel, find_config
 from verdict.core.errors import VerdictError
 
 from .errors import CodeMapError, UnitConversionError
-from .units import ucum_code
+from .models import CodedFact
+from .plausible import PlausibleDates, PlausibleRange
+from .units import convert, ucum_code
 
 DEFAULT_CODE_MAP = "codes"
 
@@ -43,6 +48,9 @@ class Analyte(StrictModel):
         min_length=1,
         description="codes as PREFIX:CODE (e.g. loinc:2160-0); prefixes are the keys of `systems`",
     )
+    plausible: PlausibleRange | None = Field(
+        None, description="values a patient can have, in `unit`; a value outside is refused"
+    )
 
 
 class Concept(StrictModel):
@@ -63,6 +71,9 @@ class CodeMap(StrictModel):
     )
     concepts: dict[str, Concept] = Field(
         default_factory=dict, description="canonical concept name -> concept"
+    )
+    dates: PlausibleDates = Field(
+        default_factory=PlausibleDates, description="plausible reference dates and ages"
     )
     _by_code: dict | None = PrivateAttr(None)
 
@@ -122,6 +133,24 @@ class CodeMap(StrictModel):
                 if found:
                     break
         return found
+
+    def implausible(self, fact: CodedFact) -> str | None:
+        """Why a numeric fact's value is refused (outside its analyte's plausible range), or None.
+        Converts the value itself: a record given to the API may carry any `converted`."""
+        analyte = self.analytes.get(fact.canonical or "")
+        value = fact.value
+        if analyte is None or analyte.plausible is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        try:
+            canonical = convert(float(value), fact.unit, analyte.unit, fact.canonical).value
+        except UnitConversionError:
+            return None  # not used anyway: its conversion problem says why
+        where = f" component[{fact.component}]" if fact.component is not None else ""
+        return analyte.plausible.problem(
+            canonical, f"{fact.resource}{where}: value of {fact.canonical}", ucum_code(analyte.unit)
+        )
 
     def analytes_named_in(self, text: str) -> list[str]:
         """Canonical analytes whose names occur in `text` (and none of their not_names)."""

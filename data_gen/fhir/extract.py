@@ -189,6 +189,15 @@ def _value(obs: Any, name: str, path: str, problems: list[str]) -> tuple[Any, st
     return None, None
 
 
+def _checked(fact: CodedFact, code_map: CodeMap, problems: list[str]) -> CodedFact:
+    """The fact, converted; a value outside its plausible range is refused: reported, value unset."""
+    why = code_map.implausible(fact)
+    if why is None:
+        return _convert(fact, code_map)
+    problems.append(why)
+    return fact.model_copy(update={"value": None, "refused": why})
+
+
 def _convert(fact: CodedFact, code_map: CodeMap) -> CodedFact:
     if fact.canonical is None or fact.canonical not in code_map.analytes:
         return fact
@@ -221,7 +230,7 @@ def facts_of(model: BaseModel, code_map: CodeMap, problems: list[str]) -> list[C
             effective=iso(effective),
             status=status,
         )
-        out.append(_convert(fact, code_map))
+        out.append(_checked(fact, code_map, problems))
 
     if rtype == "Condition":
         add(

@@ -54,6 +54,9 @@ class CodedFact(StrictModel):
         None, description="the value in the canonical unit of `canonical`"
     )
     conversion_problem: str | None = Field(None, description="why the value could not be converted")
+    refused: str | None = Field(
+        None, description="why the value was refused (outside its analyte's plausible range); value is unset"
+    )
     effective: str | None = Field(None, description="effective / onset / authored date or datetime, ISO")
     status: str | None = Field(None, description="status (Observation.status, clinicalStatus, ...)")
 

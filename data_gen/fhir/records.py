@@ -97,8 +97,12 @@ def _record(
                 else str(patient.birthDate)
             )
             span = age_at(birth, at)
+            too_old = code_map.dates.age_problem(span[1]) if span is not None else None
             if span is None or span[0] < 0:
                 problems.append(f"Patient/{pid}: birthDate: after the reference date {at.isoformat()}")
+            elif too_old:
+                problems.append(f"Patient/{pid}: birthDate: {too_old}; not used")
+                birth = None
             elif span[0] == span[1]:
                 age = span[0]
             else:

@@ -2,7 +2,8 @@
 
 Given a trial program and a record, `resolve_coded` returns the core's `Resolution`s it can make
 deterministically and the atoms left for the value miner, so a coded lab value is never re-guessed
-from prose:
+from prose. A value outside its analyte's plausible range, or an age over the plausible maximum
+(configs/fhir/codes.yaml), is refused: never observed, and named in `refused`:
 
 - a numeric `lab_value` atom (a vital sign: also `demographic` / `other`) whose name - or, when the
   name names none, whose definition - names exactly one analyte of the code map, whose unit the
@@ -46,6 +47,9 @@ class CodedResolutions(BaseModel):
     notes: dict[str, str] = Field(
         default_factory=dict, description="atom -> why coded facts did not decide it"
     )
+    refused: list[str] = Field(
+        default_factory=list, description="coded values refused as implausible, by resource (no values)"
+    )
 
     @property
     def decided(self) -> frozenset[str]:
@@ -87,9 +91,10 @@ def _window_start(atom: Atom, at: dt.date) -> dt.date | None:
 
 
 def _candidates(
-    record: FhirPatientRecord, analyte: str, at: dt.date, since: dt.date | None
-) -> list[CodedFact]:
-    out = []
+    record: FhirPatientRecord, analyte: str, at: dt.date, since: dt.date | None, code_map: CodeMap
+) -> tuple[list[CodedFact], list[str]]:
+    """The usable facts, most recent first, and why implausible ones were refused."""
+    out, refused = [], []
     for f in record.facts:
         if f.category != "observation" or f.canonical != analyte or f.status not in USABLE_STATUS:
             continue
@@ -101,23 +106,32 @@ def _candidates(
             continue
         if day > at or (since is not None and day < since):
             continue
+        why = code_map.implausible(f)
+        if why is not None:
+            refused.append(why)
+            continue
         out.append(f)
-    return sorted(out, key=lambda f: (f.effective or "", f.resource), reverse=True)
+    return sorted(out, key=lambda f: (f.effective or "", f.resource), reverse=True), refused
 
 
 def _fact_label(f: CodedFact) -> str:
     return f.resource + (f" component[{f.component}]" if f.component is not None else "")
 
 
-def _lab(atom: Atom, analyte: str, record: FhirPatientRecord, at: dt.date) -> tuple[Resolution | None, str]:
+def _lab(
+    atom: Atom, analyte: str, record: FhirPatientRecord, at: dt.date, code_map: CodeMap, refused: list[str]
+) -> tuple[Resolution | None, str]:
     if not atom.unit:
         return None, f"{analyte}: the atom has no unit to convert to; left for the miner"
     try:
         ucum_code(atom.unit)
     except UnitConversionError as e:
         return None, f"{analyte}: atom unit: {e.summary}; left for the miner"
-    facts = _candidates(record, analyte, at, _window_start(atom, at))
+    facts, implausible = _candidates(record, analyte, at, _window_start(atom, at), code_map)
+    refused += [r for r in implausible if r not in refused]
     if not facts:
+        if implausible:
+            return None, f"{implausible[0]}; left for the miner"
         return None, f"{analyte}: no final coded Observation on or before {at.isoformat()}" + (
             " inside the atom's time window" if atom.time_scope and atom.time_scope.kind == "within" else ""
         )
@@ -142,12 +156,21 @@ def _lab(atom: Atom, analyte: str, record: FhirPatientRecord, at: dt.date) -> tu
     ), ""
 
 
-def _age(atom: Atom, record: FhirPatientRecord) -> tuple[Resolution | None, str]:
+def _age(
+    atom: Atom, record: FhirPatientRecord, code_map: CodeMap, refused: list[str]
+) -> tuple[Resolution | None, str]:
     if _AGE_AT_EVENT.search(_words(atom.name) + " " + atom.definition.lower()):
         return None, "age: an age at an event, not at the reference date; left for the miner"
     if atom.unit and atom.unit.strip().lower() not in ("years", "year", "a", "yr", "y"):
         return None, f"age: unit '{atom.unit[:20]}' is not years; left for the miner"
     source, at = f"Patient/{record.patient_id}", record.reference_date
+    oldest = record.age_years if record.age_years is not None else (record.age_range or (0, 0))[1]
+    too_old = code_map.dates.age_problem(oldest)
+    if too_old:
+        why = f"{source}: birthDate {too_old}; not used"
+        if why not in refused:
+            refused.append(why)
+        return None, f"age: {why}; left for the miner"
     if record.age_years is not None:
         value = record.age_years if atom.domain == "int" else float(record.age_years)
         return Resolution(
@@ -177,11 +200,11 @@ def resolve_coded(program: TrialProgram, record: FhirPatientRecord, code_map: Co
         resolution, why = None, ""
         if atom.domain in ("int", "real"):
             if atom.kind == "demographic" and _AGE.search(_words(atom.name)):
-                resolution, why = _age(atom, record)
+                resolution, why = _age(atom, record, code_map, out.refused)
             else:
                 analyte, why = _analyte_of(atom, code_map)
                 if analyte is not None:
-                    resolution, why = _lab(atom, analyte, record, at)
+                    resolution, why = _lab(atom, analyte, record, at, code_map, out.refused)
         if resolution is not None:
             out.resolutions.append(resolution)
         else:
@@ -192,10 +215,11 @@ def resolve_coded(program: TrialProgram, record: FhirPatientRecord, code_map: Co
 
 
 @functools.lru_cache(maxsize=1)
-def _default_code_map() -> CodeMap:
+def default_code_map() -> CodeMap:
+    """The site's code map (configs/fhir/codes.yaml), read once per process."""
     return load_code_map()
 
 
 def coded_resolutions(program: TrialProgram, record: FhirPatientRecord) -> CodedResolutions:
     """`resolve_coded` with the site's code map (configs/fhir/codes.yaml, read once per process)."""
-    return resolve_coded(program, record, _default_code_map())
+    return resolve_coded(program, record, default_code_map())

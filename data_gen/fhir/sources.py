@@ -90,6 +90,11 @@ def load_source(
     if not isinstance(at, dt.date):
         raise FhirSourceError("a reference date is required (ages are computed at it, never at 'today')")
     code_map = code_map or load_code_map()
+    implausible = code_map.dates.reference_date_problem(at)
+    if implausible:
+        raise FhirSourceError(
+            f"reference date {at.isoformat()} is {implausible} (plausible dates: configs/fhir/codes.yaml)"
+        )
     if source.startswith(("http://", "https://")):
         return _load_rest(rest or FhirRestConfig(base_url=source), at, patient, code_map)
     path = Path(source)

@@ -44,8 +44,8 @@ def test_age_needs_a_stated_date_and_follows_it(resources, tmp_path):
     path = str(write_bundle(tmp_path / "b.json", resources))
     with pytest.raises(FhirSourceError, match="reference date is required"):
         load_source(path, None)  # type: ignore[arg-type]
-    later = load_source(path, dt.date(2034, 5, 1), patient="trec-202129")
-    assert later.records[0].age_years == 34
+    earlier = load_source(path, dt.date(2019, 5, 1), patient="trec-202129")
+    assert earlier.records[0].age_years == 19
 
 
 def test_invalid_resources_are_reported_by_id_and_the_rest_loads(resources, tmp_path, caplog):

@@ -302,6 +302,10 @@ def test_fhir_patient_input_is_checked(service, texts, tmp_path):
         ({"patient_id": "someone-else", "fhir": rec}, "must equal"),
         ({"patient_id": "trec-202124", "fhir": {**rec, "age_years": 30}}, "do not match"),
         ({"patient_id": "trec-202124", "fhir": {**rec, "documents": []}}, "no DocumentReference"),
+        (  # an implausible reference date (issue 22.10)
+            {"patient_id": "trec-202124", "fhir": {**rec, "reference_date": "9999-12-31"}},
+            "`fhir.reference_date` is more than 366 days after today",
+        ),
     ]
     with service.client("match") as c:
         for patient, message in cases:
