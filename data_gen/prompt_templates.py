@@ -29,6 +29,7 @@ STAGE_TEMPLATE = {
     "miner_exclusion": "miner_exclusion",
     "arbiter": "arbiter",
     "verbalizer": "verbalizer",
+    "reader": "reader",
 }
 
 

@@ -122,6 +122,46 @@ class Attempt(StrictModel):
 Status = Literal["accepted", "rejected"]
 
 
+class DroppedDocument(StrictModel):
+    """A document of the chart not read, and why (ids only, never text)."""
+
+    id: str
+    why: Literal["selection", "duplicate"]
+    detail: str
+
+
+class TrimmedDocument(StrictModel):
+    """A document read without some of its paragraphs: copies of text that later documents keep."""
+
+    id: str
+    paragraphs_removed: int
+    kept_in: list[str] = Field(description="the documents that keep the removed paragraphs")
+
+
+class ChartRead(StrictModel):
+    """How a patient's chart was read once for every trial (issue 23; ids and counts, no text): the
+    reductions, the reading, and its one-time cost. `reused`: this caller got the reading another
+    trial (or the other side) had made or was making, so its cost is not this pair's."""
+
+    documents: int = Field(description="documents in the chart")
+    dropped: list[DroppedDocument] = Field(default_factory=list)
+    trimmed: list[TrimmedDocument] = Field(default_factory=list)
+    passages_read: int = 0
+    excerpts_kept: int = 0
+    sheet_documents: list[str] = Field(default_factory=list, description="documents with kept excerpts")
+    kept_whole: list[str] = Field(
+        default_factory=list,
+        description="passage groups whose reading failed validation: put on the sheet whole (nothing lost)",
+    )
+    calls: int = Field(0, description="reader calls of the reading (cache hits included)")
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reused: bool = False
+    evidence_documents: list[str] = Field(
+        default_factory=list, description="the documents the decision's evidence quotes come from"
+    )
+
+
 class StageResult(StrictModel):
     """What one formalizer stage produced: an accepted, checked output or a rejection with its reason.
 
@@ -158,6 +198,9 @@ class StageResult(StrictModel):
         description="a stage made of several calls "
         "(per criterion, per chunk): one result per call, each with its "
         "`item`; `usage` is then their sum",
+    )
+    chart_read: ChartRead | None = Field(
+        None, description="value miner on a chart read once (issue 23): the reading behind this result"
     )
     assembly: dict[str, Any] | None = Field(
         None,

@@ -19,7 +19,10 @@ Script (YAML/JSON, or the `Script` model)::
 
 `auto: nulls` answers a value-miner request with every atom null, reading the atom names from the
 request's structured-output schema; `auto_values: {atom: {value, evidence}}` answers those of its
-atoms the request asks (a script then fits any atom chunking). The server keeps a log of requests
+atoms the request asks (a script then fits any atom chunking), with `only_quoted: true` only when
+the evidence is in the text the request was sent. `auto: excerpts` plays the chart reader:
+`auto_excerpts` (recorded quotes) answer their pieces that are verbatim in the request's text, a
+reader that misses nothing it is shown. The server keeps a log of requests
 (hashes, not content).
 
 Run standalone: `python -m verdict.data_gen.scripted_server --script FILE [--port 0]` prints `READY <url>`.
@@ -47,11 +50,21 @@ from verdict.core.errors import VerdictError
 
 class ScriptedResponse(StrictModel):
     content: str | dict | list | None = None
-    auto: Literal["nulls"] | None = None
+    auto: Literal["nulls", "excerpts"] | None = None
     auto_values: dict[str, dict] = Field(
         default_factory=dict,
         description="with auto nulls: atom -> its value line ({value, evidence, bounds?}) "
         "for the atoms the request asks (the others null), so a script fits any atom chunking",
+    )
+    only_quoted: bool = Field(
+        False,
+        description="with auto_values: answer a value only when every piece of its evidence is in "
+        "the text the request was sent (else null): a miner that misses nothing it is shown",
+    )
+    auto_excerpts: list[str] = Field(
+        default_factory=list,
+        description="with auto excerpts (a chart reader): these quotes' pieces (split on ' ... ') "
+        "that are verbatim in the text the request was sent, as its excerpts",
     )
     fault: (
         Literal["status", "timeout", "truncated", "malformed_content", "malformed_body", "cut_body"] | None
@@ -213,6 +226,30 @@ def auto_nulls(body: dict) -> dict:
     return {"values": [{"atom": a, "value": None, "evidence": ""} for a in names]}
 
 
+def request_text(body: dict) -> str:
+    """The text a request was sent (its user messages), whitespace-normalized."""
+    from .formalizer.checks import normalize_ws
+
+    return normalize_ws(
+        " ".join(str(m.get("content", "")) for m in body.get("messages", []) if m.get("role") == "user")
+    )
+
+
+def _shown(evidence: str, shown: str) -> bool:
+    from .formalizer.checks import split_pieces
+
+    pieces = split_pieces(evidence)
+    return bool(pieces) and all(p in shown for p in pieces)
+
+
+def auto_excerpts(body: dict, quotes: list[str]) -> list[str]:
+    """The pieces of `quotes` verbatim in the request's text, each once, in the order given."""
+    from .formalizer.checks import split_pieces
+
+    shown = request_text(body)
+    return list(dict.fromkeys(p for q in quotes for p in split_pieces(q) if p in shown))
+
+
 def _find_atom_enum(node: Any) -> list[str] | None:
     if isinstance(node, dict):
         atom = node.get("properties", {}).get("atom") if isinstance(node.get("properties"), dict) else None
@@ -326,9 +363,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if resp.auto == "nulls":
             values = auto_nulls(body)["values"]
-            content = json.dumps(
-                {"values": [{"atom": v["atom"], **resp.auto_values.get(v["atom"], v)} for v in values]}
-            )
+            shown = request_text(body)
+            said = {
+                a: line
+                for a, line in resp.auto_values.items()
+                if not resp.only_quoted or _shown(line.get("evidence", ""), shown)
+            }
+            content = json.dumps({"values": [{"atom": v["atom"], **said.get(v["atom"], v)} for v in values]})
+        elif resp.auto == "excerpts":
+            content = json.dumps({"excerpts": auto_excerpts(body, resp.auto_excerpts)})
         elif isinstance(resp.content, (dict, list)):
             content = json.dumps(resp.content)
         else:

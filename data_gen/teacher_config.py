@@ -21,7 +21,7 @@ from verdict.core.program import Id
 
 from .errors import TeacherConfigError
 
-Stage = Literal["parser", "miner_inclusion", "miner_exclusion", "arbiter", "verbalizer"]
+Stage = Literal["parser", "miner_inclusion", "miner_exclusion", "arbiter", "verbalizer", "reader"]
 STAGES: tuple[str, ...] = get_args(Stage)
 RunStage = Literal["parser", "miner_inclusion", "miner_exclusion"]
 RUN_STAGES: tuple[str, ...] = get_args(RunStage)
@@ -61,6 +61,7 @@ class StageTokens(StrictModel):
     miner_exclusion: int = Field(2048, gt=0)
     arbiter: int = Field(1024, gt=0)
     verbalizer: int = Field(1024, gt=0)
+    reader: int = Field(1536, gt=0)  # one chart-reading call: the verbatim excerpts of a passage group
 
     def for_stage(self, stage: str) -> int:
         return int(getattr(self, stage))

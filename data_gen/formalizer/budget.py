@@ -34,7 +34,7 @@ _GENERATION_PROMPT = 3
 # What the Qwen2.5 template inserts when the first message is not a system message.
 QWEN25_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
-STUDENT_STAGES: tuple[str, ...] = ("parser", "miner_inclusion", "miner_exclusion")
+STUDENT_STAGES: tuple[str, ...] = ("parser", "miner_inclusion", "miner_exclusion", "reader")
 QWEN25 = "qwen2.5"  # the `tokenizer` name of the rebuilt real Qwen2.5 vocabulary
 BASE_MODEL = "base-model"  # `tokenizer` of limits: the served base model's own (a serve config's vllm.model)
 QWEN25_SIZE = 151_665  # 151,643 byte-level BPE ranks + 22 added tokens
@@ -276,6 +276,12 @@ class StudentStageTokens(StrictModel):
         gt=0, description="one value-miner call (a passage x an atom chunk), inclusion"
     )
     miner_exclusion: int = Field(gt=0, description="one value-miner call, exclusion side")
+    reader: int | None = Field(
+        None,
+        gt=0,
+        description="one chart-reading call (a passage group -> its verbatim excerpts); "
+        "null: the same as miner_inclusion (the same kind of call: a passage in, quotes out)",
+    )
 
 
 class StudentLimits(StrictModel):
@@ -312,7 +318,8 @@ class StudentLimits(StrictModel):
         return self
 
     def stage_tokens(self, stage: str) -> int:
-        return int(getattr(self.max_tokens, stage))
+        value = getattr(self.max_tokens, stage)
+        return int(self.max_tokens.miner_inclusion if value is None else value)
 
     def prompt_budget(self, stage: str) -> int:
         """The most prompt tokens one call of `stage` may carry."""

@@ -51,16 +51,21 @@ _ELLIPSIS = re.compile(r"\s*(?:\.\.\.|…)\s*")
 _QUOTE_MARKS = "\"'“”‘’"
 
 
-def quote_in_note(quote: str, note: str) -> bool:
-    """A verbatim quote after whitespace normalization; pieces joined by '...' must occur in order.
-    One pair of quotation marks around the whole quote is not part of it."""
+def split_pieces(quote: str) -> list[str]:
+    """The pieces of an evidence quote (joined by '...'), whitespace-normalized, empty ones left out;
+    one pair of quotation marks around the whole quote is not part of it."""
     quote = quote.strip()
     if len(quote) >= 2 and quote[0] in _QUOTE_MARKS and quote[-1] in _QUOTE_MARKS:
         quote = quote[1:-1]
+    return [p for p in (normalize_ws(x) for x in _ELLIPSIS.split(quote)) if p]
+
+
+def quote_in_note(quote: str, note: str) -> bool:
+    """A verbatim quote after whitespace normalization; pieces joined by '...' must occur in order.
+    One pair of quotation marks around the whole quote is not part of it."""
     hay = normalize_ws(note)
     pos = 0
-    pieces = [normalize_ws(p) for p in _ELLIPSIS.split(quote)]
-    pieces = [p for p in pieces if p]
+    pieces = split_pieces(quote)
     if not pieces:
         return False
     for p in pieces:

@@ -260,7 +260,7 @@ def note_text(passages: list[Passage], docs: dict[str, NoteDocument]) -> str:
     return "\n\n".join(f"{document_header(docs[p.document], p)}\n{p.text.strip()}" for p in passages)
 
 
-def _groups(
+def group_passages(
     passages: list[Passage],
     docs: dict[str, NoteDocument],
     budget: int | None,
@@ -328,7 +328,7 @@ def plan_miner_calls(
                 f"{prompt_budget}-token prompt budget; lower max_tokens or the atoms per call"
             )
     calls: list[PlannedCall] = []
-    for group in _groups(
+    for group in group_passages(
         [p for d in documents for p in split_document(d, note_budget, count_text)],
         docs,
         note_budget,

@@ -85,6 +85,11 @@ def _units(
     return out
 
 
+def paragraph_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each paragraph of `text` (the text between blank lines), in order."""
+    return _pieces(text, 0, len(text), _PARAGRAPH_BREAK)
+
+
 def split_document(doc: NoteDocument, budget: int | None, count_text: Callable[[str], int]) -> list[Passage]:
     """The document as passages of at most `budget` tokens (None: no limit, the whole text)."""
     text = doc.text

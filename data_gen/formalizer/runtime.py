@@ -28,6 +28,7 @@ from .checks import Check, compact, parse_output, quote_in_note, with_atom_enum
 from .criteria import CriterionText
 from .miner import miner_messages
 from .parser import criterion_messages
+from .reader import ChartReading, FactSheets
 from .value_reuse import ValueReuse
 
 log = logging.getLogger("verdict.data_gen.formalizer")
@@ -48,10 +49,15 @@ class Formalizer:
         run: str = "adhoc",
         client: EndpointClient | None = None,
         value_reuse: ValueReuse | None = None,
+        reading: ChartReading | None = None,
     ):
         self.endpoint = endpoint
         # Mined values of a patient record reused across trials (value_reuse.py); None: mine every time.
         self.value_reuse = value_reuse
+        # Long charts read once per patient record version, the fact sheets shared by every trial
+        # (reader.py); None: every chart is mined whole.
+        self.reading = reading
+        self.fact_sheets = FactSheets()
         # The engine that checks outputs (satisfiability, the arbiter's overrides): the caller's, so
         # checks run under its solver limit and a program compiled for a check serves its decisions
         # too. Without one, the formalizer has an engine of its own (the core's default limits).
@@ -140,10 +146,11 @@ class Formalizer:
         data_class: str | None = None,
         skip: Collection[str] = (),
     ) -> StageResult:
-        """Patient note + the side's atoms (less `skip`) -> checked values with evidence (see `miner.py`)."""
-        from .miner import mine_values
+        """Patient record + the side's atoms (less `skip`) -> checked values with evidence (see
+        `miner.py`); a long chart through its fact sheet, read once (see `reader.py`)."""
+        from .reader import mine_chart
 
-        return await mine_values(self, program, note, side, data_class=data_class, skip=skip)
+        return await mine_chart(self, program, note, side, data_class=data_class, skip=skip)
 
     async def arbitrate(
         self, program: TrialProgram, note: PatientDoc | str, patient, conflicts

@@ -1,0 +1,384 @@
+"""The chart is read once per patient record version (issue 23): the reader stage and the fact sheet.
+
+A long chart is first reduced soundly (`chart.py`: the site's document selection, exact
+de-duplication of copied-forward text), then read ONCE: one `reader` call per passage group (the
+value miner's passage splitter and grouping, within the reader's own token limits) returns the
+verbatim excerpts of the text that state facts about the patient. The check rejects an excerpt that
+is not verbatim inside one passage of its call, or not found in the original document (an excerpt
+spanning a paragraph that de-duplication removed). A group whose answer still fails after its one
+repair is put on the sheet whole: nothing the chart says is lost.
+
+The **fact sheet** is the kept excerpts, each with its document id, date and character offset in
+the original document, in document order. Each trial's value miner then mines the sheet, one
+document per source document holding only its excerpts, instead of the chart: the cost of a pair is
+bounded by the sheet, not by the chart. An atom the sheet does not establish comes back null, so it
+stays unresolved (never false by itself); a value whose quote spans two excerpts is not taken
+(`_checked_against_sheet`): every quote is verbatim in the chart.
+
+A chart whose reduced text is at most `ChartReading.read_above_tokens` tokens is mined directly,
+as before (single-note records are unchanged). The sheet is kept per process (`FactSheets`, keyed
+by the record's content, the selection, the reader prompt and the model): the second trial of a
+patient makes no reader call; a rerun in a new process answers every reader call from the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections import OrderedDict
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+from verdict.core.configs import StrictModel
+from verdict.core.patient import MinedValue
+from verdict.core.program import TrialProgram
+
+from ..cache import CachedCall
+from ..protocol import ChartRead, NoteDocument, PatientDoc, StageResult, Usage
+from .chart import DocumentSelection, ReducedChart, locate, reduce_chart
+from .checks import Check, compact, normalize_ws, parse_output, split_pieces
+from .miner import (
+    MinedValues,
+    as_documents,
+    group_passages,
+    mine_values,
+    miner_target,
+    note_text,
+    side_atoms,
+)
+from .passages import Passage, paragraph_spans, split_document
+from .value_reuse import record_key
+
+if TYPE_CHECKING:
+    from .runtime import Formalizer
+
+STAGE = "reader"
+_PROMPT_MARGIN = 8
+# The share of the reader's completion budget a passage group may fill: a reader that keeps every
+# word of its group must still fit (JSON quoting and escapes add to the text it copies).
+_COPY_ROOM = 0.75
+
+
+class ChartReading(StrictModel):
+    """How a long chart is read (`api.formalizer.reading` in a serve config)."""
+
+    enabled: bool = Field(
+        True, description="read long charts once per patient; false: mine every chart whole"
+    )
+    read_above_tokens: int = Field(
+        2048,
+        ge=0,
+        description="a chart of at most this many tokens (after selection and de-duplication) is "
+        "mined directly, as one note: reading it first would not pay",
+    )
+    selection: DocumentSelection = Field(
+        default_factory=DocumentSelection, description="the documents a site reads (default: every one)"
+    )
+
+
+class ReaderOutput(StrictModel):
+    excerpts: list[str] = Field(description="verbatim excerpts of the text, in the order of the text")
+
+
+class Excerpt(StrictModel):
+    """One kept excerpt: verbatim at `offset` in document `document` of the original chart."""
+
+    document: str
+    date: str | None = None
+    kind: str | None = None
+    offset: int
+    text: str
+
+
+@dataclass
+class FactSheet:
+    """The kept excerpts (document order) and how the chart was read (`ChartRead`, no text)."""
+
+    excerpts: list[Excerpt]
+    read: ChartRead
+    results: list[StageResult] = field(default_factory=list)  # the reader calls (records, audit)
+
+    def documents(self) -> list[NoteDocument]:
+        """One document per source document with excerpts: its excerpts separated by blank lines."""
+        out: dict[str, list[Excerpt]] = {}
+        for e in self.excerpts:
+            out.setdefault(e.document, []).append(e)
+        return [
+            NoteDocument(id=d, text="\n\n".join(e.text for e in es), date=es[0].date, kind=es[0].kind)
+            for d, es in out.items()
+        ]
+
+
+# ---- planning ------------------------------------------------------------------------------------
+@dataclass
+class ReaderCall:
+    passages: list[Passage]
+    messages: list[dict[str, str]]
+
+    @property
+    def call_id(self) -> str:
+        first, last = self.passages[0], self.passages[-1]
+        return first.id if len(self.passages) == 1 else f"{first.id}..{last.id}"
+
+
+def reader_messages(text: str, version: str = "v1") -> list[dict[str, str]]:
+    from ..prompt_templates import stage_prompt
+
+    return stage_prompt(STAGE, version).render(NOTE=text.strip())
+
+
+def plan_reader_calls(
+    documents: list[NoteDocument],
+    *,
+    count_messages,
+    count_text,
+    prompt_budget: int | None,
+    completion_budget: int,
+    prompt_version: str = "v1",
+) -> list[ReaderCall]:
+    """Every reader call of a (reduced) chart: its passages, packed into groups that fit the
+    prompt budget and whose verbatim copy fits the completion budget. No model needed."""
+    frame = count_messages(reader_messages("", prompt_version))
+    room = int(completion_budget * _COPY_ROOM)
+    budget = room if prompt_budget is None else min(room, prompt_budget - frame - _PROMPT_MARGIN)
+    if budget < 16:
+        from .miner import MinerBudgetError
+
+        raise MinerBudgetError(f"{STAGE}: no room for the chart text within the model's limits")
+    docs = {d.id: d for d in documents}
+    passages = [p for d in documents for p in split_document(d, budget, count_text)]
+    return [
+        ReaderCall(g, reader_messages(note_text(g, docs), prompt_version))
+        for g in group_passages(passages, docs, budget, count_text)
+    ]
+
+
+def plan_for(fz: Formalizer, documents: list[NoteDocument]) -> list[ReaderCall]:
+    return plan_reader_calls(
+        documents,
+        count_messages=fz.tokens.count_messages,
+        count_text=fz.tokens.count_text,
+        prompt_budget=fz.prompt_budget(STAGE),
+        completion_budget=fz.endpoint.max_tokens.for_stage(STAGE),
+        prompt_version=fz.prompts.get(STAGE, "v1"),
+    )
+
+
+# ---- the check -----------------------------------------------------------------------------------
+def check_reader_output(
+    content: str | None,
+    finish_reason: str | None,
+    call: ReaderCall,
+    originals: dict[str, NoteDocument],
+    *,
+    max_tokens: int,
+) -> Check:
+    """JSON -> ReaderOutput -> every excerpt verbatim inside one passage of the call and found in its
+    original document. Output: the excerpts with document, date and offset (call order)."""
+    out, problems = parse_output(content, finish_reason, max_tokens, ReaderOutput)
+    if out is None:
+        return Check(problems)
+    kept: list[Excerpt] = []
+    for i, text in enumerate(out.excerpts):
+        text = text.strip()
+        where = f"excerpts[{i}]"  # never the text: problems end up in logs and records
+        if not text:
+            problems.append(("evidence", f"{where}: empty"))
+            continue
+        p = next((p for p in call.passages if locate(text, p.text) is not None), None)
+        offset = None if p is None else locate(text, originals[p.document].text)
+        if offset is None:
+            problems.append(("evidence", f"{where}: not a verbatim excerpt of one passage of the text"))
+            continue
+        doc = originals[p.document]
+        kept.append(Excerpt(document=doc.id, date=doc.date, kind=doc.kind, offset=offset, text=text))
+    return Check(problems, kept, compact({"excerpts": [e.text for e in kept]}))
+
+
+def _whole(call: ReaderCall, originals: dict[str, NoteDocument]) -> list[Excerpt]:
+    """A group whose reading failed: its passages' paragraphs, each as an excerpt (nothing lost)."""
+    out = []
+    for p in call.passages:
+        doc = originals[p.document]
+        for s, e in paragraph_spans(p.text):
+            offset = locate(p.text[s:e], doc.text)
+            if offset is not None:
+                out.append(
+                    Excerpt(document=doc.id, date=doc.date, kind=doc.kind, offset=offset, text=p.text[s:e])
+                )
+    return out
+
+
+# ---- reading -------------------------------------------------------------------------------------
+async def read_chart(fz: Formalizer, reduced: ReducedChart, *, data_class: str, ids: str) -> FactSheet:
+    """Read the reduced chart: one reader call per passage group (concurrently), the sheet in
+    document order (duplicates of one excerpt kept once)."""
+    plan = await asyncio.to_thread(plan_for, fz, reduced.documents)  # exact counts: off the loop
+    max_tokens = fz.endpoint.max_tokens.for_stage(STAGE)
+
+    async def one(call: ReaderCall) -> StageResult:
+        def validate(c: CachedCall) -> Check:
+            return check_reader_output(
+                c.content, c.finish_reason, call, reduced.originals, max_tokens=max_tokens
+            )
+
+        res = await fz.run_stage(
+            STAGE,
+            call.messages,
+            ReaderOutput.model_json_schema(),
+            "reader_output",
+            validate,
+            patient_text=True,
+            data_class=data_class,
+            sensitive=tuple(p.text for p in call.passages),
+            ids=f"{ids} call={call.call_id}",
+        )
+        return res.model_copy(update={"item": call.call_id})
+
+    results = list(await asyncio.gather(*(one(c) for c in plan)))
+    order = {d.id: i for i, d in enumerate(reduced.originals.values())}
+    seen: set[tuple[str, int, str]] = set()
+    excerpts: list[Excerpt] = []
+    whole: list[str] = []
+    usage = Usage()
+    for call, res in zip(plan, results):
+        usage = usage.add(res.usage)
+        got = res.output if res.accepted else _whole(call, reduced.originals)
+        if not res.accepted:
+            whole.append(call.call_id)
+        for e in got:
+            k = (e.document, e.offset, normalize_ws(e.text))
+            if k not in seen:
+                seen.add(k)
+                excerpts.append(e)
+    excerpts.sort(key=lambda e: (order[e.document], e.offset))
+    read = ChartRead(
+        documents=len(reduced.originals),
+        dropped=reduced.dropped,
+        trimmed=reduced.trimmed,
+        passages_read=sum(len(c.passages) for c in plan),
+        excerpts_kept=len(excerpts),
+        sheet_documents=list(dict.fromkeys(e.document for e in excerpts)),
+        kept_whole=whole,
+        calls=sum(len(r.attempts) for r in results),
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+    )
+    return FactSheet(excerpts, read, results)
+
+
+class FactSheets:
+    """The per-process store of fact sheets (least recently used out): every trial of a patient
+    record version shares one reading, a reading in progress included. It holds patient text and
+    never leaves the process. A failed reading is forgotten: the next trial reads again."""
+
+    def __init__(self, max_entries: int = 2_000):
+        self.max_entries = max_entries
+        self._sheets: OrderedDict[str, asyncio.Future] = OrderedDict()
+
+    async def get(self, key: str, read) -> tuple[FactSheet, bool]:
+        """(the sheet, whether it was reused); `read()` makes it when nobody has."""
+        fut = self._sheets.get(key)
+        reused = fut is not None
+        if fut is None:
+            fut = self._sheets[key] = asyncio.ensure_future(read())
+            fut.add_done_callback(lambda f, k=key: self._settle(k, f))
+            while len(self._sheets) > self.max_entries:
+                self._sheets.popitem(last=False)
+        else:
+            self._sheets.move_to_end(key)
+        return await asyncio.shield(fut), reused
+
+    def _settle(self, key: str, fut: asyncio.Future) -> None:
+        if (fut.cancelled() or fut.exception() is not None) and self._sheets.get(key) is fut:
+            del self._sheets[key]
+
+
+def sheet_key(fz: Formalizer, docs: list[NoteDocument], selection: DocumentSelection) -> str:
+    tmpl = fz.prompt(STAGE)
+    base = record_key(docs, STAGE, f"{tmpl.ident}#{tmpl.sha256}", fz.endpoint.model)
+    sel = json.dumps(selection.model_dump(mode="json"), sort_keys=True)
+    return hashlib.sha256(f"{base}|{fz.endpoint.endpoint_id}|{sel}".encode()).hexdigest()
+
+
+# ---- mining against the sheet --------------------------------------------------------------------
+def chart_tokens(fz: Formalizer, docs: list[NoteDocument]) -> int:
+    return sum(fz.tokens.count_text(d.text) for d in docs)
+
+
+async def mine_chart(
+    fz: Formalizer,
+    program: TrialProgram,
+    note: PatientDoc | NoteDocument | str | list,
+    side: str,
+    *,
+    data_class: str | None = None,
+    skip: Collection[str] = (),
+) -> StageResult:
+    """The value miner on a chart: directly when reading is off or the chart is small, else on the
+    chart's fact sheet (read once per record version, shared by every trial). `chart_read` of the
+    result says how the chart was read."""
+    reading: ChartReading | None = fz.reading
+    docs = as_documents(note)
+    pid = note.patient_id if isinstance(note, PatientDoc) else "-"
+    dclass = data_class or (note.data_class if isinstance(note, PatientDoc) else "private")
+    if reading is None or not reading.enabled:
+        return await mine_values(fz, program, note, side, data_class=data_class, skip=skip)
+    reduced = reduce_chart(docs, reading.selection if reading.selection.active else None)
+    small = await asyncio.to_thread(chart_tokens, fz, reduced.documents)
+    if small <= reading.read_above_tokens and len(reduced.documents) == len(docs) and not reduced.trimmed:
+        return await mine_values(fz, program, note, side, data_class=data_class, skip=skip)
+
+    async def read() -> FactSheet:
+        return await read_chart(fz, reduced, data_class=dclass, ids=f"patient={pid}")
+
+    sheet, reused = await fz.fact_sheets.get(sheet_key(fz, docs, reading.selection), read)
+    chart_read = sheet.read.model_copy(update={"reused": reused})
+    sheet_docs = sheet.documents()
+    if not sheet_docs:  # nothing in the chart is about the patient: every atom null, no call
+        names = [n for n in side_atoms(program, side) if n not in skip]
+        merged = MinedValues([MinedValue(atom=n, value=None) for n in names])
+        return StageResult(
+            stage=f"miner_{side}",
+            status="accepted",
+            teacher=fz.endpoint.name,
+            model=fz.endpoint.model,
+            prompt_version=fz.prompt(f"miner_{side}").ident,
+            messages=[],
+            output_json=miner_target(merged.values),
+            output=merged,
+            chart_read=chart_read,
+            assembly={"calls": 0, "chunks": 0, "passages": {}},
+        )
+    record = PatientDoc(patient_id=pid if pid != "-" else "chart", documents=sheet_docs, data_class=dclass)
+    res = await mine_values(fz, program, record, side, data_class=dclass, skip=skip)
+    if res.accepted:
+        res = res.model_copy(update={"output": _checked_against_sheet(res.output, sheet)})
+    return res.model_copy(update={"chart_read": chart_read})
+
+
+def _checked_against_sheet(mined: MinedValues, sheet: FactSheet) -> MinedValues:
+    """Every value's quote must be verbatim inside one excerpt (each piece of a '...' quote): a quote
+    that spans two excerpts is not verbatim in the chart, so its atom stays unresolved."""
+    by_doc: dict[str, list[str]] = {}
+    for e in sheet.excerpts:
+        by_doc.setdefault(e.document, []).append(normalize_ws(e.text))
+    values, unread = [], dict(mined.unread)
+    for mv in mined.values:
+        if mv.value is None and mv.bounds is None:
+            values.append(mv)
+            continue
+        texts = by_doc.get(mined.sources.get(mv.atom, ""), [])
+        pieces = [normalize_ws(p) for p in split_pieces(mv.evidence)]
+        if pieces and all(any(p in t for t in texts) for p in pieces):
+            values.append(mv)
+        else:
+            values.append(MinedValue(atom=mv.atom, value=None))
+            unread[mv.atom] = (
+                "not read: the evidence spans two excerpts of the fact sheet; confirm in the chart"
+            )
+    sources = {a: d for a, d in mined.sources.items() if a not in unread}
+    return MinedValues(values, sources, mined.conflicts, unread)
