@@ -239,7 +239,7 @@ def prepare(recipe: RecipeConfig) -> dict:
     }
     (lay.data / "split.json").write_text(json.dumps(summary, indent=2))
     teacher_run = _teacher_run_config(recipe, lay)
-    bench = _bench_config(recipe, lay)
+    bench = bench_config_data(recipe, lay)
     _write_yaml(
         lay.configs / "teacher_run.yaml", teacher_run, "teacher run of the recipe (`verdict teacher run`)"
     )
@@ -289,7 +289,7 @@ def _student_endpoint(recipe: RecipeConfig, name: str, model: str) -> dict:
     }
 
 
-def _bench_config(recipe: RecipeConfig, lay: Layout) -> dict:
+def bench_config_data(recipe: RecipeConfig, lay: Layout) -> dict:
     t = recipe.teacher
     tname = Path(t).stem
     base = _student_endpoint(recipe, "qwen-base", "base")
@@ -331,7 +331,7 @@ def _bench_config(recipe: RecipeConfig, lay: Layout) -> dict:
         ]
     vllm = {
         "model": recipe.students.base_model,
-        "adapters": {task: str(lay.student_run(task) / "adapter") for task in TASKS},
+        "adapters": {task: str(lay.student_run(task)) for task in TASKS},  # the training runs
         **recipe.students.vllm,
     }
     c = recipe.corpus

@@ -217,7 +217,7 @@ def run_adapter_check(
     for a in names:
         progress(f"transformers: {len(per_adapter[a])} records through '{a}'")
         prompts = [split_prompt(r) for r in per_adapter[a]]
-        hf_out = runner.generate(config.adapters[a], [p for p, _ in prompts], check.max_tokens)
+        hf_out = runner.generate(str(config.adapter_dirs()[a]), [p for p, _ in prompts], check.max_tokens)
         recs = []
         for row, (_, ref), v, h in zip(per_adapter[a], prompts, vllm_out[a], hf_out):
             recs.append(
@@ -235,7 +235,7 @@ def run_adapter_check(
         results.append(
             AdapterAgreement(
                 adapter=a,
-                adapter_path=str(config.adapters[a]),
+                adapter_path=str(config.adapter_dirs()[a]),
                 total=len(recs),
                 agree=agree,
                 json_equal=sum(r.json_equal for r in recs),

@@ -93,6 +93,11 @@ class KeyStore:
             f.write(kf.model_dump_json(indent=2) + "\n")
         os.replace(tmp, self.path)
 
+    def create_empty(self) -> None:
+        """Write an empty key file (0600) where none is: `verdict serve api|up --init`."""
+        if not self.path.exists():
+            self._save(KeyFile())
+
     def add(self, name: str, roles: list[str], expires_days: float | None = None) -> tuple[str, KeyEntry]:
         """Create a key; the plain key is returned once and never stored. ``expires_days``: refused
         that many days from now."""

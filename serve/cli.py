@@ -3,6 +3,8 @@
 verdict serve vllm --config NAME          start the student server, wait until ready, serve
 verdict serve api --config NAME           the matching API in front of it
 verdict serve up --config NAME            both, in one process (stops vLLM on exit)
+verdict serve sizing --config NAME        the GPU memory a config needs (gpu_sizing's formula)
+verdict serve systemd --config NAME       systemd units for vLLM and the API at a site's prefix
 verdict serve stop --state-file FILE      stop a server started with --detach
 verdict serve keys add|list|revoke        API keys (stored hashed)
 verdict serve audit verify|setup-postgres the audit store: hash chain and protections
@@ -30,6 +32,7 @@ app.add_typer(audit_app, name="audit")
 
 CONFIG_HELP = "serve config: NAME in configs/serve/ or a YAML path"
 SET_HELP = "override a config value, e.g. --set vllm.port=8011 (repeatable)"
+INIT_HELP = "create the audit store and the key file if they do not exist (a first start)"
 
 
 def _config(config: str, sets: list[str] | None):
@@ -64,7 +67,9 @@ def vllm_cmd(
     cfg = _config(config, set_).require("vllm")
     server = VLLMServer(cfg)
     if print_command:
-        typer.echo(" ".join(server.command()))
+        import shlex
+
+        typer.echo(shlex.join(server.command()))
         return
     if detach and state_file is None:
         fail("--detach needs --state-file (how `verdict serve stop` finds the server)")
@@ -143,11 +148,13 @@ def api_cmd(
     set_: list[str] | None = typer.Option(None, "--set", help=SET_HELP),
     formalizer_url: str | None = typer.Option(None, help="OpenAI-compatible base URL of the students"),
     ready_file: Path | None = typer.Option(None, help='write {"url": ...} here once listening'),
+    init: bool = typer.Option(False, "--init", help=INIT_HELP),
 ) -> None:
     """Run the matching API (FastAPI) in front of a running student server."""
     from .api_server import run_api
 
     cfg = _config(config, set_)
+    _check_api(cfg, init)
     run_api(
         cfg.require("api"),
         _formalizer_url(cfg, formalizer_url),
@@ -155,11 +162,25 @@ def api_cmd(
     )
 
 
+def _check_api(cfg, init: bool) -> None:
+    """The API side before anything slow: its address free, its files there (or --init); then say
+    which files it uses, by absolute path."""
+    from .preflight import check_address
+    from .startup import check_api_files, files_used
+
+    api = cfg.require("api")
+    check_address(api.host, api.port)
+    check_api_files(api, init)
+    for what, where in files_used(api, cfg.source):
+        typer.echo(f"{what}: {where}", err=True)
+
+
 @app.command("up")
 def up_cmd(
     config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
     set_: list[str] | None = typer.Option(None, "--set", help=SET_HELP),
     ready_file: Path | None = typer.Option(None, help='write {"url": ..., "formalizer": ...} once serving'),
+    init: bool = typer.Option(False, "--init", help=INIT_HELP),
 ) -> None:
     """Start vLLM with the students, then the matching API in front of it; Ctrl-C stops both.
 
@@ -173,7 +194,9 @@ def up_cmd(
 
     cfg = _config(config, set_)
     api = cfg.require("api")
+    _check_api(cfg, init)  # minutes before vLLM would have loaded the model
     server = VLLMServer(cfg.require("vllm"))
+    server.check_paths()
     typer.echo(f"starting vLLM with {', '.join(cfg.vllm.model_names())}; log: {server.log_path}", err=True)
     t0 = time.monotonic()
     server.start(wait=False)
@@ -194,11 +217,65 @@ def up_cmd(
             api,
             urls,
             ready_file=str(ready_file) if ready_file else None,
-            on_ready=lambda url: typer.echo(f"matching API at {url} (docs: {url}/docs)", err=True),
+            on_ready=lambda url: typer.echo(f"matching API at {url} ({_api_reference(api, url)})", err=True),
         )
     finally:
         server.stop()
         typer.echo("vLLM stopped", err=True)
+
+
+def _api_reference(api, url: str) -> str:
+    """Where the API is described: the schema it serves (api.docs, any valid key), else the command."""
+    if api.docs:
+        return f"schema: {url}/openapi.json, with a key"
+    return "its schema: `verdict serve openapi`"
+
+
+@app.command("sizing")
+def sizing_cmd(
+    config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    set_: list[str] | None = typer.Option(None, "--set", help=SET_HELP),
+    table: bool = typer.Option(False, help="print docs/serve.md's table (Qwen2.5-7B, bf16, two adapters)"),
+) -> None:
+    """GPU memory a config needs: weights + adapters + KV cache per token x tokens (serve/gpu_sizing.py)."""
+    from .gpu_sizing import sizing_table
+    from .preflight import memory_needed
+
+    if table:
+        typer.echo(sizing_table([1, 8, 16, 32, 64, 128, 256]))
+        return
+    if config is None:
+        fail("give --config NAME, or --table")
+    need = memory_needed(_config(config, set_).require("vllm"))
+    if need is None:
+        fail("cannot size it: the base model folder or an adapter is not readable (see `verdict serve up`)")
+    typer.echo(need.text())
+
+
+@app.command("slurm-job")
+def slurm_job_cmd(
+    config: str = typer.Option(..., "--config", "-c", help=CONFIG_HELP),
+    set_: list[str] | None = typer.Option(None, "--set", help=SET_HELP),
+    slurm: str = typer.Option("default", "--slurm", "-s", help="cluster config (configs/slurm)"),
+    set_slurm: list[str] | None = typer.Option(None, "--set-slurm", help="override a cluster config key"),
+    name: str = typer.Option("students", help="job name suffix (verdict-serve-NAME)"),
+    listen: str = typer.Option(
+        "node", help="node: vLLM on the compute node's name (the API elsewhere); loopback"
+    ),
+    out: Path = typer.Option(Path("slurm-jobs"), help="folder for serve.sbatch"),
+) -> None:
+    """Render serve.sbatch for a serve config, after checking its base model and adapters."""
+    from verdict.core.configs import find_config
+    from verdict.slurm.job_config import load_slurm_config
+
+    from .slurm_job import render_serve_job
+
+    if listen not in ("node", "loopback"):
+        fail("--listen must be 'node' or 'loopback'")
+    slurm_cfg = load_slurm_config(find_config("slurm", slurm), set_slurm or [])
+    script, reach = render_serve_job(config, slurm_cfg, out, name, set_ or [], listen)  # type: ignore[arg-type]
+    typer.echo(reach, err=True)
+    typer.echo(str(script))
 
 
 # ---- keys -------------------------------------------------------------------------------------------
@@ -234,10 +311,15 @@ def keys_list(
     keys_file: Path | None = typer.Option(None),
     config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
 ) -> None:
-    """List key ids, names and roles (never the keys)."""
+    """List key ids, state, roles, expiry (UTC; `never`) and names (never the keys)."""
+    from datetime import UTC, datetime
+
     for k in _key_store(keys_file, config).load().keys:
         state = "revoked" if k.revoked else "expired" if k.expired() else "active"
-        typer.echo(f"{k.id}\t{state}\t{','.join(k.roles)}\t{k.name}")
+        expires = (
+            datetime.fromtimestamp(k.expires_at, UTC).strftime("%Y-%m-%dT%H:%MZ") if k.expires_at else "never"
+        )
+        typer.echo(f"{k.id}\t{state}\t{','.join(k.roles)}\texpires {expires}\t{k.name}")
 
 
 @keys_app.command("revoke")

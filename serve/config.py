@@ -3,7 +3,8 @@ server) and an `api` section (the matching service in front of it). Either may b
 that runs vLLM on another host has only `api`, with `api.formalizer.base_url` set.
 
 Loaded with the project's one strict-config loader (`verdict.core.configs`): unknown keys, in the file
-or in `--set a.b=value` overrides, are errors that name the key and suggest the closest one.
+or in `--set a.b=value` overrides, are errors that name the key and suggest the closest one. Relative
+paths are taken from the config's `root` (see `site_paths`), never from the working directory.
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ from .vllm_config import VLLMConfig
 class ServeConfig(StrictModel):
     name: str = ""
     description: str = ""
+    root: str | None = Field(
+        None,
+        description="folder every relative path of this config is taken from (a relative root: from the "
+        "config file's folder); default: the config file's folder",
+    )
+    source: str | None = Field(None, description="the config file this was loaded from (set by the loader)")
     limits: str | None = Field(
         None,
         description="configs/limits/NAME.yaml: vllm.max_model_len and api.formalizer's max_tokens, "
@@ -64,11 +71,16 @@ def load_serve_config(name_or_path: str | Path, overrides: list[str] | None = No
     """configs/serve/NAME.yaml (or a path), with `a.b=value` overrides applied."""
     from verdict.core import configs
 
+    from .site_paths import config_root, resolve_paths
+
     try:
         path = find_config("serve", name_or_path)
         data = configs.read_yaml(path)
         data.setdefault("name", path.stem)
-        return configs.build(ServeConfig, data, overrides, where=f"serve config {path.name}")
+        data = configs.apply_overrides(data, overrides or [], ServeConfig)
+        root = config_root(path, data.get("root"))
+        data = {**resolve_paths(data, root), "root": str(root), "source": str(path.resolve())}
+        return configs.build(ServeConfig, data, None, where=f"serve config {path.name}")
     except ServeConfigError:
         raise
     except VerdictError as e:

@@ -64,8 +64,11 @@ def prepare_students(work: Path, records: dict) -> None:
 
 def student_overrides(work: Path) -> list[str]:
     """Keep everything of this run in the work folder (student, adapters, keys, audit store, logs)
-    and let the API take a free port (the URL comes back in the ready file)."""
-    adapters = {task: str(work / f"tiny-{task}" / "adapter") for task in ("parser", "value_miner")}
+    and let the API take a free port (the URL comes back in the ready file). Absolute: a serve config
+    takes relative paths from its own root, not from where the demo runs. Adapters are the training
+    run folders (`vllm.adapters` checks that each run completed)."""
+    work = work.resolve()
+    adapters = {task: str(work / f"tiny-{task}") for task in ("parser", "value_miner")}
     return [
         f"vllm.model={work / 'student-base'}",
         f"vllm.adapters={json.dumps(adapters)}",
@@ -104,7 +107,7 @@ def start_service(config: str, work: Path) -> tuple[subprocess.Popen, str, str]:
     with open(log, "w") as out:
         sets = [x for o in overrides for x in ("--set", o)]
         proc = subprocess.Popen(
-            [*cmd, "serve", "up", "--config", config, *sets, "--ready-file", str(ready)],
+            [*cmd, "serve", "up", "--config", config, *sets, "--init", "--ready-file", str(ready)],
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -1,8 +1,9 @@
 """What a vLLM server for the students is started with: one base model, its LoRA adapters, and the
 settings that matter for serving formalizers (structured outputs, context length, CPU vs GPU).
 
-Strict (`extra="forbid"`): a misspelled key is an error naming it. Relative paths are taken from the
-directory the command runs in (the repository root, as every config in the project).
+Strict (`extra="forbid"`): a misspelled key is an error naming it. Loaded from a serve config file, its
+relative paths are taken from the config's `root` (`site_paths`); built in code, from the working
+directory.
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ class VLLMConfig(StrictModel):
     model: str = Field(description="local path of the base model (no hub downloads on site)")
     served_model_name: str = Field("base", description="name the base model is served under")
     adapters: dict[str, str] = Field(
-        default_factory=dict, description="adapter name (the `model` of a request) -> LoRA adapter folder"
+        default_factory=dict,
+        description="adapter name (the `model` of a request) -> a training run folder (`verdict train` "
+        "writes <output_dir>/<name>; it must have completed, its adapter/ is served) or a LoRA adapter "
+        "folder",
     )
     max_lora_rank: int | None = Field(None, description="default: the largest rank in the adapters' configs")
     device: Literal["cpu", "gpu"] = "cpu"
@@ -77,11 +81,17 @@ class VLLMConfig(StrictModel):
         local, checkout = Path.cwd() / DEFAULT_PYTHON, source_checkout()
         return local if local.exists() or checkout is None else checkout / DEFAULT_PYTHON
 
+    def adapter_dirs(self) -> dict[str, Path]:
+        """Adapter name -> its PEFT adapter folder (a run folder's adapter/), absolute; checked."""
+        from .site_paths import adapter_folder
+
+        return {name: adapter_folder(p) for name, p in self.adapters.items()}
+
     def lora_rank(self) -> int | None:
         """The --max-lora-rank to start with: configured, else derived from the adapters."""
         if not self.adapters:
             return None
-        needed = max(adapter_rank(Path(p)) for p in self.adapters.values())
+        needed = max(adapter_rank(p) for p in self.adapter_dirs().values())
         if self.max_lora_rank is not None:
             if self.max_lora_rank < needed:
                 raise ServeConfigError(

@@ -143,7 +143,7 @@ class VLLMServer:
                 "--max-loras",
                 str(len(c.adapters)),
                 "--lora-modules",
-                *(f"{name}={Path(p).resolve()}" for name, p in c.adapters.items()),
+                *(f"{name}={p}" for name, p in c.adapter_dirs().items()),
             ]
         if c.device == "cpu":
             cmd += ["--enforce-eager"]  # no CUDA graphs on CPU
@@ -179,16 +179,10 @@ class VLLMServer:
         return env
 
     def check_paths(self) -> None:
-        c = self.config
-        python = c.interpreter()
-        if not python.exists():
-            raise VLLMServerError(
-                f"vLLM interpreter {python} not found: run scripts/setup.sh (creates .venv-vllm), or set "
-                "`python:` in the serve config or $VERDICT_VLLM_PYTHON"
-            )
-        if not (Path(c.model) / "config.json").is_file():
-            raise VLLMServerError(f"base model folder {c.model} has no config.json")
-        c.lora_rank()  # adapter folders exist and name a rank
+        """Every missing input in one error, with absolute paths; `device: gpu` needs CUDA."""
+        from .preflight import check_vllm
+
+        check_vllm(self.config)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self, wait: bool = True, detached: bool = False) -> VLLMServer:

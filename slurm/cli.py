@@ -27,6 +27,11 @@ EVAL_CONFIG_OPT = typer.Option("eval", "--eval-config", help="eval config (name 
 SET_EVAL = typer.Option([], "--set-eval", help="override an eval config key (repeatable)")
 SPLIT_OPT = typer.Option("test", help="split the eval job scores")
 CHAIN_OUT_OPT = typer.Option(None, help="folder for the scripts (default: <output_dir>/<name>.slurm)")
+CHECK_OPT = typer.Option(
+    True,
+    "--check/--no-check",
+    help="first run the checks of `verdict train --check` (base model, template, datasets)",
+)
 
 
 _run = guarded
@@ -40,10 +45,12 @@ def _slurm_cfg(name: str, sets: list[str]):
     return load_slurm_config(find_config("slurm", name), sets)
 
 
-def _chain(slurm, set_, train, set_train, eval_config, set_eval, split, out):
+def _chain(slurm, set_, train, set_train, eval_config, set_eval, split, out, check):
     from .render import render_train_chain
 
-    return render_train_chain(_slurm_cfg(slurm, set_), train, out, set_train, eval_config, set_eval, split)
+    return render_train_chain(
+        _slurm_cfg(slurm, set_), train, out, set_train, eval_config, set_eval, split, check=check
+    )
 
 
 def _scripts_json(s) -> dict:
@@ -66,12 +73,15 @@ def render_cmd(
     set_eval: list[str] = SET_EVAL,
     split: str = SPLIT_OPT,
     out: Path | None = CHAIN_OUT_OPT,
+    check: bool = CHECK_OPT,
 ) -> None:
     """Render train.sbatch and eval.sbatch (+ eval_report.sbatch for sharded eval) for one run."""
     _run(
         lambda: typer.echo(
             json.dumps(
-                _scripts_json(_chain(slurm, set_, train, set_train, eval_config, set_eval, split, out)),
+                _scripts_json(
+                    _chain(slurm, set_, train, set_train, eval_config, set_eval, split, out, check)
+                ),
                 indent=2,
             )
         )
@@ -81,23 +91,28 @@ def render_cmd(
 @app.command("render-serve")
 def render_serve_cmd(
     name: str = typer.Option("students", help="job name suffix (verdict-serve-NAME)"),
-    serve_config: Path | None = typer.Option(
-        None, help="serve config; the job runs `verdict serve vllm --config PATH`"
+    serve_config: str | None = typer.Option(
+        None, help="a serve config: use `verdict serve slurm-job --config NAME` (it checks the config)"
     ),
-    command: str | None = typer.Option(None, help="or any one-line command to run in the job"),
+    command: str | None = typer.Option(None, help="any one-line command to run in the job"),
     slurm: str = SLURM_OPT,
     set_: list[str] = SET_SLURM,
     out: Path = typer.Option(Path("slurm-jobs"), help="folder for serve.sbatch"),
 ) -> None:
-    """Render serve.sbatch (one GPU, long time limit) for a serving command."""
+    """Render serve.sbatch (one GPU, long time limit) for a one-line command. For a serve config,
+    `verdict serve slurm-job` checks the model and adapters and renders the job."""
 
     def body():
         from .render import render_job
 
-        if (serve_config is None) == (command is None):
-            fail("give exactly one of --serve-config or --command")
-        cmd = command or ["verdict", "serve", "vllm", "--config", str(serve_config.resolve())]
-        typer.echo(str(render_job("serve", _slurm_cfg(slurm, set_), name, cmd, out)))
+        if serve_config is not None:
+            fail(
+                f"for a serve config use `verdict serve slurm-job --config {serve_config}`: it checks the "
+                "base model and adapters before anything is queued and says where the API reaches vLLM"
+            )
+        if command is None:
+            fail("give --command (or use `verdict serve slurm-job --config NAME` for a serve config)")
+        typer.echo(str(render_job("serve", _slurm_cfg(slurm, set_), name, command, out)))
 
     _run(body)
 
@@ -112,6 +127,7 @@ def submit_cmd(
     set_eval: list[str] = SET_EVAL,
     split: str = SPLIT_OPT,
     out: Path | None = CHAIN_OUT_OPT,
+    check: bool = CHECK_OPT,
     only: str | None = typer.Option(None, help="submit only 'train' or only 'eval'"),
     after: str | None = typer.Option(None, help="start after this job id completes (afterok)"),
     wait: bool = typer.Option(False, help="wait for the jobs and report their final states"),
@@ -124,7 +140,7 @@ def submit_cmd(
 
         if only not in (None, "train", "eval"):
             fail("--only must be 'train' or 'eval'")
-        scripts = _chain(slurm, set_, train, set_train, eval_config, set_eval, split, out)
+        scripts = _chain(slurm, set_, train, set_train, eval_config, set_eval, split, out, check)
         ids = submit_chain(scripts, only=only, after=after)
         result = {"jobs": ids, "scripts": _scripts_json(scripts)}
         typer.echo(json.dumps(result, indent=2))

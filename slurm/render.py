@@ -174,8 +174,11 @@ def render_train_chain(
     eval_config: str = "eval",
     eval_overrides: list[str] | None = None,
     split: str = "test",
+    check: bool = False,
 ) -> ChainScripts:
-    """train.sbatch, eval.sbatch (an array when jobs.eval.shards > 1) and eval_report.sbatch."""
+    """train.sbatch, eval.sbatch (an array when jobs.eval.shards > 1) and eval_report.sbatch.
+    ``check``: first run every check of `verdict train --check` (base model, chat template, datasets),
+    so a chain whose model or data is missing is refused before anything is written or queued."""
     from verdict.core.configs import find_config
     from verdict.train.sft_config import load_train_config
 
@@ -194,7 +197,8 @@ def render_train_chain(
     out = Path(out_dir) if out_dir else run_dir.parent / f"{cfg.name}.slurm"
     shards = slurm.jobs.eval.shards
     common = dict(run_name=cfg.name, task=cfg.task, run_dir=str(run_dir), split=split, shards=shards)
-    train = write_script(
+    texts = {}
+    texts["train"] = (
         out / "train.sbatch",
         render_text(
             "train.sbatch.j2",
@@ -207,7 +211,7 @@ def render_train_chain(
             **common,
         ),
     )
-    ev = write_script(
+    texts["eval"] = (
         out / "eval.sbatch",
         render_text(
             "eval.sbatch.j2",
@@ -221,9 +225,8 @@ def render_train_chain(
             **common,
         ),
     )
-    report = None
     if shards > 1:
-        report = write_script(
+        texts["eval_report"] = (
             out / "eval_report.sbatch",
             render_text(
                 "eval.sbatch.j2",
@@ -236,6 +239,16 @@ def render_train_chain(
                 **common,
             ),
         )
+    if check:
+        from verdict.train.sft_trainer import prepare
+
+        prepare(cfg)
+    paths = {kind: write_script(path, text) for kind, (path, text) in texts.items()}
     return ChainScripts(
-        run_name=cfg.name, run_dir=run_dir, train=train, eval=ev, eval_report=report, shards=shards
+        run_name=cfg.name,
+        run_dir=run_dir,
+        train=paths["train"],
+        eval=paths["eval"],
+        eval_report=paths.get("eval_report"),
+        shards=shards,
     )

@@ -111,8 +111,8 @@ def test_split_holds_out_whole_trials_and_is_deterministic(tmp_path):
         "llmmatch-qwen-base",
     ]
     assert bench.vllm.adapters == {
-        "parser": str(lay.runs / "tiny-recipe-parser" / "adapter"),
-        "value_miner": str(lay.runs / "tiny-recipe-value_miner" / "adapter"),
+        "parser": str(lay.runs / "tiny-recipe-parser"),  # the training runs (vllm.adapters checks them)
+        "value_miner": str(lay.runs / "tiny-recipe-value_miner"),
     }
     assert bench.dataset.pairs == str(lay.data / "heldout_pairs.jsonl")
     run = yaml.safe_load((lay.configs / "teacher_run.yaml").read_text())

@@ -125,7 +125,7 @@ def start_service(
     out, err = open(folder / "stdout.txt", "w"), open(folder / "stderr.txt", "w")
     env = {k: v for k, v in os.environ.items() if k != "VERDICT_EGRESS_ALLOW"}
     proc = subprocess.Popen(
-        [*verdict_command(), "serve", "api", "--config", str(cfg), "--ready-file", str(ready)],
+        [*verdict_command(), "serve", "api", "--config", str(cfg), "--init", "--ready-file", str(ready)],
         stdout=out,
         stderr=err,
         cwd=REPO,

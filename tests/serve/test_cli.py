@@ -62,7 +62,7 @@ def test_serve_up_runs_both_and_stops_both(tmp_path, student_base_dir, student_a
     key, _ = KeyStore(tmp_path / "keys.json").add("demo", ["match"])
     ready = tmp_path / "ready.json"
     proc = subprocess.Popen(
-        [*verdict_command(), "serve", "up", "--config", str(cfg), "--ready-file", str(ready)],
+        [*verdict_command(), "serve", "up", "--config", str(cfg), "--init", "--ready-file", str(ready)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -139,9 +140,11 @@ def test_ready_when_models_lists_every_adapter_then_stops(tmp_path):
 
 
 def test_missing_interpreter_or_model_is_a_clear_error(tmp_path):
-    with pytest.raises(VLLMServerError, match="not found: run scripts/setup.sh"):
+    from verdict.serve.preflight import PreflightError
+
+    with pytest.raises(PreflightError, match="does not exist: run scripts/setup.sh"):
         VLLMServer(VLLMConfig(model=str(tmp_path), python=str(tmp_path / "nope"))).start()
-    with pytest.raises(VLLMServerError, match="has no config.json"):
+    with pytest.raises(PreflightError, match="has no config.json"):
         VLLMServer(VLLMConfig(model=str(tmp_path), python=sys.executable)).start()
 
 
@@ -156,6 +159,10 @@ def test_cli_print_command_and_errors(tmp_path):
     cfg.write_text(f"vllm:\n  model: {tmp_path}\n  adapters: {{parser: {a}}}\n  port: 8200\n")
     r = verdict("serve", "vllm", "--config", str(cfg), "--print-command")
     assert r.returncode == 0 and "--lora-modules parser=" in r.stdout and "--port 8200" in r.stdout
+    # what it prints is a shell command: the JSON argument survives a shell's word splitting
+    words = shlex.split(r.stdout)
+    so = json.loads(words[words.index("--structured-outputs-config") + 1])
+    assert so["backend"] == "xgrammar"
     r = verdict("serve", "vllm", "--config", str(cfg), "--set", "vllm.prot=1")
     assert (
         r.returncode == 2
@@ -300,7 +307,7 @@ def test_real_vllm_killed_under_serve_up_leaves_nothing_behind(tmp_path, student
     out, err = open(tmp_path / "stdout.txt", "w"), open(tmp_path / "stderr.txt", "w")
     exe = Path(sys.executable).with_name("verdict")
     proc = subprocess.Popen(
-        [str(exe), "serve", "up", "--config", str(cfg), "--ready-file", str(ready)],
+        [str(exe), "serve", "up", "--config", str(cfg), "--init", "--ready-file", str(ready)],
         stdout=out,
         stderr=err,
         cwd=REPO,

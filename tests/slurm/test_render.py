@@ -110,27 +110,28 @@ def test_cli_render_prints_the_scripts(tmp_path):
     import json
     import sys
 
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from verdict.cli import main; main()",
-            "slurm",
-            "render",
-            "--train",
-            "value_miner",
-            "--slurm",
-            "local",
-            "--set-train",
-            f"output_dir={tmp_path}",
-            "--out",
-            str(tmp_path / "jobs"),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+    render = [
+        sys.executable,
+        "-c",
+        "from verdict.cli import main; main()",
+        "slurm",
+        "render",
+        "--train",
+        "value_miner",
+        "--slurm",
+        "local",
+        "--set-train",
+        f"output_dir={tmp_path}",
+        "--set-train",
+        f"base_model={tmp_path / 'no-model'}",
+        "--out",
+        str(tmp_path / "jobs"),
+    ]
+    # the checks of `verdict train --check` run first: a missing base model is refused, nothing written
+    out = subprocess.run(render, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert f"base_model '{tmp_path / 'no-model'}'" in out.stderr and not (tmp_path / "jobs").exists()
+    out = subprocess.run([*render, "--no-check"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
     assert info["eval_shards"] == 2 and re.search(r"eval_report\.sbatch$", info["eval_report"])
