@@ -13,11 +13,12 @@ Printed, all from the same run:
 - overhead: each request both ways, interleaved, one at a time: *direct* = the two value-miner
   requests a match makes (same bodies, the same structured-output schema), sent straight to vLLM in
   parallel; *service* = POST /v1/match (those two calls + validation, policy, Z3, rationale, audit,
-  HTTP). Ratio of medians, and the added milliseconds.
+  HTTP). Every request carries a note no earlier request had (the recorded note plus a visit
+  number), so neither the service's caches nor its reuse of mined values can answer it: both sides
+  make the same two vLLM calls (printed, from vLLM's own counter). Ratio of medians, and the
+  milliseconds the service adds per match.
 - throughput: matches/s through the service at each concurrency, and vLLM's pairs-of-calls/s at the
-  same concurrency, for comparison, with vLLM's own request count per match. The recorded set has 6
-  distinct pairs: above 6 in flight, identical requests coalesce in the formalizer (single flight),
-  so the service makes fewer vLLM calls than the direct side and the ratio is no longer like for like.
+  same concurrency, for comparison, with vLLM's own request count per match (2 on both sides).
 
 `--edge` needs no model (the scripted formalizer answers at once) and prints:
 - per-request latency on one reused (keep-alive) connection: GET /healthz and POST /v1/match - what
@@ -62,44 +63,56 @@ def build_students(work: Path, records: dict) -> tuple[Path, dict[str, Path]]:
     return base, adapters
 
 
-def miner_requests(records: dict, formalizer_url: str) -> dict:
-    """(trial id, patient id) -> the two chat-completion bodies the service sends for that match."""
-    from verdict.data_gen.client import build_request
-    from verdict.data_gen.formalizer import Formalizer, core_schema, side_atoms, with_atom_enum
-    from verdict.serve.api_config import FormalizerConfig
-    from verdict.serve.students import STUDENT_MAX_TOKENS, teacher_programs
+class MinerRequests:
+    """The two chat-completion bodies the service sends for one match, built as the service builds
+    them (same prompt, same structured-output schema)."""
 
-    fc = FormalizerConfig(max_tokens=STUDENT_MAX_TOKENS)
-    endpoint = fc.endpoint(fc.value_miner_model, formalizer_url)
-    fz = Formalizer(endpoint)
-    out = {}
-    for tid, program in teacher_programs(records).items():
-        for p in records["patients"]:
-            bodies = []
-            for side in ("inclusion", "exclusion"):
-                names = side_atoms(program, side)
-                msgs = fz.miner_messages(program, p["note"], side, names)
-                req = build_request(
-                    endpoint,
-                    f"miner_{side}",
-                    msgs,
-                    with_atom_enum(core_schema("value-miner"), names),
-                    "value_miner_output",
-                )
-                body = {k: v for k, v in req.items() if k != "extra_body"} | req.get("extra_body", {})
-                bodies.append(body)
-            out[(tid, p["patient_id"])] = bodies
-    return out
+    def __init__(self, records: dict, formalizer_url: str):
+        from verdict.data_gen.formalizer import Formalizer
+        from verdict.serve.api_config import FormalizerConfig
+        from verdict.serve.students import STUDENT_MAX_TOKENS, teacher_programs
+
+        fc = FormalizerConfig(max_tokens=STUDENT_MAX_TOKENS)
+        self.endpoint = fc.endpoint(fc.value_miner_model, formalizer_url)
+        self.fz = Formalizer(self.endpoint)
+        self.programs = teacher_programs(records)
+        self.notes = {p["patient_id"]: p["note"] for p in records["patients"]}
+        self.pairs = [(tid, pid) for tid in self.programs for pid in self.notes]
+
+    def bodies(self, tid: str, note: str) -> list[dict]:
+        from verdict.data_gen.client import build_request
+        from verdict.data_gen.formalizer import core_schema, side_atoms, with_atom_enum
+
+        program, out = self.programs[tid], []
+        for side in ("inclusion", "exclusion"):
+            names = side_atoms(program, side)
+            req = build_request(
+                self.endpoint,
+                f"miner_{side}",
+                self.fz.miner_messages(program, note, side, names),
+                with_atom_enum(core_schema("value-miner"), names),
+                "value_miner_output",
+            )
+            out.append({k: v for k, v in req.items() if k != "extra_body"} | req.get("extra_body", {}))
+        return out
+
+
+def fresh_note(note: str, i: int) -> str:
+    """The recorded note made distinct for request i: no cache (the service's call cache, its reuse of
+    mined values, vLLM's prefix cache beyond the shared prompt) can answer it, on either side."""
+    return f"{note}\nVisit reference {i}."
 
 
 async def measure(
     formalizer_url: str, service_url: str, key: str, records: dict, n: int, concurrencies: list[int]
 ) -> None:
+    import itertools
+
     import httpx
 
-    reqs = miner_requests(records, formalizer_url)
-    pairs = list(reqs)
-    notes = {p["patient_id"]: p["note"] for p in records["patients"]}
+    reqs = MinerRequests(records, formalizer_url)
+    pairs = reqs.pairs
+    serial = itertools.count()  # every request of either side gets a note no earlier request had
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with (
         httpx.AsyncClient(base_url=formalizer_url, timeout=600, limits=limits, trust_env=False) as vllm,
@@ -113,39 +126,43 @@ async def measure(
     ):
 
         async def direct(pair) -> float:
+            tid, pid = pair
+            bodies = reqs.bodies(tid, fresh_note(reqs.notes[pid], next(serial)))
             t0 = time.perf_counter()
-            rs = await asyncio.gather(*(vllm.post("/chat/completions", json=b) for b in reqs[pair]))
+            rs = await asyncio.gather(*(vllm.post("/chat/completions", json=b) for b in bodies))
             assert all(r.status_code == 200 for r in rs), [r.text[:200] for r in rs]
             return time.perf_counter() - t0
 
         async def service(pair) -> float:
             tid, pid = pair
+            note = fresh_note(reqs.notes[pid], next(serial))
             t0 = time.perf_counter()
             r = await api.post(
-                "/v1/match", json={"trial_id": tid, "patient": {"patient_id": pid, "note": notes[pid]}}
+                "/v1/match", json={"trial_id": tid, "patient": {"patient_id": pid, "note": note}}
             )
             assert r.status_code == 200, r.text[:300]
+            assert r.json()["cost"]["mining"]["calls"] >= 2, "the service answered from a cache"
             return time.perf_counter() - t0
 
-        for pair in pairs:  # warm-up: compiled programs, connections, vLLM's prefix cache
+        for pair in pairs:  # warm-up: compiled programs, connections, grammars
             await direct(pair)
             await service(pair)
         d_lat, s_lat = [], []
+        before = await vllm_calls(vllm, formalizer_url)
         for i in range(n):
             pair = pairs[i % len(pairs)]
             d_lat.append(await direct(pair))
             s_lat.append(await service(pair))
+        per_match = (await vllm_calls(vllm, formalizer_url) - before) / (2 * n)
         dm, sm = statistics.median(d_lat), statistics.median(s_lat)
-        print(f"\noverhead, {n} requests one at a time (interleaved):")
+        print(
+            f"\noverhead, {n} requests one at a time (interleaved; every note distinct, so no cache answers):"
+        )
         print(f"  vLLM direct  median {dm * 1000:8.1f} ms   p90 {_p90(d_lat) * 1000:8.1f} ms")
         print(f"  service      median {sm * 1000:8.1f} ms   p90 {_p90(s_lat) * 1000:8.1f} ms")
-        print(f"  ratio service/direct (medians): {sm / dm:.3f}   added: {(sm - dm) * 1000:.1f} ms per match")
-
-        async def vllm_calls() -> float:
-            text = (await vllm.get(formalizer_url.rstrip("/").removesuffix("/v1") + "/metrics")).text
-            return sum(
-                float(x.split()[-1]) for x in text.splitlines() if x.startswith("vllm:request_success_total")
-            )
+        print(f"  vLLM calls per match, both sides: {per_match:.2f} (2 = like for like)")
+        print(f"  ratio service/direct (medians): {sm / dm:.3f}")
+        print(f"  the service adds {(sm - dm) * 1000:.1f} ms per match")
 
         print(f"\nthroughput (median of {ROUNDS} rounds, alternating which side goes first):")
         for c in concurrencies:
@@ -161,20 +178,15 @@ async def measure(
                         async with sem:
                             return await fn(pair)
 
-                    before, t0 = await vllm_calls(), time.perf_counter()
+                    before, t0 = await vllm_calls(vllm, formalizer_url), time.perf_counter()
                     await asyncio.gather(*(bounded(pairs[i % len(pairs)]) for i in range(total)))
                     rates[name].append(total / (time.perf_counter() - t0))
-                    calls[name] += (await vllm_calls() - before) / (total * ROUNDS)
+                    calls[name] += (await vllm_calls(vllm, formalizer_url) - before) / (total * ROUNDS)
             d, s = statistics.median(rates["vLLM direct"]), statistics.median(rates["service"])
             print(
                 f"  concurrency {c:3d}  vLLM direct {d:7.2f} matches/s   service {s:7.2f} matches/s   "
                 f"(service/direct {s / d:.2f}; vLLM calls per match: direct {calls['vLLM direct']:.2f}, "
                 f"service {calls['service']:.2f})"
-            )
-        if max(concurrencies) > len(pairs):
-            print(
-                f"  note: above {len(pairs)} in flight (the distinct pairs), identical miner requests in "
-                "flight at once share one call in the formalizer (single flight): see calls per match"
             )
 
 
@@ -252,6 +264,12 @@ def edge(work: Path, requests: int) -> None:
     finally:
         svc.stop()
         srv.stop()
+
+
+async def vllm_calls(vllm, formalizer_url: str) -> float:
+    """vLLM's own count of completed requests (its /metrics)."""
+    text = (await vllm.get(formalizer_url.rstrip("/").removesuffix("/v1") + "/metrics")).text
+    return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith("vllm:request_success_total"))
 
 
 def _p90(xs: list[float]) -> float:

@@ -104,6 +104,9 @@ class Usage(StrictModel):
     paid_usd: float = Field(0.0, description="what this invocation paid (cache hits are free)")
     calls_paid: int = 0
     cache_hits: int = 0
+    # Tokens of the calls actually sent to a model (cache hits excluded): what a site's GPU spent.
+    paid_prompt_tokens: int = 0
+    paid_completion_tokens: int = 0
 
     def add(self, other: Usage) -> Usage:
         return Usage(**{k: getattr(self, k) + getattr(other, k) for k in Usage.model_fields})

@@ -24,6 +24,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from verdict.core.jsonl_store import JsonlStore
 from verdict.core.progress import Progress
+from verdict.data_gen.formalizer.accounting import PairCost
+from verdict.data_gen.formalizer.accounting import total as cost_total
 
 from .errors import BatchError
 
@@ -60,6 +62,7 @@ class ResultLine(BaseModel):
     decision_id: str | None = None
     result: dict | None = Field(None, description="the full Decision")
     error: dict | None = None
+    cost: PairCost | None = Field(None, description="what the pair cost the formalizer (decided pairs)")
     shard: int
     finished_at: float
 
@@ -288,6 +291,7 @@ async def _match_pairs(
                     decision=res.decision.decision,
                     decision_id=res.decision_id,
                     result=res.decision.model_dump(mode="json", by_alias=True),
+                    cost=res.cost,
                     shard=shard,
                     finished_at=time.time(),
                 )
@@ -355,6 +359,8 @@ def merge_results(out: str | Path) -> dict:
         "duplicates_dropped": lines - len(merged),
         "missing": (plan.counts.get("pairs") or 0) - len(merged),
         "by_decision": dict(sorted(by_decision.items())),
+        # what the decided pairs sent to the formalizer (reruns' cache hits are free)
+        "cost": cost_total([r.cost for r in merged if r.cost is not None]),
     }
     summary["ranked"] = write_rankings(out, merged)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

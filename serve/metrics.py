@@ -13,9 +13,12 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from verdict.data_gen.formalizer.accounting import PairCost
 
 STAGES = ("parse", "miner_inclusion", "miner_exclusion", "resolve", "solve", "render", "audit")
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_COUNT_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+_TOKEN_BUCKETS = (0, 100, 300, 1_000, 3_000, 10_000, 30_000, 100_000, 300_000, 1_000_000)
 
 
 class ServiceMetrics:
@@ -59,6 +62,35 @@ class ServiceMetrics:
             registry=r,
         )
         self.in_flight = Gauge("verdict_matches_in_flight", "matches being computed now", registry=r)
+        # Cost per (patient, trial) pair: what a site's GPU spends on a screen grows with these.
+        self.pair_calls = Histogram(
+            "verdict_pair_model_calls",
+            "model calls one match sent (value miner, both sides; the chart reading when this pair paid it)",
+            buckets=_COUNT_BUCKETS,
+            registry=r,
+        )
+        self.pair_tokens = Histogram(
+            "verdict_pair_tokens",
+            "prompt or completion tokens one match sent to a model",
+            ["kind"],
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.chart_readings = Counter(
+            "verdict_chart_readings",
+            "matches whose patient chart was read once for all trials, by whether this match paid the "
+            "reading or reused it",
+            ["result"],
+            registry=r,
+        )
+
+    def observe_pair(self, cost: PairCost) -> None:
+        paid = cost.paid()
+        self.pair_calls.observe(paid.calls)
+        self.pair_tokens.labels("prompt").observe(paid.prompt_tokens)
+        self.pair_tokens.labels("completion").observe(paid.completion_tokens)
+        if cost.reading is not None:
+            self.chart_readings.labels("reused" if cost.reading_reused else "paid").inc()
 
     def observe_stage(self, stage: str, seconds: float) -> None:
         self.stage_seconds.labels(stage).observe(seconds)

@@ -16,6 +16,7 @@ from verdict.core.decision import Decision
 from verdict.core.patient import PolicyRef, ResolvedPatient
 from verdict.core.program import Id, TrialProgram
 from verdict.data_gen.fhir.models import FhirPatientRecord
+from verdict.data_gen.formalizer.accounting import PairCost
 from verdict.data_gen.formalizer.miner import PassageConflict
 from verdict.data_gen.protocol import SINGLE_NOTE_ID, NoteDocument
 
@@ -291,6 +292,12 @@ class MatchResponse(BaseModel):
     )
     models: ModelIds
     timings_ms: dict[str, float]
+    cost: PairCost = Field(
+        default_factory=PairCost,
+        description="what this pair cost the formalizer: model calls, prompt and completion tokens "
+        "(cache hits and atoms reused from another trial are free), and the patient's one-time chart "
+        "reading",
+    )
     trial_cached: bool
     links: Links
 

@@ -38,6 +38,7 @@ from verdict.data_gen.errors import EgressRefused, EndpointError
 from verdict.data_gen.fhir.models import FhirPatientRecord
 from verdict.data_gen.fhir.resolve import CodedResolutions, coded_resolutions
 from verdict.data_gen.formalizer import Formalizer, core_schema, merge_sides
+from verdict.data_gen.formalizer.accounting import PairCost, pair_cost
 from verdict.data_gen.formalizer.endpoints import EndpointPool
 from verdict.data_gen.formalizer.miner import BUDGET as MINER_BUDGET
 from verdict.data_gen.formalizer.miner import MinedValues, PassageConflict
@@ -423,11 +424,15 @@ class MatchingService:
             inc, exc = await self._mine(program, record, coded, timings)
             d = await self._decide(program, record, policy, inc, exc, coded, timings)
             models = await self._models(row)
+            cost = pair_cost(inc, exc)
             timings["total"] = _ms(t_start)
-            stored = await self._record(req, caller, row, program, policy, record, coded, d, models, timings)
+            stored = await self._record(
+                req, caller, row, program, policy, record, coded, d, models, timings, cost
+            )
         finally:
             self.metrics.in_flight.dec()
         self.metrics.decisions.labels(d.decision.decision).inc()
+        self.metrics.observe_pair(cost)
         return MatchResponse(
             decision_id=stored.decision_id,
             trial_id=program.trial_id,
@@ -442,6 +447,7 @@ class MatchingService:
             extraction_conflicts=d.mined.conflicts,
             models=models,
             timings_ms=timings,
+            cost=cost,
             trial_cached=cached,
             links=Links(
                 decision=f"/v1/decisions/{stored.decision_id}",
@@ -565,6 +571,7 @@ class MatchingService:
         d: _Decided,
         models: ModelIds,
         timings: dict[str, float],
+        cost: PairCost,
     ) -> DecisionRow:
         """The decision's audit row: what an auditor needs to reproduce it (observed as stage 'audit')."""
         stored_note = stored_record(req.patient.note, record)
@@ -607,6 +614,7 @@ class MatchingService:
                         "arbiter": d.arbiter,
                         "verbalizer": d.verbalizer and {**d.verbalizer, "rationale_text": d.rationale_text},
                         "trial_origin": row.origin,
+                        "cost": cost.model_dump(mode="json"),
                     },
                 ),
                 note_text=stored_note,

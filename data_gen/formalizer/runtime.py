@@ -309,6 +309,8 @@ class Formalizer:
                     paid_usd=0.0 if cached else call.cost_usd,
                     calls_paid=0 if cached else 1,
                     cache_hits=int(cached),
+                    paid_prompt_tokens=0 if cached else call.prompt_tokens,
+                    paid_completion_tokens=0 if cached else call.completion_tokens,
                 )
             )
             # Checks that run the solver go to a thread: the event loop keeps the other calls moving.

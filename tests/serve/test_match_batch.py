@@ -149,6 +149,11 @@ def test_a_result_line_torn_by_a_kill_is_redone_and_nothing_is_lost(tmp_path):
     assert len(lines) == 3 and sorted(r.patient_id for r in read_results(path)) == ["P0", "P1", "P2"]
     summary = merge_results(out)
     assert summary["results"] == 3 and summary["ranked"] == {"pairs": 3, "unranked": 0}
+    # what the decided pairs sent, summed from their lines (each line carries its pair's cost)
+    merged = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    sent = sum(m["cost"]["mining"]["calls"] for m in merged)
+    assert summary["cost"]["pairs"] == 3 and summary["cost"]["calls"] == sent > 0
+    assert summary["cost"]["calls_per_pair"] == round(sent / 3, 2)
     # site-wide screening: the trial's patients ranked by formal distance, each with its decision id
     (by_trial,) = map(json.loads, (out / "ranked_by_trial.jsonl").read_text().splitlines())
     ranked = by_trial["rows"]

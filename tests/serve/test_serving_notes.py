@@ -46,8 +46,13 @@ def values(*items) -> dict:
     return {"content": {"values": [{"atom": a, "value": v, "evidence": e} for a, v, e in items]}}
 
 
+COST_NOTE = "Cost note: nothing of interest."
 SCRIPT = {
     "rules": [
+        {  # fixed token counts, so the cost a match reports can be checked against what was sent
+            "match": {"contains": ["Cost note:"]},
+            "responses": [{"auto": "nulls", "prompt_tokens": 1000, "completion_tokens": 37}],
+        },
         {
             "match": {"contains": ["Admission note:", INC]},
             "responses": [values(("age_years", 40, "40 years old"))],
@@ -247,3 +252,30 @@ def test_a_side_whose_every_call_is_rejected_is_a_502_naming_the_call(svc):
     msgs = [p["message"] for p in r.json()["problems"]]
     assert "call bad-3#1/c1 rejected (reason: evidence)" in msgs
     assert "not quoted" not in r.text and "Bad letter" not in r.text  # no model output, no note text
+
+
+def test_a_match_reports_what_it_sent_and_a_repeat_is_free(svc, scripted):
+    """Per-pair cost: calls and tokens of the calls sent (both sides), counted by the scripted
+    server over HTTP; the same record again reuses the values already mined and costs no model work."""
+    patient = {"patient_id": "P-COST", "notes": [{"id": "c-1", "text": COST_NOTE}]}
+    costs = []
+    for _ in range(2):
+        before = len(scripted.requests)
+        with svc.client() as c:
+            r = c.post("/v1/match", json={"trial_id": "T-NOTES", "patient": patient})
+        assert r.status_code == 200, r.text
+        costs.append((len(scripted.requests) - before, r.json()["cost"]))
+    (sent, first), (sent_again, again) = costs
+    assert sent == 2  # one document x two sides
+    assert first["mining"] == {"calls": 2, "cache_hits": 0, "prompt_tokens": 2000, "completion_tokens": 74}
+    assert first["reading"] is None  # a one-document chart is mined directly
+    assert sent_again == 0
+    assert again["mining"] == {"calls": 0, "cache_hits": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    assert (first["reused_atoms"], again["reused_atoms"]) == (0, 2)  # this record's values, mined once
+    with svc.client("audit") as a:
+        rec = a.get(f"/v1/decisions/{r.json()['decision_id']}").json()
+        assert rec["artifacts"]["cost"] == again  # the audit record keeps it
+        metrics = a.get("/metrics").text
+    calls = [x for x in metrics.splitlines() if x.startswith("verdict_pair_model_calls_count")]
+    assert calls and float(calls[0].split()[-1]) >= 2
+    assert 'verdict_pair_tokens_sum{kind="prompt"}' in metrics
