@@ -1,0 +1,62 @@
+"""Per-pair cost (data_gen/formalizer/accounting.py): what a pair sent, and the one-time reading."""
+
+from verdict.data_gen.formalizer.accounting import PairCost, pair_cost, total
+from verdict.data_gen.protocol import ChartRead, StageResult, Usage
+
+
+def side(calls: int, hits: int, prompt: int, completion: int, reused_atoms=0, chart_read=None) -> StageResult:
+    return StageResult(
+        stage="miner_inclusion",
+        status="accepted",
+        teacher="t",
+        model="m",
+        prompt_version="v",
+        messages=[],
+        usage=Usage(
+            calls_paid=calls,
+            cache_hits=hits,
+            prompt_tokens=prompt * 2,  # tokens of cache hits are in the totals, not in what was sent
+            completion_tokens=completion * 2,
+            paid_prompt_tokens=prompt,
+            paid_completion_tokens=completion,
+        ),
+        assembly={"reused_atoms": reused_atoms},
+        chart_read=chart_read,
+    )
+
+
+def test_a_pair_counts_what_its_sides_sent_not_cache_hits():
+    cost = pair_cost(side(2, 1, 300, 20, reused_atoms=3), side(1, 0, 100, 5))
+    assert cost.mining.model_dump() == {
+        "calls": 3,
+        "cache_hits": 1,
+        "prompt_tokens": 400,
+        "completion_tokens": 25,
+    }
+    assert cost.reused_atoms == 3 and cost.reading is None and cost.paid() == cost.mining
+
+
+def test_the_reading_is_this_pairs_when_one_side_paid_it_and_nobodys_when_both_reused():
+    read = ChartRead(documents=134, calls=12, prompt_tokens=24_000, completion_tokens=900)
+    paid = pair_cost(
+        side(1, 0, 100, 5, chart_read=read),
+        side(1, 0, 100, 5, chart_read=read.model_copy(update={"reused": True})),
+    )
+    assert paid.reading.calls == 12 and not paid.reading_reused
+    assert paid.paid().calls == 14 and paid.paid().prompt_tokens == 24_200
+    again = read.model_copy(update={"reused": True})
+    reused = pair_cost(side(1, 0, 100, 5, chart_read=again), side(1, 0, 100, 5, chart_read=again))
+    assert reused.reading_reused and reused.paid().calls == 2
+
+
+def test_totals_count_each_reading_once_and_give_per_pair_means():
+    read = PairCost.model_validate(
+        {
+            "mining": {"calls": 2, "prompt_tokens": 200, "completion_tokens": 10},
+            "reading": {"calls": 10, "prompt_tokens": 9000},
+        }
+    )
+    reuse = read.model_copy(update={"reading_reused": True})
+    t = total([read, reuse, reuse, reuse])
+    assert t["chart_readings"] == 1 and t["calls"] == 2 * 4 + 10 and t["calls_per_pair"] == 4.5
+    assert t["prompt_tokens"] == 800 + 9000 and total([])["calls_per_pair"] == 0
