@@ -117,7 +117,9 @@ class FormalizerConfig(StrictModel):
 
 
 class Limits(StrictModel):
-    max_body_bytes: int = Field(1_000_000, ge=1024, description="larger request bodies get 413")
+    max_body_bytes: int = Field(
+        4_000_000, ge=1024, description="larger request bodies get 413 (a 128k-token chart is ~0.6 MB)"
+    )
     max_batch_pairs: int = Field(1000, ge=1, description="patients x trials in one /v1/match/batch request")
     batch_concurrency: int = Field(8, ge=1, description="pairs of one batch computed at the same time")
 

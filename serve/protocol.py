@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator, model_validator
 from verdict.core.configs import StrictModel
 from verdict.core.decision import Decision
 from verdict.core.patient import PolicyRef, ResolvedPatient
@@ -23,8 +23,11 @@ from verdict.data_gen.protocol import SINGLE_NOTE_ID, NoteDocument
 # Policy *names* only: a path would let a caller read files of the server.
 POLICY_NAME = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$"
 MAX_NOTE_CHARS = 100_000
-MAX_NOTES = 100  # documents per patient
-MAX_RECORD_CHARS = 400_000  # all documents of one patient
+# A hospital chart: hundreds of documents, 20k-128k tokens (a 128k-token chart is about 500k
+# characters). The chart is read once per patient (data_gen/formalizer/reader.py), so its length no
+# longer multiplies the per-trial cost; these bound one request's memory, not the reading.
+MAX_NOTES = 1000  # documents per patient
+MAX_RECORD_CHARS = 2_000_000  # all documents of one patient
 MAX_CRITERIA_CHARS = 60_000
 MAX_BATCH_PATIENTS = 1000
 MAX_BATCH_TRIALS = 200
@@ -113,12 +116,22 @@ class NoteInput(_Strict):
 
     id: Id = Field(description="the document's id: each evidence quote names the document it is from")
     text: str = Field(
-        min_length=1, max_length=MAX_NOTE_CHARS, description="the document text (stays on site)"
+        min_length=1,
+        max_length=MAX_NOTE_CHARS,
+        description="the document text (stays on site); not blank",
+        json_schema_extra={"pattern": r"\S"},  # what `_not_blank` enforces, stated in the schema
     )
     date: str | None = Field(
         None, pattern=r"^\d{4}-\d{2}-\d{2}", max_length=40, description="ISO date, if known"
     )
     kind: str | None = Field(None, max_length=64, description="e.g. discharge_summary, radiology, lab")
+
+    @field_validator("text")
+    @classmethod
+    def _not_blank(cls, text: str) -> str:
+        if not text.strip():  # nothing to read: a clear refusal, not a wasted model call
+            raise ValueError("the document is blank (only whitespace)")
+        return text
 
 
 MAX_FHIR_FACTS = 5000  # coded facts per FHIR patient record

@@ -119,6 +119,8 @@ def document_of(model: BaseModel, fetch: UrlFetcher | None, problems: list[str])
     if not text:
         if not atts:
             problems.append(f"{name}: no attachment; no document")
+        elif not any(p.startswith(f"{name}:") for p in problems):  # never dropped without a word
+            problems.append(f"{name}: the attachment holds no text (blank); no document")
         return None
     if model.get_resource_type() == "DocumentReference":
         date, kind = model.date, "document_reference"

@@ -154,3 +154,38 @@ def test_a_50_mib_attachment_is_a_problem_not_a_crash(tmp_path):
         )
         for p in rec.problems
     )
+
+
+def test_binary_non_utf8_empty_and_duplicate_documents_are_reported_by_id_and_the_rest_loads(tmp_path):
+    """A chart's bad documents (a PDF, bytes that are not the stated charset, an empty text, the
+    same resource twice): each is skipped and named by id; every good document still loads."""
+
+    def doc(rid: str, content_type: str, data: bytes) -> dict:
+        return {
+            "resourceType": "DocumentReference",
+            "id": rid,
+            "status": "current",
+            "subject": {"reference": "Patient/trec-202124"},
+            "content": [
+                {"attachment": {"contentType": content_type, "data": base64.b64encode(data).decode()}}
+            ],
+        }
+
+    resources = topic_resources(["trec-202124"])
+    extra = [
+        doc("doc-pdf", "application/pdf", b"%PDF-1.7\n\x00\x01binary"),
+        doc("doc-latin", "text/plain; charset=utf-8", "caf\u00e9 au lait".encode("latin-1")),
+        doc("doc-blank", "text/plain", b"   \n"),
+        doc("doc-good", "text/plain", b"Follow-up: no new complaints."),
+    ]
+    (rec,) = load_source(str(write_ndjson(tmp_path / "export", resources + extra + extra[-1:])), AT).records
+    ids = [d.id for d in rec.documents]
+    assert "DocumentReference/doc-trec-202124" in ids and ids.count("DocumentReference/doc-good") == 1
+    problems = "\n".join(rec.problems)
+    assert (
+        "DocumentReference/doc-pdf: content[0].attachment.contentType: 'application/pdf' is not read"
+        in problems
+    )
+    assert "DocumentReference/doc-latin: content[0].attachment: text is not valid utf-8" in problems
+    assert "DocumentReference/doc-blank: the attachment holds no text (blank); no document" in problems
+    assert not any(d.id.endswith(("doc-pdf", "doc-latin", "doc-blank")) for d in rec.documents)

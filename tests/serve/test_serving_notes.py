@@ -6,6 +6,7 @@ single `note` still works."""
 from __future__ import annotations
 
 import pytest
+from verdict.serve.protocol import MAX_NOTE_CHARS, MAX_NOTES
 
 from tests.fixtures.vllm import STUDENT_MAX_TOKENS
 from tests.serve.conftest import start_service
@@ -191,6 +192,15 @@ def test_a_single_note_still_works_and_its_evidence_names_the_note(svc):
             "duplicate document",
         ),
         ({"patient_id": "P", "notes": [{"id": "a", "text": ""}]}, "patient.notes.0.text"),
+        ({"patient_id": "P", "notes": [{"id": "a", "text": "y"}, {"id": "b", "text": " \n\t"}]}, "blank"),
+        (  # a document over the per-document limit (the body is under the request limit)
+            {"patient_id": "P", "notes": [{"id": "a", "text": "y" * (MAX_NOTE_CHARS + 1)}]},
+            "patient.notes.0.text",
+        ),
+        (  # more documents than one request takes: the limit is named
+            {"patient_id": "P", "notes": [{"id": f"d{i}", "text": f"Visit {i}."} for i in range(2000)]},
+            f"at most {MAX_NOTES} items",
+        ),
         ({"patient_id": "P", "notes": [{"id": "a b", "text": "y"}]}, "patient.notes.0.id"),
     ],
 )
@@ -279,3 +289,27 @@ def test_a_match_reports_what_it_sent_and_a_repeat_is_free(svc, scripted):
     calls = [x for x in metrics.splitlines() if x.startswith("verdict_pair_model_calls_count")]
     assert calls and float(calls[0].split()[-1]) >= 2
     assert 'verdict_pair_tokens_sum{kind="prompt"}' in metrics
+
+
+def test_a_5_mb_document_is_413_before_the_service_reads_it(svc):
+    big = {"patient_id": "P", "notes": [{"id": "scan", "text": "x" * 5_000_000}]}
+    with svc.client() as c:
+        r = c.post("/v1/match", json={"trial_id": "T-NOTES", "patient": big})
+    assert r.status_code == 413 and "over 4000000 bytes" in r.text, r.text[:300]
+
+
+def test_a_chart_of_hundreds_of_documents_is_taken_whole(svc, scripted):
+    """A hospital chart (300 distinct documents) is accepted and every document is read: none is
+    dropped to fit a limit."""
+    notes = [{"id": f"doc-{i}", "text": f"Progress note {i}: stable on day {i}."} for i in range(300)]
+    with svc.client() as c:
+        r = c.post(
+            "/v1/match", json={"trial_id": "T-NOTES", "patient": {"patient_id": "P-BIG", "notes": notes}}
+        )
+    assert r.status_code == 200, r.text[:500]
+    sent = [
+        m["content"]
+        for q in scripted.requests[-r.json()["cost"]["mining"]["calls"] :]
+        for m in q.body["messages"]
+    ]
+    assert all(any(f"Progress note {i}:" in x for x in sent) for i in range(300))
