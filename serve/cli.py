@@ -278,6 +278,37 @@ def slurm_job_cmd(
     typer.echo(str(script))
 
 
+@app.command("systemd")
+def systemd_cmd(
+    config: str = typer.Option(..., "--config", "-c", help="serve config name (in --config-dir) or file"),
+    prefix: Path = typer.Option(..., help="install prefix: the virtual environment with bin/verdict"),
+    state_dir: Path = typer.Option(..., help="the serve config's root: audit store, keys, logs"),
+    vllm_python: Path | None = typer.Option(None, help="interpreter of the vLLM environment"),
+    user: str = typer.Option("verdict", help="the unprivileged user the services run as"),
+    group: str = typer.Option("verdict"),
+    out: Path = typer.Option(Path("."), help="folder for the unit files (then copy to /etc/systemd/system)"),
+) -> None:
+    """Render verdict-vllm.service and verdict-api.service for a site's install prefix."""
+    import os
+
+    from .systemd import UnitSettings, write_units
+
+    try:
+        settings = UnitSettings(
+            config=config,
+            prefix=str(prefix),
+            state_dir=str(state_dir),
+            config_dir=os.environ.get("VERDICT_CONFIG_DIR"),
+            vllm_python=str(vllm_python) if vllm_python else None,
+            user=user,
+            group=group,
+        )
+    except ValueError as e:
+        fail(str(e).split("\n", 1)[-1].strip())
+    for path in write_units(settings, out):
+        typer.echo(str(path))
+
+
 # ---- keys -------------------------------------------------------------------------------------------
 def _key_store(keys_file: Path | None, config: str | None):
     from .api_keys import KeyStore

@@ -2,10 +2,14 @@
 
 verdict serve audit verify --config NAME            (or --db PATH|postgresql://URL)
 verdict serve audit verify --db URL --head SEQ:HASH  a head recorded earlier must still be in the chain
+verdict serve audit backup --config NAME --out FILE   a verified 0600 copy while the service runs
+verdict serve audit restore --from FILE --to PATH --head SEQ:HASH
 verdict serve audit setup-postgres --url ADMIN_URL --writer ROLE
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 from verdict.core.cli_errors import fail
@@ -49,6 +53,50 @@ def verify_cmd(
         raise typer.Exit(1)
     typer.echo(f"audit store {store.backend}: intact, {counts}; head {report.head_text}", err=True)
     typer.echo(report.head_text)
+
+
+@audit_app.command("backup")
+def backup_cmd(
+    out: Path = typer.Option(..., "--out", help="the backup file to write (new; created 0600)"),
+    config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    db: str | None = typer.Option(None, "--db", help="a SQLite audit store file"),
+) -> None:
+    """Copy a SQLite audit store with SQLite's backup API (safe while the service writes), verify the
+    copy and print its head (SEQ:HASH): record it, a restore is checked against it. PostgreSQL:
+    pg_dump (docs/deploy.md)."""
+    from .backup import backup
+    from .store import is_postgres_url
+
+    location = _location(config, db)
+    if is_postgres_url(location):
+        fail("a PostgreSQL audit store is backed up with pg_dump -Fc (docs/deploy.md, Backups)")
+    report = backup(location, out)
+    counts = ", ".join(f"{n} {t}" for t, n in report.rows.items())
+    typer.echo(f"backup {out.absolute()} (0600): intact, {counts}; head {report.head_text}", err=True)
+    typer.echo(report.head_text)
+
+
+@audit_app.command("restore")
+def restore_cmd(
+    from_: Path = typer.Option(..., "--from", help="a backup written by `verdict serve audit backup`"),
+    to: Path = typer.Option(..., "--to", help="where the store goes (a new file; api.audit_db)"),
+    head: str = typer.Option(..., help="the head (SEQ:HASH) the backup printed, recorded elsewhere"),
+) -> None:
+    """Put a backup in place, verified against its recorded head before and after the copy."""
+    from .backup import restore
+
+    report = restore(from_, to, head)
+    typer.echo(f"restored {to.absolute()} (0600): intact, head {report.head_text}", err=True)
+
+
+def _location(config: str | None, db: str | None) -> str:
+    if (config is None) == (db is None):
+        fail("give --config NAME or --db PATH")
+    if db is not None:
+        return db
+    from ..config import load_serve_config
+
+    return load_serve_config(config).require("api").audit_db
 
 
 @audit_app.command("setup-postgres")

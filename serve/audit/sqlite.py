@@ -166,7 +166,34 @@ class SqliteAuditStore(AuditStore):
             raise ServeConfigError(f"audit store {location} is unusable: {e}") from None
         self._lock = threading.Lock()
 
+    def _backup_before_upgrade(self) -> None:
+        """A store of an older schema is copied (SQLite backup API, verified, 0600) before this
+        writer upgrades it in place: `<store>.schema-<old>-backup-<UTC time>.sqlite`, logged."""
+        has_chain = self._db.execute(
+            "SELECT 1 FROM sqlite_master WHERE name = 'trials' AND sql LIKE '%row_hash%'"
+        ).fetchone()
+        version = self._version() if has_chain else None
+        if version not in UPGRADES_FROM or self.location == ":memory:":
+            return
+        import logging
+        import time
+
+        from .backup import backup
+
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        dest = self.path.with_name(f"{self.path.name}.schema-{version}-backup-{stamp}.sqlite")
+        report = backup(self.path, dest)
+        logging.getLogger("verdict.serve").warning(
+            "audit store %s: schema %s is upgraded to %s; backup first: %s (head %s)",
+            self.path.absolute(),
+            version,
+            SCHEMA_VERSION,
+            dest.absolute(),
+            report.head_text,
+        )
+
     def _create_schema(self) -> None:
+        self._backup_before_upgrade()
         self._db.execute("BEGIN IMMEDIATE")
         try:
             old = self._db.execute(
