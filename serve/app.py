@@ -41,6 +41,7 @@ def create_app(config: ApiConfig, base_url: str, *, service: MatchingService | N
     metrics = ServiceMetrics()
     service = service or MatchingService(config, base_url, metrics=metrics)
     metrics = service.metrics
+    metrics.watch_formalizers(service.client.members)  # verdict_formalizer_up{endpoint}
     keys = KeyStore(config.api_keys)
     keys.load()  # a broken key file stops the start, not the first request
     keys.count()  # the good copy kept if the file breaks at run time

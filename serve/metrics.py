@@ -13,6 +13,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily
 from verdict.data_gen.formalizer.accounting import PairCost
 
 STAGES = ("parse", "miner_inclusion", "miner_exclusion", "resolve", "solve", "render", "audit")
@@ -92,8 +93,31 @@ class ServiceMetrics:
         if cost.reading is not None:
             self.chart_readings.labels("reused" if cost.reading_reused else "paid").inc()
 
+    def watch_formalizers(self, members) -> None:
+        """`verdict_formalizer_up{endpoint}`: 1 while a formalizer server of the pool is up (answered
+        its last health check or call), else 0; read from the pool at each scrape. ``members``: the
+        pool's members (each with `base_url` and `state`); the label is the configured base URL."""
+        self.registry.register(_FormalizerUp(members))
+
     def observe_stage(self, stage: str, seconds: float) -> None:
         self.stage_seconds.labels(stage).observe(seconds)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _FormalizerUp:
+    """A collector: the pool's member states at scrape time (no hook into the pool needed)."""
+
+    def __init__(self, members) -> None:
+        self.members = members
+
+    def collect(self):
+        g = GaugeMetricFamily(
+            "verdict_formalizer_up",
+            "1 while a formalizer server is up, else 0 (down or not yet checked)",
+            labels=["endpoint"],
+        )
+        for m in self.members:
+            g.add_metric([m.base_url], 1.0 if m.state == "up" else 0.0)
+        yield g

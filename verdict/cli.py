@@ -34,6 +34,25 @@ app = typer.Typer(
 app.registered_commands += core_cli.app.registered_commands  # decide, schema, policies, samples
 
 
+def version_text() -> str:
+    """`verdict-onsite X.Y.Z`, and the code version training runs record (`git describe` of a checkout)."""
+    from importlib import metadata
+
+    from verdict.train.run_dir import code_version
+
+    try:
+        text = f"{DISTRIBUTION} {metadata.version(DISTRIBUTION)}"
+    except metadata.PackageNotFoundError:
+        text = f"{DISTRIBUTION} (not installed)"
+    return f"{text} ({code_version()})"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(version_text())
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _options(
     config_dir: Path | None = typer.Option(
@@ -41,6 +60,13 @@ def _options(
         "--config-dir",
         envvar="VERDICT_CONFIG_DIR",
         help="a site's configs folder (KIND/NAME.yaml), searched before the shipped configs",
+    ),
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="print the installed version and exit",
     ),
 ) -> None:
     if config_dir is not None:

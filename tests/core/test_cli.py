@@ -172,3 +172,18 @@ def test_a_part_that_cannot_load_stays_listed_and_says_why():
         in r.stderr
     )
     assert run_without("verdict.bench.cli", "policies").returncode == 0  # the rest of verdict still works
+
+
+def test_version_names_the_installed_package_and_the_code():
+    from importlib import metadata
+
+    r = subprocess.run(
+        [sys.executable, "-c", "from verdict.cli import main; main()", "--version"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"verdict-onsite {metadata.version('verdict-onsite')} (")
+    assert "git:" in r.stdout or "package:" in r.stdout
