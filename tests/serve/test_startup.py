@@ -4,6 +4,7 @@ file it uses printed by absolute path, and no new empty store or key file unless
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -72,3 +73,19 @@ def test_started_from_another_directory_the_api_uses_the_configured_store(tmp_pa
     ready, rc, err = start_api(cfg, second)
     assert ready and rc == 0, err
     assert list(first.iterdir()) == [] and list(second.iterdir()) == []
+
+
+def test_keys_list_shows_each_keys_expiry(tmp_path):
+    keys = tmp_path / "keys.json"
+    add = [*verdict_command(), "serve", "keys", "add", "--keys-file", str(keys), "--role", "match"]
+    subprocess.run([*add, "--name", "rotating", "--expires-days", "90"], check=True, capture_output=True)
+    subprocess.run([*add, "--name", "forever"], check=True, capture_output=True)
+    out = subprocess.run(
+        [*verdict_command(), "serve", "keys", "list", "--keys-file", str(keys)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    expiry = {line.split("\t")[-1]: line.split("\t")[3] for line in out}
+    assert expiry["forever"] == "expires never"
+    assert re.fullmatch(r"expires \d{4}-\d\d-\d\dT\d\d:\d\dZ", expiry["rotating"])
