@@ -142,6 +142,7 @@ def test_site_dry_run_from_train_configs_to_serve_up(tmp_path, student_base_dir,
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
+    assert "matching API at" in err and "/docs" not in err  # no link to a page the service does not serve
     for line in (
         f"audit store: {site / 'runs' / 'serve' / 'audit.sqlite'}",
         f"API keys: {site / 'runs' / 'serve' / 'api_keys.json'}",
