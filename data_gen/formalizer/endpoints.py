@@ -7,16 +7,21 @@ client with `EndpointClient`'s interface, so a `Formalizer` takes it as its `cli
 
 Load balancing: each request goes to the healthy endpoint with the fewest requests in flight.
 Failover: a connection error, timeout or 5xx sends the same request (requests are idempotent) once
-more to another healthy endpoint; no answer, 502, 503 or 504 marks the endpoint down, another 5xx
-only when ERRORS_IN_A_ROW requests in a row got one (a 500 can be about the one request); when
-none is left the error is retryable (the service answers 503 + Retry-After). A down endpoint is
-skipped until a background check of its `/models` lists every required model again. Endpoints
-never seen failing are tried.
+more to another healthy endpoint. Failures that are the endpoint's (no answer, a malformed body, 502,
+503 or 504) mark it down. Another 5xx (a 500) may be the one request's (vLLM answers 500 when a
+request's grammar fails to compile): it marks an endpoint down only in a pool of several, and only
+when ERRORS_IN_A_ROW distinct requests got one there since its last success while no other endpoint
+failed them too; a lone endpoint is never marked down for it (there is nowhere else to send the
+others, and its healthy requests would get 503). When none is left the error is retryable (the
+service answers 503 + Retry-After). A down endpoint is skipped until a background check of its
+`/models` lists every required model again. Endpoints never seen failing are tried.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import os
 import time
@@ -45,7 +50,8 @@ class PoolMember:
     parents: dict[str, str] = field(default_factory=dict)  # adapter -> base model, as /models lists them
     in_flight: int = 0
     failures: int = 0
-    errors_in_a_row: int = 0  # 5xx answers to different requests since its last success
+    # digests of the distinct requests answered with a request-level 5xx since its last success
+    failed_requests: set[str] = field(default_factory=set)
     checked_at: float | None = None  # time.time() of the last health check
 
     @property
@@ -65,17 +71,27 @@ def failure_reason(e: EndpointError) -> str:
     return tail if tail.startswith(OWN_WORDS) else "failed"
 
 
-def _mark_down_on(e: EndpointError) -> bool:
-    """Failures that say the endpoint itself is unwell (not the request): no answer, or a 5xx."""
-    return e.retryable and (e.status is None or e.status >= 500)
-
-
 # 5xx that say the server (or the gateway before it) is unavailable; any other 5xx may be about the
-# one request (vLLM answers 500 when a request's grammar fails to compile), so such answers mark the
-# endpoint down only when ERRORS_IN_A_ROW requests in a row got one (e.g. an engine that died while
-# its API still answers /models): one bad request never takes the endpoint from the others.
+# one request, so such answers count against an endpoint only over ERRORS_IN_A_ROW distinct requests
+# (e.g. an engine that died while its API still answers /models): one bad request, however often it
+# is sent, never takes the endpoint from the others.
 _UNAVAILABLE = {502, 503, 504}
 ERRORS_IN_A_ROW = 3
+
+
+def endpoint_level(e: EndpointError) -> bool:
+    """The endpoint itself is unwell, whatever was asked: no (well-formed) answer, or unavailable."""
+    return e.retryable and (e.status is None or e.status in _UNAVAILABLE)
+
+
+def request_level_5xx(e: EndpointError) -> bool:
+    """A server error that may be about this one request (e.g. a 500 on one prompt)."""
+    return e.retryable and e.status is not None and e.status >= 500 and e.status not in _UNAVAILABLE
+
+
+def request_digest(request: dict[str, Any]) -> str:
+    """Which request this was, to count distinct ones (a digest: the request holds patient text)."""
+    return hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()
 
 
 class EndpointPool:
@@ -111,6 +127,7 @@ class EndpointPool:
         ]
         self.failovers = 0  # requests sent again to another endpoint after a failure
         self._monitor: asyncio.Task | None = None
+        self._tls = None  # the health checks' TLS context: loading the CA bundle costs ~20 ms a time
 
     # -- the EndpointClient interface --------------------------------------------------------------
     @property
@@ -136,6 +153,7 @@ class EndpointPool:
         tried: list[PoolMember] = []
         failed: list[str] = []  # "URL: reason" per failed attempt
         last: EndpointError | None = None
+        answered_5xx: list[tuple[PoolMember, str]] = []  # who answered it a request-level 5xx, and how
         for _ in range(2):  # the first choice, then one failover
             member = self._pick(exclude=tried)
             if member is None and not tried:
@@ -161,21 +179,20 @@ class EndpointPool:
                     raise  # the request itself is at fault: another endpoint would refuse it too
                 last = e
                 failed.append(f"{member.base_url}: {failure_reason(e)}")
-                if _mark_down_on(e):
-                    member.errors_in_a_row += 1
-                    if (
-                        e.status is None
-                        or e.status in _UNAVAILABLE
-                        or member.errors_in_a_row >= ERRORS_IN_A_ROW
-                    ):
-                        self._mark_down(member, failure_reason(e))
+                if endpoint_level(e):
+                    self._mark_down(member, failure_reason(e))
+                elif request_level_5xx(e):
+                    answered_5xx.append((member, failure_reason(e)))
                 continue
             finally:
                 member.in_flight -= 1
-            member.errors_in_a_row = 0
+            member.failed_requests.clear()
             if member.state == "unknown":
                 member.state = "up"
+            self._blame(answered_5xx, request)
             return comp
+        if len(answered_5xx) < 2:  # two endpoints failing it alike: the request's fault, no endpoint's
+            self._blame(answered_5xx, request)
         if last is not None and len(tried) == len(self.members):
             raise EndpointError(
                 f"every formalizer endpoint failed ({len(tried)} tried): {'; '.join(failed)}",
@@ -208,6 +225,20 @@ class EndpointPool:
         # Fewest in flight; ties go to the endpoint known up, then to list order.
         return min(candidates, key=lambda m: (m.in_flight, m.state != "up"))
 
+    def _blame(self, answered: list[tuple[PoolMember, str]], request: dict[str, Any]) -> None:
+        """Count a request-level 5xx against each endpoint that gave it; mark one down after
+        ERRORS_IN_A_ROW distinct requests, unless it is the last usable one (then the others' requests
+        would get 503 for an error that may be each request's own)."""
+        if not answered or len(self.members) == 1:
+            return
+        digest = request_digest(request)
+        for m, reason in answered:
+            if len(m.failed_requests) < ERRORS_IN_A_ROW:  # bounded: enough to decide
+                m.failed_requests.add(digest)
+            others = [o for o in self.members if o is not m and o.usable]
+            if len(m.failed_requests) >= ERRORS_IN_A_ROW and others:
+                self._mark_down(m, f"{reason} on {ERRORS_IN_A_ROW} distinct requests in a row")
+
     def _mark_down(self, member: PoolMember, reason: str) -> None:
         member.failures += 1
         if member.state != "down":
@@ -233,9 +264,11 @@ class EndpointPool:
         import httpx
 
         member.checked_at = time.time()
+        if self._tls is None:
+            self._tls = httpx.create_ssl_context()
         try:
             async with httpx.AsyncClient(
-                timeout=self.check_timeout_s, trust_env=False, follow_redirects=False
+                timeout=self.check_timeout_s, trust_env=False, follow_redirects=False, verify=self._tls
             ) as http:
                 r = await http.get(member.base_url + "/models", headers=self._auth_headers())
             r.raise_for_status()

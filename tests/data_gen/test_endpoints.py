@@ -271,31 +271,92 @@ def test_the_same_url_twice_is_refused():
         pool(["http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1/"])
 
 
-def test_one_request_answered_500_does_not_take_a_lone_endpoint_from_the_others():
-    """A lone vLLM answering 500 to one request (e.g. its grammar fails to compile): that request
-    fails, the next ones are served at once (no 503 while a background check waits)."""
-    srv = ScriptedServer(
+def bad_grammar_server() -> ScriptedServer:
+    """A server that answers 500 to prompts containing "bad grammar" (vLLM does when a request's
+    grammar fails to compile), and "ok" to the rest."""
+    return ScriptedServer(
         Script(
             rules=[Rule(match={"contains": ["bad grammar"]}, responses=[R(fault="status", status=500)])],
             default=R(content="ok"),
         )
     ).start()
+
+
+def test_request_level_500s_never_take_a_lone_endpoint_down():
+    """Issue 22.9: 500s to several prompts of one batch, at once, on the only endpoint: those requests
+    fail, the endpoint stays up and the healthy requests are served at once (marked down, they would
+    get 503 until its next health check)."""
+    srv = bad_grammar_server()
     try:
 
         async def go():
             p = pool([srv.url])
             try:
-                with pytest.raises(EndpointError):
-                    await send(p, "bad grammar")
-                first = await send(p, "fine"), p.members[0].state
-                for _ in range(ERRORS_IN_A_ROW):  # a server failing every request is down, though
-                    with pytest.raises(EndpointError):
-                        await send(p, "bad grammar")
-                return first, p.members[0].state
+                await p.check_all()
+                bad = await asyncio.gather(
+                    *(send(p, f"bad grammar {i}") for i in range(ERRORS_IN_A_ROW + 2)), return_exceptions=True
+                )
+                state = p.members[0].state
+                return bad, state, (await send(p, "fine")).content
             finally:
                 await p.aclose()
 
-        (c, state), after = asyncio.run(go())
-        assert c.content == "ok" and state == "up" and after == "down"
+        bad, state, content = asyncio.run(go())
+        assert all(isinstance(e, EndpointError) and e.status == 500 for e in bad), bad
+        assert state == "up" and content == "ok"
     finally:
         srv.stop()
+
+
+def test_a_request_every_endpoint_fails_alike_is_no_endpoints_fault():
+    """Two endpoints each answering 500 to the same prompts: the prompts are at fault, both stay up."""
+    a, b = bad_grammar_server(), bad_grammar_server()
+    try:
+
+        async def go():
+            p = pool([a.url, b.url])
+            try:
+                for i in range(ERRORS_IN_A_ROW + 1):
+                    with pytest.raises(EndpointError, match="every formalizer endpoint failed"):
+                        await send(p, f"bad grammar {i}")
+                return [m.state for m in p.members], (await send(p, "fine")).content
+            finally:
+                await p.aclose()
+
+        states, content = asyncio.run(go())
+        assert "down" not in states and content == "ok"
+        assert len(a.requests) + len(b.requests) == 2 * (ERRORS_IN_A_ROW + 1) + 1  # each prompt on both
+    finally:
+        a.stop(), b.stop()
+
+
+def test_in_a_pool_500s_count_against_an_endpoint_over_distinct_requests_only():
+    """One request resent however often is one request's error; 500s to ERRORS_IN_A_ROW distinct
+    requests that another endpoint serves mark the endpoint down."""
+    a = ScriptedServer(
+        Script(
+            rules=[Rule(match={"contains": ["warm"]}, responses=[R(content="ok")])],
+            default=R(fault="status", status=500),
+        )
+    ).start()
+    b = serving()
+    try:
+
+        async def go():
+            p = pool([a.url, b.url])
+            try:
+                await send(p, "warm")  # a is up: with both up, each request tries a first (list order)
+                for _ in range(ERRORS_IN_A_ROW + 1):
+                    assert (await send(p, "the same prompt")).content == "ok"  # failed over to b
+                same = p.members[0].state
+                for i in range(ERRORS_IN_A_ROW):
+                    assert (await send(p, f"prompt {i}")).content == "ok"
+                return same, p.members[0].state, p.members[0].reason
+            finally:
+                await p.aclose()
+
+        same, distinct, reason = asyncio.run(go())
+        assert same == "up" and distinct == "down" and reason.startswith("HTTP 500 on ")
+        assert len(a.requests) == 1 + ERRORS_IN_A_ROW + 1 + ERRORS_IN_A_ROW - 1  # down before the last
+    finally:
+        a.stop(), b.stop()
