@@ -121,7 +121,15 @@ class Limits(StrictModel):
         4_000_000, ge=1024, description="larger request bodies get 413 (a 128k-token chart is ~0.6 MB)"
     )
     max_batch_pairs: int = Field(1000, ge=1, description="patients x trials in one /v1/match/batch request")
-    batch_concurrency: int = Field(8, ge=1, description="pairs of one batch computed at the same time")
+    batch_concurrency: int = Field(
+        8, ge=1, description="pairs of one batch or screen computed at the same time"
+    )
+    max_screen_pairs: int = Field(
+        10_000,
+        ge=1,
+        description="pairs in one /v1/screen request (a patient x every registered trial, or a trial "
+        "x patients); its pairs stream through the batch path, at most batch_concurrency at a time",
+    )
 
 
 class AuthLimits(StrictModel):

@@ -8,6 +8,7 @@ naming each invalid field, never a 500. Patient text comes in `PatientInput.note
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator, model_validator
@@ -315,20 +316,28 @@ class MatchResponse(BaseModel):
     links: Links
 
 
+UNIQUE_PATIENTS = "each patient_id at most once (a pair's results are keyed by it)"
+
+
+def unique_patient_ids(patients: list[PatientInput] | None) -> list[PatientInput] | None:
+    """Refuse a population that names a patient twice, naming the ids (the first ten)."""
+    if patients:
+        dup = sorted(pid for pid, n in Counter(p.patient_id for p in patients).items() if n > 1)
+        if dup:
+            raise ValueError(f"duplicate patient_id(s): {', '.join(dup[:10])}")
+    return patients
+
+
 class BatchRequest(_Strict):
     """Every patient against every trial (registered trial ids)."""
 
-    patients: list[PatientInput] = Field(min_length=1, max_length=MAX_BATCH_PATIENTS)
+    patients: list[PatientInput] = Field(
+        min_length=1, max_length=MAX_BATCH_PATIENTS, description=UNIQUE_PATIENTS
+    )
     trial_ids: list[Id] = Field(min_length=1, max_length=MAX_BATCH_TRIALS)
     policy: str | None = Field(None, pattern=POLICY_NAME)
 
-    @model_validator(mode="after")
-    def _unique(self):
-        pids = [p.patient_id for p in self.patients]
-        dup = sorted({p for p in pids if pids.count(p) > 1})
-        if dup:
-            raise ValueError(f"duplicate patient_id(s): {', '.join(dup[:10])}")
-        return self
+    _unique = field_validator("patients")(unique_patient_ids)
 
 
 class BatchLine(BaseModel):

@@ -19,7 +19,6 @@ import time
 import traceback
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -60,8 +59,6 @@ from .metrics import ServiceMetrics
 from .note_free import note_free
 from .optional_stages import arbiter_markdown, arbitrate, verbalize
 from .protocol import (
-    BatchLine,
-    BatchRequest,
     DecisionRecord,
     EndpointStatus,
     ErrorBody,
@@ -623,81 +620,6 @@ class MatchingService:
         self._observe("audit", t0)
         return stored
 
-    async def match_batch(self, req: BatchRequest, caller: str) -> AsyncIterator[BatchLine]:
-        """Validate the whole batch first (nothing starts if a part is invalid), then stream each
-        pair's result as it finishes, at most `limits.batch_concurrency` at a time."""
-        n = len(req.patients) * len(req.trial_ids)
-        if n > self.config.limits.max_batch_pairs:
-            raise InvalidInput(
-                "batch too large",
-                [
-                    (
-                        "patients",
-                        f"{len(req.patients)} patients x "
-                        f"{len(req.trial_ids)} trials = {n} pairs; the limit is "
-                        f"{self.config.limits.max_batch_pairs}",
-                    )
-                ],
-            )
-        # Each trial's active version, pinned for the whole batch (an upload meanwhile changes nothing).
-        active = {t: self.audit.active_trial(t) for t in req.trial_ids}
-        unknown = [
-            (f"trial_ids.{i}", f"unknown trial '{t}'")
-            for i, t in enumerate(req.trial_ids)
-            if active[t] is None
-        ]
-        if unknown:
-            raise InvalidInput("unknown trials in batch: register them with POST /v1/trials", unknown)
-        self.policy(req.policy)
-        sem = asyncio.Semaphore(self.config.limits.batch_concurrency)
-        pairs = [
-            (i * len(req.trial_ids) + j, p, t)
-            for i, p in enumerate(req.patients)
-            for j, t in enumerate(req.trial_ids)
-        ]
-
-        async def one(index, patient, trial_id) -> BatchLine:
-            async with sem:
-                try:
-                    res = await self.match(
-                        MatchRequest(
-                            trial_id=trial_id,
-                            program_hash=active[trial_id].program_hash,
-                            patient=patient,
-                            policy=req.policy,
-                        ),
-                        caller,
-                    )
-                    return BatchLine(
-                        index=index, patient_id=patient.patient_id, trial_id=trial_id, status=200, result=res
-                    )
-                except ServiceError as e:
-                    self.metrics.errors.labels(e.code).inc()
-                    return BatchLine(
-                        index=index,
-                        patient_id=patient.patient_id,
-                        trial_id=trial_id,
-                        status=e.status,
-                        error=error_body(e),
-                    )
-                except Exception as e:  # noqa: BLE001 - one pair's bug never cuts the others' stream
-                    self.metrics.errors.labels("internal_error").inc()
-                    return BatchLine(
-                        index=index,
-                        patient_id=patient.patient_id,
-                        trial_id=trial_id,
-                        status=500,
-                        error=error_body(internal_error(e)),
-                    )
-
-        tasks = [asyncio.create_task(one(*p)) for p in pairs]
-        try:
-            for fut in asyncio.as_completed(tasks):
-                yield await fut
-        finally:  # client gone: stop the rest
-            for t in tasks:
-                t.cancel()
-
     # -- audit -----------------------------------------------------------------------------------
     def decision_row(self, decision_id: str) -> DecisionRow:
         row = self.audit.decision(decision_id)
@@ -782,13 +704,14 @@ class MatchingService:
         )
 
     async def base_model(self) -> str | None:
-        """The adapters' base model as a server lists it. Asks only servers not marked down: a down
-        one is re-checked by the pool's own schedule, never brought back by a match."""
+        """The adapters' base model as a server lists it. Asks only servers not marked down and never
+        checked: a down one is re-checked by the pool's own schedule, never brought back by a match,
+        and a checked one that lists no parent (no adapters) is not asked again at every match."""
         wanted = (self.parser.endpoint.model, self.miner.endpoint.model)
         for m in self.client.members:
             if self._base_model is not None:
                 break
-            if m.usable and not m.parents:
+            if m.usable and not m.parents and m.checked_at is None:
                 await self.client.check(m)
             self._base_model = next((m.parents[w] for w in wanted if w in m.parents), None)
         return self._base_model

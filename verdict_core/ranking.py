@@ -2,6 +2,7 @@
 own accountability artifacts, never from a score a model makes up (issue: site-wide screening).
 
     rows = rank(decisions)          # best first; each row says why it is where it is
+    rows = rerank(a_rows + b_rows)  # rows ranked apart (a screen's pairs as they finish), one order
 
 Tiers, best first:
   1. eligible, nothing to confirm;
@@ -16,7 +17,8 @@ Ties are broken by trial id, then patient id: the order is a pure function of th
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Iterable
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,6 +26,9 @@ from .decision import Decision
 
 Tier = Literal["eligible", "eligible_to_confirm", "near_miss", "ineligible", "undetermined"]
 _TIER_ORDER = {"eligible": 0, "eligible_to_confirm": 1, "near_miss": 2, "ineligible": 3, "undetermined": 4}
+
+
+R = TypeVar("R", bound="RankedRow")
 
 
 class RankedRow(BaseModel):
@@ -82,12 +87,23 @@ def _reason(tier: Tier, distance: int, d: Decision) -> str:
     return f"undetermined: {d.reason or 'the decision is open'}"
 
 
+def _key(tier: Tier, distance: int, complete: bool, trial_id: str, patient_id: str) -> tuple:
+    return (_TIER_ORDER[tier], distance, not complete, trial_id, patient_id)
+
+
+def rerank(rows: Iterable[R]) -> list[R]:
+    """Rows ranked apart (each from `rank`), in the one order `rank` gives them all: sorted by the
+    same key and numbered again. Lets a caller keep a small row per decision, not the decision."""
+    ordered = sorted(rows, key=lambda r: _key(r.tier, r.distance, r.complete, r.trial_id, r.patient_id))
+    return [r.model_copy(update={"rank": i + 1}) for i, r in enumerate(ordered)]
+
+
 def rank(decisions: list[Decision]) -> list[RankedRow]:
     """The decisions in screening order (see the module docstring), best first."""
     keyed = []
     for d in decisions:
         tier, distance, confirm, flips, complete = placement(d)
-        key = (_TIER_ORDER[tier], distance, not complete, d.trial_id, d.patient_id)
+        key = _key(tier, distance, complete, d.trial_id, d.patient_id)
         keyed.append((key, d, tier, distance, confirm, flips, complete))
     keyed.sort(key=lambda k: k[0])
     return [

@@ -1,5 +1,6 @@
 """`POST /v1/match` (one trial, one patient) and `POST /v1/match/batch` (NDJSON, every patient
-against every trial), role match. The logic is `request.app.state.service` (serve/serving.py)."""
+against every trial), role match. The logic is `request.app.state.service` (serve/serving.py; the
+batch's stream: serve/pairs.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from fastapi.responses import StreamingResponse
 
 from ..api_keys import KeyEntry
 from ..errors import documented_errors
+from ..pairs import match_batch as batch_lines
 from ..protocol import BatchLine, BatchRequest, MatchRequest, MatchResponse
 from ..roles import require
 
@@ -36,7 +38,7 @@ async def match(
 )
 async def match_batch(req: BatchRequest, request: Request, key: KeyEntry = Depends(require("match"))):
     """Every patient against every trial; one JSON line per pair as it finishes."""
-    lines = request.app.state.service.match_batch(req, key.id)
+    lines = batch_lines(request.app.state.service, req, key.id)
     first = await anext(lines, None)  # validation errors surface as a status, before streaming
 
     async def stream():

@@ -11,7 +11,16 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from verdict.core.program import Id
 from verdict.core.ranking import RankedRow
 
-from ..protocol import MAX_BATCH_PATIENTS, MAX_BATCH_TRIALS, POLICY_NAME, ErrorBody, PatientInput, _Strict
+from ..protocol import (
+    MAX_BATCH_PATIENTS,
+    MAX_BATCH_TRIALS,
+    POLICY_NAME,
+    UNIQUE_PATIENTS,
+    ErrorBody,
+    PatientInput,
+    _Strict,
+    unique_patient_ids,
+)
 
 SourceKind = Literal["text", "fhir_bundle", "fhir_ndjson", "fhir_server", "patients_file", "api"]
 MAX_SOURCE_LABEL = 200
@@ -57,7 +66,8 @@ class ScreenSource(_Strict):
 
 class ScreenRequest(_Strict):
     """One patient against trials (`patient`, optional `trial_ids`), or one trial against patients
-    (`trial_id` + `patients`). Exactly one of the two directions."""
+    (`trial_id` + `patients`). Exactly one of the two directions. Without `trial_ids` a patient is
+    screened against every registered trial, however many (up to the service's `max_screen_pairs`)."""
 
     patient: PatientInput | None = Field(None, description="the patient to screen against the site's trials")
     trial_ids: list[Id] | None = Field(
@@ -68,12 +78,24 @@ class ScreenRequest(_Strict):
     )
     trial_id: Id | None = Field(None, description="the trial to screen a population against")
     patients: list[PatientInput] | None = Field(
-        None, min_length=1, max_length=MAX_BATCH_PATIENTS, description="the population (with `trial_id`)"
+        None,
+        min_length=1,
+        max_length=MAX_BATCH_PATIENTS,
+        description=f"the population (with `trial_id`): {UNIQUE_PATIENTS}",
     )
     policy: str | None = Field(None, pattern=POLICY_NAME, description="policy name; default from the config")
     source: ScreenSource | None = Field(
         None, description="where the patients came from, recorded with the run (default: kind `api`)"
     )
+    max_rows: int | None = Field(
+        None,
+        ge=1,
+        description="answer only the best `max_rows` ranked rows (default: all); `tiers`, `pairs` and "
+        "`failures` still cover every pair, `rows_omitted` says how many rows were left out, and the "
+        "run's record lists every ranked decision, best first",
+    )
+
+    _unique = field_validator("patients")(unique_patient_ids)
 
     @model_validator(mode="after")
     def _one_direction(self):
@@ -117,8 +139,10 @@ class ScreenFailure(BaseModel):
 class ScreenResponse(BaseModel):
     direction: Literal["patient", "trial"]
     rows: list[ScreenRow] = Field(
-        description="best first (verdict.core.ranking: tiers, then distance, then ids)"
+        description="best first (verdict.core.ranking: tiers, then distance, then ids); the best "
+        "`max_rows` when the request set it"
     )
+    rows_omitted: int = Field(0, description="ranked rows past `max_rows`, not in `rows`")
     failures: list[ScreenFailure] = Field(default_factory=list)
     tiers: dict[str, int] = Field(description="ranked pairs per tier")
     pairs: int = Field(description="pairs screened (ranked + failed)")

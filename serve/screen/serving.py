@@ -1,18 +1,21 @@
-"""Site-wide screening: the pairs go through the batch path (`MatchingService.match_batch`: one
-version per trial pinned for the run, bounded concurrency, one pair's failure never stops the
-others, every decision recorded), then the core ranks the decisions (`verdict.core.ranking`), and
-the run itself is recorded after its pairs (`screenings`, in the audit chain): its source as the
-caller stated it, the counts, the decision ids and the policy."""
+"""Site-wide screening: the pairs stream through the batch path (`serve/pairs.py`: one version per
+trial pinned for the run, at most `limits.batch_concurrency` pairs in flight, one pair's failure
+never stops the others, every decision recorded), however many trials are registered. Each decision
+is ranked as it finishes and only its row is kept (`verdict.core.ranking.rank`, then `rerank`), never
+the whole answer, so memory grows by a small row per pair. The run itself is recorded after its pairs
+(`screenings`, in the audit chain): its source as the caller stated it, the counts, every ranked
+decision id best first, and the policy."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Iterator
 
-from verdict.core.ranking import rank
+from verdict.core.ranking import rank, rerank
 
 from ..errors import InvalidInput, NotFound
-from ..protocol import BatchRequest
+from ..pairs import Pair, match_pairs, pin_trials
 from ..serving import MatchingService
 from .protocol import (
     ScreenFailure,
@@ -27,42 +30,50 @@ from .protocol import (
 )
 
 
-def screen_batch(service: MatchingService, req: ScreenRequest) -> BatchRequest:
-    """The pairs of a screen as a batch: a patient x the registered trials, or patients x one trial."""
+def screen_plan(service: MatchingService, req: ScreenRequest) -> tuple[list[str], Iterator[Pair]]:
+    """The trial ids of a screen and its pairs (a patient x the trials, or patients x one trial),
+    checked against `limits.max_screen_pairs`. Reads the store: call it in a thread."""
     if req.direction == "trial":
-        return BatchRequest(patients=req.patients, trial_ids=[req.trial_id], policy=req.policy)
-    trial_ids = req.trial_ids if req.trial_ids is not None else service.audit.trial_ids()
-    if not trial_ids:
+        trial_ids, field, n = [req.trial_id], "patients", len(req.patients)
+        pairs = ((i, p, req.trial_id) for i, p in enumerate(req.patients))
+    else:
+        trial_ids = req.trial_ids if req.trial_ids is not None else service.audit.trial_ids()
+        if not trial_ids:
+            raise InvalidInput(
+                "no trials to screen against",
+                [("trial_ids", "no trial is registered yet: POST /v1/trials first")],
+            )
+        field, n = "trial_ids", len(trial_ids)
+        pairs = ((j, req.patient, t) for j, t in enumerate(trial_ids))
+    limit = service.config.limits.max_screen_pairs
+    if n > limit:
         raise InvalidInput(
-            "no trials to screen against",
-            [("trial_ids", "no trial is registered yet: POST /v1/trials first")],
+            "screen too large",
+            [(field, f"{n} pairs to screen; the limit is {limit} (limits.max_screen_pairs)")],
         )
-    return BatchRequest(patients=[req.patient], trial_ids=trial_ids, policy=req.policy)
+    return trial_ids, pairs
 
 
 async def screen(service: MatchingService, req: ScreenRequest, caller: str) -> ScreenResponse:
-    results, failures = [], []
-    async for line in service.match_batch(screen_batch(service, req), caller):
+    def plan():
+        trial_ids, pairs = screen_plan(service, req)
+        return pin_trials(service.audit, trial_ids), pairs
+
+    versions, pairs = await asyncio.to_thread(plan)
+    rows, failures = [], []
+    async for line in match_pairs(service, pairs, versions, req.policy, caller):
         if line.result is not None:
-            results.append(line.result)
+            r = line.result  # ranked alone now, in order below: the full answer is not kept
+            links = ScreenLinks(decision=r.links.decision, page=r.links.page)
+            row = rank([r.decision])[0].model_dump()
+            rows.append(ScreenRow(**row, decision_id=r.decision_id, program_hash=r.program_hash, links=links))
         else:
             failures.append(
                 ScreenFailure(
                     trial_id=line.trial_id, patient_id=line.patient_id, status=line.status, error=line.error
                 )
             )
-    by_pair = {(r.trial_id, r.patient_id): r for r in results}
-    rows = []
-    for ranked in rank([r.decision for r in results]):
-        r = by_pair[(ranked.trial_id, ranked.patient_id)]
-        rows.append(
-            ScreenRow(
-                **ranked.model_dump(),
-                decision_id=r.decision_id,
-                program_hash=r.program_hash,
-                links=ScreenLinks(decision=r.links.decision, page=r.links.page),
-            )
-        )
+    rows = rerank(rows)
     failures.sort(key=lambda f: (f.trial_id, f.patient_id))
     tiers = dict(Counter(r.tier for r in rows))
     source = req.source or ScreenSource(kind="api")
@@ -74,9 +85,11 @@ async def screen(service: MatchingService, req: ScreenRequest, caller: str) -> S
                                failures=len(failures)).model_dump(),
         decision_ids=[r.decision_id for r in rows],
     )  # fmt: skip
+    shown = rows if req.max_rows is None else rows[: req.max_rows]
     return ScreenResponse(
         direction=req.direction,
-        rows=rows,
+        rows=shown,
+        rows_omitted=len(rows) - len(shown),
         failures=failures,
         tiers=tiers,
         pairs=len(rows) + len(failures),

@@ -3,7 +3,7 @@
 import random
 
 from verdict.core.engine import Engine
-from verdict.core.ranking import rank
+from verdict.core.ranking import rank, rerank
 
 from .helpers import patient, program
 
@@ -39,6 +39,16 @@ def test_order_is_a_pure_function_of_the_decisions():
         assert [r.model_dump() for r in rank(ds)] == first
     ties = [r.trial_id for r in rank(ds) if r.tier == "eligible"]
     assert ties == sorted(ties)  # ties broken by trial id
+
+
+def test_rows_ranked_one_at_a_time_rerank_to_the_order_of_all():
+    """A screen ranks each decision as it finishes and keeps only its row: the rows, in any order,
+    rerank to exactly what ranking all the decisions at once gives."""
+    ds = [_decide(f"T{i}", ["a", "b"], a=bool(i % 2), b=bool(i % 3) or None) for i in range(9)]
+    rows = [rank([d])[0] for d in ds]
+    assert len({r.tier for r in rows}) == 3
+    random.Random(0).shuffle(rows)
+    assert [r.model_dump() for r in rerank(rows)] == [r.model_dump() for r in rank(ds)]
 
 
 def test_one_reference_patient_against_its_recorded_trials():

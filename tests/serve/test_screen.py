@@ -368,3 +368,134 @@ def test_the_cli_records_a_fhir_server_by_its_base_url_only():
 
     got = _server_label("https://user:pw@fhir.site.example:8443/r4/?_count=5#x")
     assert got == "https://fhir.site.example:8443/r4"
+
+
+def test_duplicate_patient_ids_are_refused_naming_them_as_match_batch_does(service):
+    """Issue 22.7: a population that names a patient twice is a 422 naming the id (it was a 500),
+    refused by the request model before anything is screened, as `/v1/match/batch` refuses it."""
+    svc, srv = service
+    n = len(srv.requests)
+    twice = [{"patient_id": "P40", "note": NOTE_40}, {"patient_id": "P60", "note": NOTE_60}]
+    twice += [{"patient_id": "P40", "note": NOTE_60}]
+    with svc.client("match") as c:
+        screened = c.post("/v1/screen", json={"trial_id": "T-MISS1", "patients": twice})
+        batch = c.post("/v1/match/batch", json={"trial_ids": ["T-MISS1"], "patients": twice})
+    for r in (screened, batch):
+        assert r.status_code == 422, r.text
+        assert r.json()["problems"] == [
+            {"field": "patients", "message": "Value error, duplicate patient_id(s): P40"}
+        ]
+        assert NOTE_60 not in r.text
+    assert len(srv.requests) == n
+
+
+# ---- a site's worth of trials ------------------------------------------------------------------------
+SITE_TRIALS = 2000
+# four shapes for P40 (40 years old, smoker, no chest pain, dialysis not in the note), by trial number
+SITE_SHAPES = [
+    ((18, "has_chest_pain"), ("eligible", 0)),
+    ((18, "on_dialysis"), ("eligible_to_confirm", 1)),
+    ((50, "has_chest_pain"), ("near_miss", 1)),
+    ((50, "is_smoker"), ("near_miss", 2)),
+]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """A service with 2,000 registered trials: four small programs under 2,000 ids, written to the
+    store the way an upload writes them (`MatchingService.upload_program`; uploading through the API
+    is tested above and would spend its Z3 check 2,000 times), the scripted server answering the miner."""
+    from verdict.core.program import TrialProgram, check_program
+    from verdict.serve.audit import AuditStore
+
+    folder = tmp_path_factory.mktemp("site")
+    store = AuditStore(folder / "audit.sqlite")
+    try:
+        for i in range(SITE_TRIALS):
+            (min_age, exclusion), _ = SITE_SHAPES[i % len(SITE_SHAPES)]
+            p = check_program(TrialProgram.model_validate(_program(f"S-{i:04d}", min_age, exclusion)))
+            store.add_trial(
+                trial_id=p.trial_id,
+                program_hash=p.content_hash,
+                program_json=p.model_dump_json(by_alias=True),
+                origin="upload",
+                created_by="loader",
+            )
+    finally:
+        store.close()
+    srv = ScriptedServer(Script.model_validate(SCRIPT)).start()
+    svc = start_service(
+        folder,
+        srv.url,
+        {
+            "formalizer": {"parser_model": "scripted", "value_miner_model": "scripted"},
+            "limits": {"max_screen_pairs": SITE_TRIALS},
+        },
+    )
+    try:
+        yield svc, srv
+    finally:
+        svc.stop()
+        srv.stop()
+
+
+def test_one_patient_against_thousands_of_registered_trials(site):
+    """Issue 22.1: a screen against every one of 2,000 registered trials (it was a 500 past 200): every
+    pair decided and recorded, ranked in one order, every ranked decision in the run's record; past
+    `limits.max_screen_pairs` a clear 422 before anything is screened."""
+    svc, srv = site
+    with svc.client("match") as c, svc.client("audit") as a, svc.client("admin") as admin:
+        r = c.post("/v1/screen", json={"patient": {"patient_id": "P40", "note": NOTE_40}})
+        assert r.status_code == 200, r.text[:2000]
+        body = r.json()
+        run = a.get(f"/v1/screenings/{body['screening_id']}").json()
+        last = a.get(body["rows"][-1]["links"]["decision"]).json()
+        # one more trial is past the limit: refused naming it, and nothing is screened
+        extra = admin.post("/v1/trials", json={"program": _program("S-EXTRA", 18, "has_chest_pain")})
+        assert extra.status_code == 200, extra.text
+        n = len(srv.requests)
+        over = c.post("/v1/screen", json={"patient": {"patient_id": "P60", "note": NOTE_60}})
+    per_shape = SITE_TRIALS // len(SITE_SHAPES)
+    assert body["pairs"] == SITE_TRIALS and body["failures"] == [] and body["rows_omitted"] == 0
+    assert body["tiers"] == {
+        "eligible": per_shape,
+        "eligible_to_confirm": per_shape,
+        "near_miss": 2 * per_shape,
+    }
+    # one order over every pair however they finished: by tier and distance (the shapes), then by id
+    by_shape = [
+        [f"S-{i:04d}" for i in range(k, SITE_TRIALS, len(SITE_SHAPES))] for k in range(len(SITE_SHAPES))
+    ]
+    assert [x["trial_id"] for x in body["rows"]] == [t for ids in by_shape for t in ids]
+    assert [(x["tier"], x["distance"]) for x in body["rows"][::per_shape]] == [t for _, t in SITE_SHAPES]
+    assert [x["rank"] for x in body["rows"]] == list(range(1, SITE_TRIALS + 1))
+    # the run's record: every ranked decision, best first; the worst is a two-change near miss
+    assert run["decision_ids"] == [x["decision_id"] for x in body["rows"]]
+    assert len(set(run["decision_ids"])) == SITE_TRIALS
+    assert run["counts"] == {"pairs": SITE_TRIALS, "ranked": body["tiers"], "failures": 0}
+    assert (last["trial_id"], last["decision"]) == (by_shape[-1][-1], "ineligible")
+    # each atom's value was mined once for this note, not once per trial
+    assert sorted(asked(srv, NOTE_40)) == ["age_years", "has_chest_pain", "is_smoker", "on_dialysis"]
+    assert over.status_code == 422 and over.json()["problems"][0]["field"] == "trial_ids", over.text
+    assert "limits.max_screen_pairs" in over.json()["problems"][0]["message"]
+    assert len(srv.requests) == n
+
+
+def test_max_rows_answers_the_best_rows_and_counts_the_rest(service):
+    """The answer may be cut to the best `max_rows` rows: the counts and the run's record still cover
+    every pair."""
+    svc, _ = service
+    with svc.client("match") as c:
+        r = c.post("/v1/screen", json={"patient": {"patient_id": "P40", "note": NOTE_40}, "max_rows": 2})
+        assert r.status_code == 200, r.text
+        bad = c.post("/v1/screen", json={"patient": {"patient_id": "P40", "note": NOTE_40}, "max_rows": 0})
+    body = r.json()
+    assert [x["trial_id"] for x in body["rows"]] == ["T-ELIGIBLE", "T-CONFIRM"] and body["rows_omitted"] == 2
+    assert body["tiers"] == {"eligible": 1, "eligible_to_confirm": 1, "near_miss": 2} and body["pairs"] == 5
+    assert [f["trial_id"] for f in body["failures"]] == ["T-FAIL"]
+    with svc.client("audit") as a:
+        run = a.get(f"/v1/screenings/{body['screening_id']}").json()
+    assert len(run["decision_ids"]) == 4 and run["decision_ids"][:2] == [
+        x["decision_id"] for x in body["rows"]
+    ]
+    assert bad.status_code == 422 and bad.json()["problems"][0]["field"] == "max_rows"
