@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -104,6 +105,11 @@ def _print_estimate(est: dict) -> None:
         typer.echo(f"  budget: ${est['budget_usd']:.4f}")
 
 
+# Set by the `verdict` app (verdict/cli.py): the old `--from-reviews` spelling of
+# `verdict serve export-reviews` still runs it, without this part importing serve.
+MOVED_REVIEW_EXPORT: Callable[..., None] | None = None
+
+
 @app.command()
 def export(
     runs: list[str] = typer.Argument(None, help="run folders (runs/NAME) or run names"),
@@ -112,8 +118,7 @@ def export(
         None,
         "--from-reviews",
         metavar="AUDIT_DB",
-        help="export the reviews of a service's audit store (sqlite path or "
-        "postgresql:// URL) instead of runs: private site records",
+        help="moved: `verdict serve export-reviews AUDIT_DB` (this old spelling still runs it)",
     ),
     serve_config: str = typer.Option(
         None,
@@ -142,7 +147,14 @@ def export(
     if from_reviews:
         if runs:
             fail("give run folders or --from-reviews, not both")
-        return _export_reviews(from_reviews, out, serve_config, seed, fractions, overwrite)  # type: ignore[arg-type]
+        # The reviews are the service's: the command moved to serve (data_gen never imports serve);
+        # the `verdict` app hands its implementation in as MOVED_REVIEW_EXPORT.
+        typer.echo(
+            "note: `verdict teacher export --from-reviews` moved to `verdict serve export-reviews`", err=True
+        )
+        if MOVED_REVIEW_EXPORT is None:
+            fail("run `verdict serve export-reviews AUDIT_DB --out OUT` instead")
+        return MOVED_REVIEW_EXPORT(from_reviews, out, serve_config, seed, fractions, overwrite)
     if not runs:
         fail("give one or more run folders (or --from-reviews AUDIT_DB)")
     out = Path(out)  # type: ignore[assignment]
@@ -156,14 +168,14 @@ def export(
         tasks=tuple(t.strip() for t in tasks.split(",") if t.strip()),
         overwrite=overwrite,
     )
-    _print_cards(
+    print_cards(
         out,
         cards,
         lambda card: f"rejected {card['records']['rejected']} of {card['records']['total']} records",
     )
 
 
-def _print_cards(out: str | Path, cards: dict, detail) -> None:
+def print_cards(out: str | Path, cards: dict, detail) -> None:
     """One line per exported task: its folder, split sizes, and `detail(card)` in brackets."""
     for task, card in cards.items():
         c = card["counts"]
@@ -171,30 +183,6 @@ def _print_cards(out: str | Path, cards: dict, detail) -> None:
             f"{Path(out) / task}: train {c['train']}, validation {c['validation']}, test {c['test']} "
             f"({detail(card)})"
         )
-
-
-def _export_reviews(
-    audit_db: str,
-    out: str,
-    serve_config: str | None,
-    seed: int,
-    fractions: tuple[float, float, float],
-    overwrite: bool,
-) -> None:
-
-    from verdict.serve.reviews.export import export_reviews  # reads the service's audit store
-
-    limits = None
-    if serve_config:
-        from verdict.serve.config import load_serve_config
-
-        limits = load_serve_config(serve_config).require("api").formalizer
-    cards, summary = export_reviews(
-        audit_db, out, limits=limits, seed=seed, fractions=fractions, overwrite=overwrite
-    )  # a str: an URL is refused, not collapsed to a path
-    _print_cards(out, cards, lambda card: f"data class {card['data_class']}")
-    for reason, ids in sorted(summary.skipped.items()):
-        typer.echo(f"not exported ({reason}): {len(ids)}: {', '.join(ids)}")
 
 
 @app.command()

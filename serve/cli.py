@@ -24,11 +24,13 @@ import typer
 from verdict.core.cli_errors import fail
 
 from .audit.cli import audit_app
+from .reviews.cli import export_reviews_command
 
 app = typer.Typer(help="serve commands", no_args_is_help=True)
 keys_app = typer.Typer(help="API keys of the matching service (stored hashed)", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 app.add_typer(audit_app, name="audit")
+app.command("export-reviews")(export_reviews_command)
 
 CONFIG_HELP = "serve config: NAME in configs/serve/ or a YAML path"
 SET_HELP = "override a config value, e.g. --set vllm.port=8011 (repeatable)"

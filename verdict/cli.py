@@ -78,9 +78,15 @@ def _options(
 
 # Each part's typer app, imported where it is used (a part's missing dependency is its own error).
 def _teacher() -> typer.Typer:
-    from verdict.data_gen.cli import app as part
+    from verdict.data_gen import cli as teacher_cli
 
-    return part
+    def moved_review_export(*args) -> None:  # `teacher export --from-reviews` moved to serve
+        from verdict.serve.reviews.cli import export_reviews_to
+
+        export_reviews_to(*args)
+
+    teacher_cli.MOVED_REVIEW_EXPORT = moved_review_export
+    return teacher_cli.app
 
 
 def _train() -> typer.Typer:

@@ -1,4 +1,5 @@
-"""Reviews become site training data (issue 12): `verdict teacher export --from-reviews AUDIT_DB`.
+"""Reviews become site training data (issue 12): `verdict serve export-reviews AUDIT_DB` (its old
+spelling `verdict teacher export --from-reviews AUDIT_DB` still runs it and says it moved).
 
 Decisions and reviews come from a real `verdict serve api` process in front of the scripted
 formalizer server; the export reads its audit store. `tests/train/test_site_finetune.py` closes the
@@ -91,9 +92,9 @@ def reviewed(tmp_path_factory, scripted):
     return svc, ids
 
 
-def export_cli(*args) -> subprocess.CompletedProcess:
+def export_cli(*args, command=("serve", "export-reviews")) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [*verdict_command(), "teacher", "export", *map(str, args)],
+        [*verdict_command(), *command, *map(str, args)],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -108,7 +109,7 @@ def rows(folder) -> list[dict]:
 def test_reviews_export_as_checked_private_records_with_provenance(reviewed, tmp_path):
     svc, ids = reviewed
     out = tmp_path / "site-sft"
-    r = export_cli("--from-reviews", svc.folder / "audit.sqlite", "--out", out)
+    r = export_cli(svc.folder / "audit.sqlite", "--out", out)
     assert r.returncode == 0, r.stderr
     assert f"not exported (evidence_not_in_note): 1: {ids['not_in_note'][1]}" in r.stdout
     miner = rows(out / "value_miner")
@@ -146,18 +147,31 @@ def test_without_stored_notes_the_decisions_are_reported_by_id(tmp_path, scripte
         _, reviewed_id = match_and_review(svc, "P1", NOTE, CORRECT)
     finally:
         svc.stop()
-    r = export_cli("--from-reviews", svc.folder / "audit.sqlite", "--out", tmp_path / "out")
+    # the old spelling still runs it, and says where it went
+    r = export_cli(
+        "--from-reviews",
+        svc.folder / "audit.sqlite",
+        "--out",
+        tmp_path / "out",
+        command=("teacher", "export"),
+    )
     assert r.returncode == 0, r.stderr
+    assert "moved to `verdict serve export-reviews`" in r.stderr
     assert f"not exported (no_note): 1: {reviewed_id}" in r.stdout
     assert (tmp_path / "out" / "value_miner" / "train.jsonl").read_text() == ""
 
 
 def test_the_export_refuses_a_destination_off_the_allowlist(reviewed, tmp_path):
     svc, _ = reviewed
-    r = export_cli(
-        "--from-reviews", svc.folder / "audit.sqlite", "--out", "https://datasets.example.com/site"
-    )
+    r = export_cli(svc.folder / "audit.sqlite", "--out", "https://datasets.example.com/site")
     assert r.returncode != 0 and "datasets.example.com" in r.stderr and "patient text" in r.stderr
     assert "Traceback" not in r.stderr
-    r = export_cli("run-a", "--from-reviews", svc.folder / "audit.sqlite", "--out", tmp_path / "x")
+    r = export_cli(
+        "run-a",
+        "--from-reviews",
+        svc.folder / "audit.sqlite",
+        "--out",
+        tmp_path / "x",
+        command=("teacher", "export"),
+    )
     assert r.returncode != 0 and "not both" in r.stderr

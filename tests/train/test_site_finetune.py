@@ -5,7 +5,7 @@ export -> fine-tune -> the student gives the reviewer's value.
    api` in front of the real vLLM CPU server (guided decoding, the service's own prompt): the
    decision lands in the service's audit store with the student's answer.
 2. A reviewer corrects one of its values through `POST /v1/decisions/{id}/reviews`.
-3. `verdict teacher export --from-reviews AUDIT_DB` makes the review a private SFT record.
+3. `verdict serve export-reviews AUDIT_DB` makes the review a private SFT record.
 4. configs/train/site_value_miner.yaml, the real recipe file, run from a site folder laid out as it
    names (data/sft, data/site-reviews, runs/students/value_miner/adapter): it continues the session
    adapter on the public set mixed with the review records at the recipe's weights. Only what a
@@ -123,7 +123,7 @@ def test_the_site_fine_tune_learns_a_reviewed_correction(
     (site / "runs" / "students" / "value_miner" / "adapter").symlink_to(student_adapters["value_miner"])
     out = site / "data" / "site-reviews"
     r = subprocess.run(
-        [*verdict_command(), "teacher", "export", "--from-reviews", str(audit_db),
+        [*verdict_command(), "serve", "export-reviews", str(audit_db),
          "--serve-config", str(svc.folder / "serve.yaml"), "--out", str(out)],
         check=False, capture_output=True, text=True, cwd=REPO, timeout=300,
     )  # fmt: skip

@@ -1,0 +1,92 @@
+"""The layering rule (README, Layout): a part imports only the parts to its left in
+
+    core -> data_gen -> train -> slurm -> serve -> bench -> verdict (the `verdict` app)
+
+Every import counts, at module level or inside a function (an import hidden in a function is still a
+dependency), absolute or relative. A part that imports one to its right fails here, naming the file,
+the line and the import."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.support import REPO
+
+# folder -> (part, its place in the order); `verdict/` is the app at the top.
+PARTS = {
+    "verdict_core": "core",
+    "data_gen": "data_gen",
+    "train": "train",
+    "slurm": "slurm",
+    "serve": "serve",
+    "bench": "bench",
+    "verdict": "verdict",
+}
+ORDER = ["core", "data_gen", "train", "slurm", "serve", "bench", "verdict"]
+
+
+def part_of_module(name: str) -> str | None:
+    """The part an absolute module name belongs to (`verdict.serve.app` -> serve), None outside."""
+    bits = name.split(".")
+    if bits[0] != "verdict":
+        return None
+    if len(bits) == 1 or bits[1] not in ORDER or bits[1] == "verdict":
+        return "verdict"  # verdict, verdict.cli, verdict.__main__: the app
+    return bits[1]
+
+
+def imports_of(path: Path, package: str) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in a file; `package` resolves relative ones."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            out.append((node.lineno, name))
+    return out
+
+
+def package_of(path: Path, folder: str) -> str:
+    """The package a file is in, as installed (`serve/audit/store.py` -> verdict.serve.audit)."""
+    root = (
+        "verdict.core"
+        if folder == "verdict_core"
+        else "verdict"
+        if folder == "verdict"
+        else f"verdict.{folder}"
+    )
+    rel = path.relative_to(REPO / folder).parent.parts
+    return ".".join((root, *rel))
+
+
+def violations() -> list[str]:
+    found = []
+    for folder, part in PARTS.items():
+        allowed = set(ORDER[: ORDER.index(part) + 1])
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for line, name in imports_of(path, package_of(path, folder)):
+                other = part_of_module(name)
+                if other is not None and other not in allowed:
+                    found.append(
+                        f"{path.relative_to(REPO)}:{line}: {part} imports {name} ({other} is to its right)"
+                    )
+    return found
+
+
+def test_no_part_imports_a_part_to_its_right():
+    assert violations() == []
+
+
+def test_the_check_sees_imports_hidden_in_functions_and_relative_ones(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("def f():\n    from verdict.serve.app import build_app\n\nfrom ..serve import x\n")
+    names = {n for _, n in imports_of(src, "verdict.data_gen.formalizer")}
+    assert names == {"verdict.serve.app", "verdict.data_gen.serve"}
+    assert part_of_module("verdict.serve.app") == "serve" and part_of_module("verdict.core") == "core"
+    assert part_of_module("verdict.cli") == "verdict" and part_of_module("typer") is None
