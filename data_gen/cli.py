@@ -209,7 +209,9 @@ def import_recorded(
     ),
     out_dir: Path = typer.Option(Path("runs"), help="runs folder"),
     name: str = typer.Option("recorded-v6", help="run name for the imported records"),
-    prompt_version: str = typer.Option("v1", help="value-miner prompt version to pair the records with"),
+    prompt_version: str = typer.Option(
+        "v2", help="value-miner prompt version to pair the records with (v2: sparse targets)"
+    ),
     trials: list[Path] = typer.Option(
         [
             Path("../shared/data/benchmarks/trials.jsonl"),

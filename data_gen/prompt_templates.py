@@ -4,6 +4,10 @@ A template is a system text and a user text with `{{PLACEHOLDER}}` slots (the pa
 Its identity, `name@version#sha`, is part of every cache key, so a changed wording never reuses
 an old answer; `prompts/LOCK.json` pins each version's hash so that an edit without a new
 version is caught by the tests.
+
+A value-miner template declares its output form: `dense` (v1: a line for every asked atom, nulls
+included) or `sparse` (v2, the default: only the atoms the text establishes; one left out is null).
+`DEFAULT_VERSIONS` is the version a stage uses when a config names none.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from verdict.core.configs import StrictModel, build, find_config, parse_yaml
 
@@ -31,6 +36,14 @@ STAGE_TEMPLATE = {
     "verbalizer": "verbalizer",
     "reader": "reader",
 }
+# The version a stage uses when its config names none: the miners answer sparsely (v2); v1 stays for
+# the records and cache entries made with it.
+DEFAULT_VERSIONS = {"miner_inclusion": "v2", "miner_exclusion": "v2"}
+
+
+def default_version(stage: str) -> str:
+    """The prompt version of `stage` when a config names none."""
+    return DEFAULT_VERSIONS.get(stage, "v1")
 
 
 @dataclass(frozen=True)
@@ -41,6 +54,12 @@ class PromptTemplate:
     system: str
     user: str
     sha256: str
+    output: str = "dense"
+
+    @property
+    def sparse(self) -> bool:
+        """A value miner that reports only the atoms the text establishes (omitted ones are null)."""
+        return self.output == "sparse"
 
     @property
     def ident(self) -> str:
@@ -89,6 +108,7 @@ class PromptFile(StrictModel):
     stage: str
     system: str | None = ""
     user: str
+    output: Literal["dense", "sparse"] = "dense"
 
 
 @lru_cache(maxsize=64)
@@ -108,11 +128,13 @@ def _load(name: str, version: str) -> PromptTemplate:
         system=data.system or "",
         user=data.user,
         sha256=hashlib.sha256(raw).hexdigest(),
+        output=data.output,
     )
 
 
-def stage_prompt(stage: str, version: str = "v1") -> PromptTemplate:
-    return load_prompt(STAGE_TEMPLATE[stage], version)
+def stage_prompt(stage: str, version: str | None = None) -> PromptTemplate:
+    """The template of `stage` at `version` (None: `default_version`)."""
+    return load_prompt(STAGE_TEMPLATE[stage], version or default_version(stage))
 
 
 def lock() -> dict[str, str]:

@@ -22,7 +22,8 @@ out), make no record and are counted in the summary, never dropped silently.
 
 Mapping of values: observed -> the value (or bounds) with its evidence; imputed by the authors'
 silence default or unresolved -> null, since our miner reports only what the note establishes and
-leaves defaults to the site's policy.
+leaves defaults to the site's policy. Under the sparse prompt (v2, the default) a null is left out
+of the target; `--prompt-version v1` writes the dense targets (a line for every atom).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from .formalizer import (
 from .formalizer.assembly import criterion_outputs
 from .formalizer.criteria import CriterionText, split_trial
 from .formalizer.parser import check_criterion_output, criterion_messages
+from .prompt_templates import stage_prompt
 from .protocol import StageResult, TrialDoc, Usage
 from .records import RecordStore
 from .sources import load_patients, load_trials
@@ -357,8 +359,9 @@ def fit_to_grammar(case):
     return replace(case, program=program, patient=patient, conflicts=conflicts)
 
 
-def recorded_answer(case, side: str, names: list[str], note: str) -> str:
-    """The recorded values of one side, in our value-miner output format."""
+def recorded_answer(case, side: str, names: list[str], note: str, *, sparse: bool = True) -> str:
+    """The recorded values of one side, in our value-miner output format (sparse: the null lines
+    left out, as the v2 prompt asks)."""
     have = case.patient.by_atom()
     values = []
     for n in names:
@@ -368,7 +371,7 @@ def recorded_answer(case, side: str, names: list[str], note: str) -> str:
             if r.bounds is not None:
                 v["bounds"] = r.bounds.model_dump(exclude_defaults=True)
             values.append(v)
-        else:
+        elif not sparse:
             values.append({"atom": n, "value": None, "evidence": ""})
     return compact({"values": values})
 
@@ -378,7 +381,7 @@ def import_recorded(
     patients_path: str | Path,
     out_dir: str | Path = "runs",
     name: str = "recorded-v6",
-    prompt_version: str = "v1",
+    prompt_version: str = "v2",
     trials_path: str | Path | list[str | Path] | None = None,
     parser_prompt_version: str = "v1",
 ) -> RecordedSummary:
@@ -439,8 +442,11 @@ def import_recorded(
                 if not names:
                     continue
                 stage = f"miner_{side}"
-                answer = recorded_answer(case, side, names, note.text)
-                check = check_miner_output(answer, "stop", case.program, names, note.text, max_tokens=0)
+                sparse = stage_prompt(stage, prompt_version).sparse
+                answer = recorded_answer(case, side, names, note.text, sparse=sparse)
+                check = check_miner_output(
+                    answer, "stop", case.program, names, note.text, max_tokens=0, sparse=sparse
+                )
                 res = StageResult(
                     stage=stage,
                     status="accepted" if check.ok else "rejected",

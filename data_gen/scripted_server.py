@@ -22,8 +22,10 @@ request's structured-output schema; `auto_values: {atom: {value, evidence}}` ans
 atoms the request asks (a script then fits any atom chunking), with `only_quoted: true` only when
 the evidence is in the text the request was sent. `auto: excerpts` plays the chart reader:
 `auto_excerpts` (recorded quotes) answer their pieces that are verbatim in the request's text, a
-reader that misses nothing it is shown. The server keeps a log of requests
-(hashes, not content).
+reader that misses nothing it is shown. `auto: sparse` answers as the sparse (v2) miner prompt
+asks: only the `auto_values` of the asked atoms (with `only_quoted`, those shown), no null lines.
+`ScriptedServer(count_tokens=...)` reports usage counted with that tokenizer (default: bytes / 4).
+The server keeps a log of requests (hashes, not content).
 
 Run standalone: `python -m verdict.data_gen.scripted_server --script FILE [--port 0]` prints `READY <url>`.
 """
@@ -37,6 +39,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -50,7 +53,7 @@ from verdict.core.errors import VerdictError
 
 class ScriptedResponse(StrictModel):
     content: str | dict | list | None = None
-    auto: Literal["nulls", "excerpts"] | None = None
+    auto: Literal["nulls", "sparse", "excerpts"] | None = None
     auto_values: dict[str, dict] = Field(
         default_factory=dict,
         description="with auto nulls: atom -> its value line ({value, evidence, bounds?}) "
@@ -120,8 +123,10 @@ class ScriptedServer:
         host: str = "127.0.0.1",
         port: int = 0,
         log_path: str | Path | None = None,
+        count_tokens: Callable[[str], int] | None = None,
     ):
         self.script = script or Script()
+        self.count_tokens = count_tokens
         self.requests: list[RequestRecord] = []
         self.connections = 0
         self.in_flight = 0
@@ -361,7 +366,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(data)
             return
-        if resp.auto == "nulls":
+        if resp.auto in ("nulls", "sparse"):
             values = auto_nulls(body)["values"]
             shown = request_text(body)
             said = {
@@ -369,6 +374,8 @@ class _Handler(BaseHTTPRequestHandler):
                 for a, line in resp.auto_values.items()
                 if not resp.only_quoted or _shown(line.get("evidence", ""), shown)
             }
+            if resp.auto == "sparse":  # only the established atoms, no null lines
+                values = [v for v in values if v["atom"] in said]
             content = json.dumps({"values": [{"atom": v["atom"], **said.get(v["atom"], v)} for v in values]})
         elif resp.auto == "excerpts":
             content = json.dumps({"excerpts": auto_excerpts(body, resp.auto_excerpts)})
@@ -381,7 +388,8 @@ class _Handler(BaseHTTPRequestHandler):
             content, finish = content[: max(1, len(content) // 2)], "length"
         elif resp.fault == "malformed_content":
             content = content[: max(1, len(content) // 2)] + ' ,,"oops'
-        prompt_bytes = sum(len(str(m.get("content", "")).encode()) for m in body.get("messages", []))
+        prompt_text = "\n".join(str(m.get("content", "")) for m in body.get("messages", []))
+        count = srv.count_tokens or (lambda text: len(text.encode()) // 4 + 1)
         payload = {
             "id": "chatcmpl-scripted",
             "object": "chat.completion",
@@ -391,12 +399,10 @@ class _Handler(BaseHTTPRequestHandler):
                 {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish}
             ],
             "usage": {
-                "prompt_tokens": resp.prompt_tokens
-                if resp.prompt_tokens is not None
-                else prompt_bytes // 4 + 1,
+                "prompt_tokens": resp.prompt_tokens if resp.prompt_tokens is not None else count(prompt_text),
                 "completion_tokens": resp.completion_tokens
                 if resp.completion_tokens is not None
-                else len(content.encode()) // 4 + 1,
+                else count(content),
             },
         }
         payload["usage"]["total_tokens"] = (

@@ -199,8 +199,8 @@ class RunTeachers(StrictModel):
 
 class RunPrompts(StrictModel):
     parser: str = "v1"
-    miner_inclusion: str = "v1"
-    miner_exclusion: str = "v1"
+    miner_inclusion: str = "v2"  # sparse answers (prompt_templates.DEFAULT_VERSIONS)
+    miner_exclusion: str = "v2"
 
 
 class RunConfig(StrictModel):

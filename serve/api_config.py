@@ -38,7 +38,9 @@ class FormalizerConfig(StrictModel):
         None, description="environment variable with the server's key, if it has one"
     )
     prompts: dict[str, str] = Field(
-        default_factory=dict, description="prompt version per stage (data_gen/prompts), default v1"
+        default_factory=dict,
+        description="prompt version per stage (data_gen/prompts); default v2 for the value miners "
+        "(sparse answers), v1 for the others",
     )
     max_tokens: StageTokens = Field(
         default_factory=lambda: StageTokens(parser=2048, miner_inclusion=1024, miner_exclusion=1024)

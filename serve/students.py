@@ -154,7 +154,9 @@ def miner_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[d
     from .api_config import FormalizerConfig
 
     limits = limits or FormalizerConfig(max_tokens=STUDENT_MAX_TOKENS)
-    fz = Formalizer(limits.endpoint(limits.value_miner_model, "http://127.0.0.1:9/v1"))
+    fz = Formalizer(
+        limits.endpoint(limits.value_miner_model, "http://127.0.0.1:9/v1"), prompts=limits.prompts
+    )
     out = []
     for p in records["patients"]:
         doc = PatientDoc(patient_id=p["patient_id"], text=p["note"])
@@ -174,7 +176,7 @@ def miner_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[d
                     out.append(
                         SftRecord.of_call(
                             call.messages,
-                            miner_target(values),
+                            miner_target(values, sparse=fz.prompt(f"miner_{side}").sparse),
                             task="value_miner",
                             record_id=rid + (f":{call.call_id}" if len(plan) > 1 else ""),
                             trial_id=tid,

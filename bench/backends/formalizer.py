@@ -30,8 +30,8 @@ class FormalizerPrompts(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     parser: str = Field("v1", description="trial-parser prompt version")
-    miner_inclusion: str = Field("v1", description="inclusion value-miner prompt version")
-    miner_exclusion: str = Field("v1", description="exclusion value-miner prompt version")
+    miner_inclusion: str = Field("v2", description="inclusion value-miner prompt version (v2: sparse)")
+    miner_exclusion: str = Field("v2", description="exclusion value-miner prompt version (v2: sparse)")
 
 
 class FormalizerConfig(BackendConfig, EndpointPlacement):

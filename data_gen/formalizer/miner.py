@@ -1,13 +1,24 @@
 """The value-miner stage: a patient record + a side's atoms -> checked values with evidence.
 
-Every call fits the answering model's limits. The side's atoms go in chunks (`atom_chunks`: at
-most `MAX_ATOMS_PER_CALL`, and no more than the completion budget holds at a worst-case value line,
-evidence quote included); the record is split into passages that fit the prompt budget beside the
-largest chunk (`passages.py`: never truncated, never across two documents), and consecutive short
-passages share a call, each under its document's header. One call per passage group x chunk
-(`plan_miner_calls`, which needs no model: the budget report uses it); each quote is checked
-against the passages of its call (verbatim in one of them, which names its document); then the
-calls are merged deterministically (`merge_findings`):
+Every call fits the answering model's limits. The side's atoms go in chunks (`atom_chunks`). The
+prompt (`prompt_templates`) says how the model answers:
+
+- sparse (v2, the default): only the atoms the text establishes, an omitted atom is null. A chunk
+  is at most `MAX_ATOMS_PER_CALL` atoms whose rendered list fits the prompt budget beside the
+  bare prompt and a note reserve (the whole record with its document headers, at most half of
+  that room; a longer record is split into passages): the prompt binds, not the completion. A
+  completion cut off at the token limit (finish_reason "length") is not repaired: its chunk is
+  split in two and asked again (down to one atom), so no atom is dropped.
+- dense (v1, kept for the records made with it): a line for every asked atom; at most
+  `MAX_ATOMS_PER_DENSE_CALL` atoms, and no more than the completion budget holds at a worst-case
+  value line, evidence quote included.
+
+The record is split into passages that fit the prompt budget beside the largest chunk
+(`passages.py`: never truncated, never across two documents), and consecutive short passages share a
+call, each under its document's header. One call per passage group x chunk (`plan_miner_calls`,
+which needs no model: the budget report uses it); each quote is checked against the passages of its
+call (verbatim in one of them, which names its document); then the calls are merged
+deterministically (`merge_findings`):
 
 - a value found in one passage and null in the others is that value;
 - the same value found twice keeps the first evidence (documents, then passages, in order);
@@ -44,13 +55,18 @@ from .value_reuse import record_key
 if TYPE_CHECKING:
     from .runtime import Formalizer
 
-MAX_ATOMS_PER_CALL = 16
+# Sparse answers: a chunk is bounded by the prompt (32 atoms of the reference corpus, ~54 Qwen2.5
+# tokens each, are ~1,700 tokens) and at most half the prompt budget; dense answers by the completion.
+MAX_ATOMS_PER_CALL = 32
+MAX_ATOMS_PER_DENSE_CALL = 16
 # The evidence allowance of one value line: a quote as long as this sentence (168 characters),
 # counted with the answering model's tokenizer. The prompt asks for the shortest quote.
 _SAMPLE_QUOTE = (
     "On admission she reported chest pain radiating to the left arm for 3 days; troponin I was "
     "0.04 ng/mL, creatinine 1.2 mg/dL, and she denies smoking or alcohol use."
 )
+# A document's header line when several share a call (`document_header`), a generous estimate.
+_HEADER_TOKENS = 24
 # Room kept between a planned prompt and its budget (tokens at the note's edges may merge).
 _PROMPT_MARGIN = 8
 
@@ -84,18 +100,41 @@ def render_atoms(program: TrialProgram, names: list[str]) -> str:
     return "\n".join(lines)
 
 
+def asked_atoms(messages: list[dict[str, str]]) -> list[str]:
+    """The atoms a value-miner request asks, read back from its atom list (`render_atoms`: one JSON
+    object per line after the note), in order: a sparse target names only the established ones."""
+    names = []
+    for line in reversed(messages[-1]["content"].splitlines()):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            break
+        if not (isinstance(row, dict) and "name" in row and "kind" in row):
+            break
+        names.append(row["name"])
+    return names[::-1]
+
+
 def miner_messages(
-    program: TrialProgram, note: str, side: str, names: list[str], version: str = "v1"
+    program: TrialProgram, note: str, side: str, names: list[str], version: str | None = None
 ) -> list[dict[str, str]]:
+    """The value-miner request of one call (`version` None: the stage's default prompt)."""
     return stage_prompt(f"miner_{side}", version).render(
         NOTE=note.strip(), ATOMS=render_atoms(program, names)
     )
 
 
-def miner_target(values: list[MinedValue]) -> str:
-    """The compact JSON a student emits for these values (nulls without evidence)."""
+def miner_target(values: list[MinedValue], *, sparse: bool) -> str:
+    """The compact JSON a student emits for these values: sparse, only the established ones (a null
+    line is left out: it is null by definition); dense, every value (nulls without evidence)."""
     return compact(
-        {"values": [mv.model_dump(mode="json", exclude_defaults=True) | {"value": mv.value} for mv in values]}
+        {
+            "values": [
+                mv.model_dump(mode="json", exclude_defaults=True) | {"value": mv.value}
+                for mv in values
+                if not sparse or mv.value is not None or mv.bounds is not None
+            ]
+        }
     )
 
 
@@ -107,10 +146,13 @@ def check_miner_output(
     note: str | list[str],
     *,
     max_tokens: int,
+    sparse: bool = False,
 ) -> Check:
-    """JSON -> ValueMinerOutput schema -> exactly the asked atoms, typed, with verbatim evidence
+    """JSON -> ValueMinerOutput schema -> only asked atoms, each once, typed, with verbatim evidence
     (quoted from `note`: the passage the call read, or one of its passages, a quote never spanning
-    two). Output: the values in the prompt's atom order (the canonical training target)."""
+    two); dense (`sparse` False) answers must also give every asked atom. Output: one value per
+    asked atom in the prompt's atom order, an omitted atom null; `output_json` the canonical
+    training target (`miner_target`)."""
     texts = [note] if isinstance(note, str) else note
     out, problems = parse_output(content, finish_reason, max_tokens, ValueMinerOutput)
     if out is None:
@@ -142,10 +184,10 @@ def check_miner_output(
             # the message names the atom, never the quote: problems end up in logs and records
             problems.append(("evidence", f"{where}: evidence is not a verbatim quote from the note"))
     missing = [n for n in names if n not in got]
-    if missing:
+    if missing and not sparse:
         problems.append(("coverage", f"atoms missing from the output: {', '.join(missing)}"))
-    ordered = [got[n] for n in names if n in got]
-    return Check(problems, ordered, miner_target(ordered))
+    ordered = [got.get(n) or MinedValue(atom=n, value=None) for n in names]
+    return Check(problems, ordered, miner_target(ordered, sparse=sparse))
 
 
 # ---- planning: atom chunks x passages ------------------------------------------------------------
@@ -171,19 +213,29 @@ def atom_chunks(
     *,
     completion_budget: int,
     count_text: Callable[[str], int],
-    max_atoms: int = MAX_ATOMS_PER_CALL,
+    max_atoms: int | None = None,
+    sparse: bool = False,
+    atoms_budget: int | None = None,
 ) -> list[list[str]]:
-    """The atoms in prompt order, in consecutive chunks of at most `max_atoms` whose worst-case
-    answers fit `completion_budget` tokens. Every atom is in exactly one chunk."""
+    """The atoms in prompt order, in consecutive chunks of at most `max_atoms` (default by the answer
+    form). Dense: the chunk's worst-case answers fit `completion_budget` tokens. Sparse: its rendered
+    atom list takes at most `atoms_budget` tokens (None: no limit) and one worst-case line fits the
+    completion (a longer answer is split by `mine_values`). Every atom is in exactly one chunk."""
+    max_atoms = max_atoms or (MAX_ATOMS_PER_CALL if sparse else MAX_ATOMS_PER_DENSE_CALL)
     envelope = count_text(compact({"values": []}))
+    room = atoms_budget
     chunks: list[list[str]] = []
-    used = 0
+    used = listed = 0
     for name in names:
         need = value_line_tokens(program, name, count_text)
-        if chunks and len(chunks[-1]) < max_atoms and used + need <= completion_budget:
+        rows = count_text(render_atoms(program, [name])) + 1 if sparse else 0
+        fits = (room is None or listed + rows <= room) if sparse else used + need <= completion_budget
+        if chunks and len(chunks[-1]) < max_atoms and fits:
             chunks[-1].append(name)
             used += need
+            listed += rows
         else:
+            listed = rows
             if envelope + need > completion_budget:
                 raise MinerBudgetError(
                     f"atom '{name}': one value line may need {envelope + need} completion "
@@ -206,13 +258,37 @@ class PlannedCall:
     atoms: list[str]
     messages: list[dict[str, str]]
     prompt_tokens: int
+    part: str = ""  # a half of a chunk whose sparse answer was cut off: ".1", ".2", ".1.2", ...
 
     @property
     def call_id(self) -> str:
-        """Stable within a side: `DOC#PASSAGE/cCHUNK`, or `FIRST..LAST/cCHUNK` for several passages."""
+        """Stable within a side: `DOC#PASSAGE/cCHUNK`, or `FIRST..LAST/cCHUNK` for several passages
+        (a re-asked half of a chunk: `.../cCHUNK.1`)."""
         first, last = self.passages[0], self.passages[-1]
         where = first.id if len(self.passages) == 1 else f"{first.id}..{last.id}"
-        return f"{where}/c{self.chunk}"
+        return f"{where}/c{self.chunk}{self.part}"
+
+    def halves(
+        self, render: Callable[[list[str]], list[dict[str, str]]], count_messages
+    ) -> list[PlannedCall]:
+        """This call's atoms in two calls over the same passages (`render`: atoms -> messages)."""
+        mid = len(self.atoms) // 2
+        out = []
+        for k, atoms in enumerate((self.atoms[:mid], self.atoms[mid:]), 1):
+            msgs = render(atoms)
+            out.append(
+                PlannedCall(
+                    self.stage,
+                    self.passages,
+                    self.chunk,
+                    self.chunks,
+                    atoms,
+                    msgs,
+                    count_messages(msgs),
+                    part=f"{self.part}.{k}",
+                )
+            )
+        return out
 
     @property
     def label(self) -> str:
@@ -285,8 +361,8 @@ def plan_miner_calls(
     count_text: Callable[[str], int],
     prompt_budget: int | None,
     completion_budget: int,
-    prompt_version: str = "v1",
-    max_atoms: int = MAX_ATOMS_PER_CALL,
+    prompt_version: str | None = None,
+    max_atoms: int | None = None,
     names: list[str] | None = None,
 ) -> list[PlannedCall]:
     """Every call one side's mining makes, in order (passage groups, then chunks), each within
@@ -299,13 +375,26 @@ def plan_miner_calls(
     names = side_atoms(program, side) if names is None else names
     if not names or not documents:
         return []
-    chunks = atom_chunks(
-        program, names, completion_budget=completion_budget, count_text=count_text, max_atoms=max_atoms
-    )
+    sparse = stage_prompt(stage, prompt_version).sparse
     docs = {d.id: d for d in documents}
 
     def render(text: str, chunk: list[str]) -> list[dict[str, str]]:
         return miner_messages(program, text, side, chunk, prompt_version)
+
+    atoms_budget = None  # sparse: what the bare prompt leaves, less the note's reserve
+    if prompt_budget is not None:
+        room = max(0, prompt_budget - count_messages(render("", [])) - _PROMPT_MARGIN)
+        record = sum(count_text(d.text) + _HEADER_TOKENS for d in documents)
+        atoms_budget = room - min(room // 2, record)
+    chunks = atom_chunks(
+        program,
+        names,
+        completion_budget=completion_budget,
+        count_text=count_text,
+        max_atoms=max_atoms,
+        sparse=sparse,
+        atoms_budget=atoms_budget,
+    )
 
     def calls_of(group: list[Passage]) -> list[PlannedCall]:
         text = note_text(group, docs)
@@ -382,7 +471,7 @@ def plan_for(
         count_text=fz.tokens.count_text,
         prompt_budget=fz.prompt_budget(stage),
         completion_budget=fz.endpoint.max_tokens.for_stage(stage),
-        prompt_version=fz.prompts.get(stage, "v1"),
+        prompt_version=fz.prompts.get(stage),
         names=names,
     )
 
@@ -551,13 +640,24 @@ async def mine_values(
         )
     max_tokens = fz.endpoint.max_tokens.for_stage(stage)
     docs = as_documents(note)
+    by_id = {d.id: d for d in docs}
+    sparse = fz.prompt(stage).sparse
 
-    async def one(call: PlannedCall) -> StageResult:
+    async def one(call: PlannedCall) -> list[tuple[PlannedCall, StageResult, bool]]:
+        """The call's (call, result, cut off) triples: one, or, when a sparse answer was cut off at the
+        token limit, that one and the results of its two halves, asked again (never dropped)."""
         schema = with_atom_enum(core_schema("value-miner"), call.atoms)
+        splittable = sparse and len(call.atoms) > 1
 
         def validate(c: CachedCall) -> Check:
             return check_miner_output(
-                c.content, c.finish_reason, program, call.atoms, call.texts, max_tokens=max_tokens
+                c.content,
+                c.finish_reason,
+                program,
+                call.atoms,
+                call.texts,
+                max_tokens=max_tokens,
+                sparse=sparse,
             )
 
         res = await fz.run_stage(
@@ -570,8 +670,17 @@ async def mine_values(
             data_class=dclass,
             sensitive=tuple(call.texts),
             ids=f"trial={program.trial_id} patient={pid} call={call.call_id}",
+            no_repair=("truncated",) if splittable else (),
         )
-        return res.model_copy(update={"item": call.call_id})
+        res = res.model_copy(update={"item": call.call_id})
+        if not (splittable and res.reason == "truncated"):
+            return [(call, res, False)]
+        text = note_text(call.passages, by_id)
+        halves = await asyncio.to_thread(
+            call.halves, lambda atoms: fz.miner_messages(program, text, side, atoms), fz.tokens.count_messages
+        )
+        asked = await asyncio.gather(*(one(h) for h in halves))
+        return [(call, res, True), *(x for part in asked for x in part)]
 
     async def ask(ask_names: list[str]) -> MiningRound:
         """Mine these atoms: the calls, their results, and the findings (or the rejected result)."""
@@ -591,15 +700,19 @@ async def mine_values(
                     messages=fz.miner_messages(program, docs[0].text, side, ask_names),
                 )
             )
-        results = list(await asyncio.gather(*(one(c) for c in plan)))
+        answered = [x for out in await asyncio.gather(*(one(c) for c in plan)) for x in out]
+        cut = [r for _, r, was_cut in answered if was_cut]  # re-asked in halves: cost, not a failure
+        plan = [c for c, _, was_cut in answered if not was_cut]
+        results = [r for _, r, was_cut in answered if not was_cut]
         rejected = [(c, r) for c, r in zip(plan, results) if not r.accepted]
         if len(rejected) == len(results):  # nothing read: the side is rejected (502 in the service)
             usage = Usage()
-            for r in results:
+            for r in results + cut:
                 usage = usage.add(r.usage)
             return MiningRound(
                 plan,
                 results,
+                cut=cut,
                 rejected=StageResult(
                     **base,
                     status="rejected",
@@ -628,7 +741,11 @@ async def mine_values(
             for atom, fs in _findings_of(r.output, c).items():
                 found.setdefault(atom, []).extend(fs)
         return MiningRound(
-            plan, results, findings={a: f for a, f in found.items() if a not in unread}, unread=unread
+            plan,
+            results,
+            findings={a: f for a, f in found.items() if a not in unread},
+            unread=unread,
+            cut=cut,
         )
 
     # Values of this record another trial already mined (or is mining) are reused (value_reuse.py).
@@ -671,21 +788,22 @@ async def mine_values(
         unread.update(r.unread)
     plan = [c for r in rounds for c in r.plan]
     results = [x for r in rounds for x in r.results]
+    cut = [x for r in rounds for x in r.cut]
     merged = merge_findings(names, findings, side)
     merged.unread = {a: why for a, why in unread.items() if a not in findings}
     usage = Usage()
-    for r in results:
+    for r in results + cut:
         usage = usage.add(r.usage)
     return StageResult(
         **base,
         status="accepted",
         messages=results[0].messages if results else fz.miner_messages(program, docs[0].text, side, names),
-        output_json=miner_target(merged.values),
+        output_json=miner_target(merged.values, sparse=sparse),
         output=merged,
-        attempts=[a for r in results for a in r.attempts],
+        attempts=[a for r in cut + results for a in r.attempts],
         usage=usage,
         calls=results,
-        assembly={**_assembly(plan, merged), "reused_atoms": reused},
+        assembly={**_assembly(plan, merged), "reused_atoms": reused, "cut_off": [r.item for r in cut]},
     )
 
 
@@ -698,6 +816,7 @@ class MiningRound:
     findings: dict[str, list[Finding]] = field(default_factory=dict)
     rejected: StageResult | None = None
     unread: dict[str, str] = field(default_factory=dict)  # atoms of calls that failed validation
+    cut: list[StageResult] = field(default_factory=list)  # sparse answers cut off, re-asked in halves
 
 
 def _assembly(plan: list[PlannedCall], merged: MinedValues | None) -> dict:

@@ -91,7 +91,7 @@ class Formalizer:
         await self.client.aclose()
 
     def prompt(self, stage: str) -> PromptTemplate:
-        return stage_prompt(stage, self.prompts.get(stage, "v1"))
+        return stage_prompt(stage, self.prompts.get(stage))
 
     # -- requests (also used by dry runs) ----------------------------------------------------------
     def criterion_messages(self, criterion: CriterionText) -> list[dict[str, str]]:
@@ -113,7 +113,7 @@ class Formalizer:
     def miner_messages(
         self, program: TrialProgram, note: str, side: str, names: list[str]
     ) -> list[dict[str, str]]:
-        return miner_messages(program, note, side, names, self.prompts.get(f"miner_{side}", "v1"))
+        return miner_messages(program, note, side, names, self.prompts.get(f"miner_{side}"))
 
     def request_key(
         self, stage: str, messages: list[dict[str, str]], schema: dict | None, schema_name: str
@@ -280,6 +280,7 @@ class Formalizer:
         ids: str,
         sensitive: tuple[str, ...] = (),
         solver: bool = False,
+        no_repair: Collection[str] = (),
     ) -> StageResult:
         """Run one formalizer stage: the one interface every stage (parser, miner, reader, arbiter,
         verbalizer, a bench backend's own stage) calls the endpoint through.
@@ -290,7 +291,9 @@ class Formalizer:
         completion budget (`max_tokens.for_stage`); `schema`/`schema_name` the structured output;
         `patient_text`/`data_class` what the egress policy checks; `ids` names the item in the log
         (never text); `sensitive` are texts the client keeps out of errors; `solver`: the check runs
-        the solver (run in a thread). Returns the StageResult: accepted (with the checked output)
+        the solver (run in a thread); `no_repair`: rejection reasons the caller handles itself (no
+        repair is asked for them: the sparse miner splits a cut-off chunk instead). Returns the
+        StageResult: accepted (with the checked output)
         or rejected (with the problems), its attempts and usage."""
         t = self.endpoint
         usage = Usage()
@@ -324,7 +327,7 @@ class Formalizer:
                     reason=check.reason,
                 )
             )
-            if check.ok:
+            if check.ok or check.reason in no_repair:
                 break
             convo = convo + [
                 {"role": "assistant", "content": call.content or ""},

@@ -109,6 +109,8 @@ def miner_results(audit, row, limits, summary: ReviewExportSummary, prompt_versi
     """[(StageResult, provenance)] for the newest decision `row` of a reviewed lineage."""
     from verdict.core.program import load_program
     from verdict.data_gen.formalizer import check_miner_output, quote_in_note, side_atoms
+    from verdict.data_gen.formalizer.miner import asked_atoms
+    from verdict.data_gen.prompt_templates import stage_prompt
     from verdict.data_gen.protocol import StageResult
     from verdict.data_gen.sft_record import target
 
@@ -162,7 +164,7 @@ def miner_results(audit, row, limits, summary: ReviewExportSummary, prompt_versi
     out = []
     for r in miner_rows(records, programs, {"teacher": TEACHER, "prompt_version": prompt_version}, limits):
         answer = target(r)
-        atoms = [v["atom"] for v in json.loads(answer)["values"]]
+        atoms = asked_atoms(r["messages"][:-1])  # a sparse target names only the established ones
         if not changed & set(atoms):
             continue  # a call the review did not touch: nothing new to learn
         if unreadable & set(atoms):
@@ -170,7 +172,9 @@ def miner_results(audit, row, limits, summary: ReviewExportSummary, prompt_versi
             continue
         user = "\n".join(m["content"] for m in r["messages"][:-1] if m["role"] == "user")
         # the passage(s) of this call: the texts of the note the prompt shows (quote check)
-        check = check_miner_output(answer, "stop", program, atoms, [note], max_tokens=0)
+        check = check_miner_output(
+            answer, "stop", program, atoms, [note], max_tokens=0, sparse=stage_prompt(r["stage"]).sparse
+        )
         if not check.ok or not all(quote_in_note(v.evidence, user) for v in check.output if v.evidence):
             summary.skip("rejected", row.decision_id)
             continue

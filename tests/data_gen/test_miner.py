@@ -14,10 +14,14 @@ from verdict.data_gen.formalizer import Formalizer
 from verdict.data_gen.formalizer.budget import TokenCounter, qwen25_counter
 from verdict.data_gen.formalizer.miner import (
     MAX_ATOMS_PER_CALL,
+    MAX_ATOMS_PER_DENSE_CALL,
     MinerBudgetError,
+    asked_atoms,
     atom_chunks,
+    check_miner_output,
     merge_sides,
     plan_miner_calls,
+    render_atoms,
     side_atoms,
     value_line_tokens,
 )
@@ -71,16 +75,92 @@ def test_chunks_keep_every_atom_exactly_once_within_the_completion_budget(qwen, 
         chunks = atom_chunks(prog, names, completion_budget=completion, count_text=qwen.count_text)
         assert [a for c in chunks for a in c] == names  # every atom once, prompt order kept
         for c in chunks:
-            assert 1 <= len(c) <= MAX_ATOMS_PER_CALL
+            assert 1 <= len(c) <= MAX_ATOMS_PER_DENSE_CALL
             assert sum(value_line_tokens(prog, a, qwen.count_text) for a in c) <= completion
         if completion == 256:
-            assert len(chunks) > len(names) / MAX_ATOMS_PER_CALL  # the completion budget binds, not the count
+            assert len(chunks) > len(names) / MAX_ATOMS_PER_DENSE_CALL  # the completion budget binds
+
+
+@pytest.mark.parametrize("atoms_budget", [600, 1200, None])
+def test_sparse_chunks_are_bounded_by_the_prompt_not_the_completion(qwen, atoms_budget):
+    """Sparse answers: a chunk's atom list takes at most `atoms_budget` tokens (the planner gives
+    half of what the bare prompt leaves), at most MAX_ATOMS_PER_CALL atoms; a small completion
+    budget no longer shrinks it."""
+    prog = largest_reference_program()
+    names = side_atoms(prog, "exclusion")
+    chunks = atom_chunks(
+        prog, names, completion_budget=256, count_text=qwen.count_text, sparse=True, atoms_budget=atoms_budget
+    )
+    assert [a for c in chunks for a in c] == names
+    for c in chunks:
+        assert 1 <= len(c) <= MAX_ATOMS_PER_CALL
+        if atoms_budget is not None:
+            assert sum(qwen.count_text(render_atoms(prog, [a])) + 1 for a in c) <= atoms_budget
+    dense = atom_chunks(prog, names, completion_budget=256, count_text=qwen.count_text)
+    assert len(chunks) < len(dense)
+    if atoms_budget is None:
+        assert max(len(c) for c in chunks) == MAX_ATOMS_PER_CALL
 
 
 def test_a_value_line_that_cannot_fit_is_an_error(qwen):
     prog = largest_reference_program()
     with pytest.raises(MinerBudgetError, match="max_tokens"):
         atom_chunks(prog, side_atoms(prog, "exclusion"), completion_budget=20, count_text=qwen.count_text)
+
+
+# ---- sparse answers ---------------------------------------------------------------------------------
+def test_sparse_check_accepts_omitted_atoms_and_rejects_unasked_and_duplicates():
+    prog = check_program(TrialProgram(trial_id=trial_id(1), **program(1)))
+    names, note = ["age_years", "has_condition_1"], "A 37-year-old man. Known condition 1."
+    age = {"atom": "age_years", "value": 37, "evidence": "37-year-old"}
+
+    def check(values, sparse=True):
+        return check_miner_output(
+            json.dumps({"values": values}), "stop", prog, names, note, max_tokens=9, sparse=sparse
+        )
+
+    ok = check([age])
+    assert ok.ok and [(v.atom, v.value) for v in ok.output] == [("age_years", 37), ("has_condition_1", None)]
+    assert json.loads(ok.output_json) == {"values": [age]}  # the target: only what the note establishes
+    assert check([]).ok and json.loads(check([]).output_json) == {"values": []}
+    assert check([age, age]).reason == "coverage"  # reported twice
+    assert check([age, {"atom": "is_pregnant", "value": False, "evidence": "man"}]).reason == "coverage"
+    assert check([age], sparse=False).reason == "coverage"  # dense (v1): every atom, nulls included
+
+
+def test_asked_atoms_reads_the_request_back(qwen):
+    prog = largest_reference_program()
+    names = side_atoms(prog, "inclusion")[:5]
+    from verdict.data_gen.formalizer import miner_messages
+
+    assert asked_atoms(miner_messages(prog, '{"name": "x", "kind": "y"}\nnote', "inclusion", names)) == names
+
+
+def test_a_cut_off_sparse_answer_is_split_and_asked_again_never_dropped(scripted_server, prog):
+    """The chunk of both inclusion atoms comes back cut at the token limit: no repair is asked, its
+    two halves are asked (one atom each) and both values stand; the cut call's cost is counted."""
+    values = {
+        "age_years": {"value": 37, "evidence": "A 37-year-old man"},
+        "has_condition_1": {"value": True, "evidence": "Known condition 1"},
+    }
+    scripted_server.set_script(
+        Script(
+            rules=[
+                Rule(
+                    match=Match(contains=['"name": "age_years"', '"name": "has_condition_1"']),
+                    responses=[R(auto="sparse", auto_values=values, fault="truncated")],
+                )
+            ],
+            default=R(auto="sparse", auto_values=values),
+        )
+    )
+    scripted_server.reset()
+    res = mine(scripted_server.url, prog, DOC_A)
+    assert res.accepted, res.problems
+    assert {v.atom: v.value for v in res.output} == {"age_years": 37, "has_condition_1": True}
+    assert [c.item for c in res.calls] == ["note#1/c1.1", "note#1/c1.2"]
+    assert res.assembly["cut_off"] == ["note#1/c1"]
+    assert len(scripted_server.requests) == 3 and res.usage.calls_paid == 3  # no repair of the cut call
 
 
 # ---- passages ---------------------------------------------------------------------------------------
@@ -211,13 +291,13 @@ def one_call_per_document(prog, docs: list[NoteDocument], side="inclusion", max_
     from verdict.data_gen.formalizer.budget import ByteEstimate
 
     c = ByteEstimate()
-    frame = c.count_messages(miner_messages(prog, "", side, side_atoms(prog, side)))
+    frame = c.count_messages(miner_messages(prog, "", side, side_atoms(prog, side), "v1"))
     return max_tokens + frame + 8 + max(c.count_text(d.text) for d in docs) + 2
 
 
-def mine(url, prog, note, side="inclusion", **over):
+def mine(url, prog, note, side="inclusion", prompts=None, **over):
     async def go():
-        fz = Formalizer(teacher(url, **over))
+        fz = Formalizer(teacher(url, **over), prompts=prompts)
         try:
             return await fz.mine_values(prog, note, side)
         finally:
@@ -252,7 +332,9 @@ def patient3() -> PatientDoc:
     )
 
 
-# each document its own call, so that two documents can disagree
+# each document its own call, so that two documents can disagree: dense (v1) answers, whose chunks
+# the completion bounds (a sparse chunk leaves the note room that tiny documents would share)
+DENSE = {"miner_inclusion": "v1", "miner_exclusion": "v1"}
 SEPARATE = one_call_per_document(
     check_program(TrialProgram(trial_id=trial_id(1), **program(1))), patient3().note_documents()
 )
@@ -277,7 +359,7 @@ def test_conflicting_documents_are_a_conflict_with_both_quotes_and_the_atom_stay
             "Lab report": {"values": [AGE_NULL, COND_NULL]},
         },
     )
-    res = mine(scripted_server.url, prog, patient3(), context_tokens=SEPARATE)
+    res = mine(scripted_server.url, prog, patient3(), context_tokens=SEPARATE, prompts=DENSE)
     assert res.accepted, res.problems
     assert len(scripted_server.requests) == 3 and len(res.calls) == 3  # one call per document
     assert [c.item for c in res.calls] == ["adm#1/c1", "fu#1/c1", "lab#1/c1"]
@@ -320,7 +402,7 @@ def test_a_value_in_one_document_and_null_elsewhere_is_that_value(scripted_serve
             "Lab report": {"values": [AGE_NULL, COND_NULL]},
         },
     )
-    res = mine(scripted_server.url, prog, patient3(), context_tokens=SEPARATE)
+    res = mine(scripted_server.url, prog, patient3(), context_tokens=SEPARATE, prompts=DENSE)
     assert res.accepted and not res.output.conflicts
     assert res.output.sources == {"age_years": "fu"}
     assert json.loads(res.output_json) == {
@@ -347,7 +429,7 @@ def test_evidence_is_checked_against_its_own_passage_and_a_rejected_call_keeps_t
             "Lab report": {"values": [AGE_NULL, COND_NULL]},
         },
     )
-    res = mine(scripted_server.url, prog, patient3(), context_tokens=SEPARATE)
+    res = mine(scripted_server.url, prog, patient3(), context_tokens=SEPARATE, prompts=DENSE)
     assert res.status == "accepted"  # one call that failed does not throw the side away
     assert [c.status for c in res.calls] == ["accepted", "rejected", "accepted"]  # the others are kept
     assert res.calls[1].reason == "evidence"
@@ -366,7 +448,7 @@ def test_evidence_is_checked_against_its_own_passage_and_a_rejected_call_keeps_t
 def test_a_side_whose_every_call_fails_is_rejected(scripted_server, prog):
     bad = {"values": [{"atom": "age_years", "value": 37, "evidence": "not in any passage"}, COND_NULL]}
     answers(scripted_server, {"Admission note": bad, "Follow-up letter": bad, "Lab report": bad})
-    res = mine(scripted_server.url, prog, patient3(), context_tokens=SEPARATE)
+    res = mine(scripted_server.url, prog, patient3(), context_tokens=SEPARATE, prompts=DENSE)
     assert res.status == "rejected" and res.reason == "evidence"
     assert [c.status for c in res.calls] == ["rejected"] * 3
 

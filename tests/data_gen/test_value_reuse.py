@@ -95,7 +95,9 @@ def asked_atoms(srv) -> list[str]:
     return out
 
 
-def mine(srv, programs, reuse=True, concurrent=False, patient=NOTE, cancel=None, max_tokens=None):
+def mine(
+    srv, programs, reuse=True, concurrent=False, patient=NOTE, cancel=None, max_tokens=None, prompts=None
+):
     t = TeacherConfig(
         name="t",
         base_url=srv.url,
@@ -107,7 +109,7 @@ def mine(srv, programs, reuse=True, concurrent=False, patient=NOTE, cancel=None,
     )
 
     async def go():
-        fz = Formalizer(t, value_reuse=ValueReuse() if reuse else None)
+        fz = Formalizer(t, value_reuse=ValueReuse() if reuse else None, prompts=prompts)
         doc = PatientDoc(patient_id="P1", text=patient)
         try:
             if not concurrent:
@@ -204,9 +206,10 @@ def test_a_failed_mining_is_not_kept_and_a_waiting_trial_asks_itself():
 
 
 def test_an_atom_a_shared_mining_could_not_read_is_asked_again_not_taken_as_null():
-    """One atom per call (max_tokens 150): T2's hba1c call fails, its age call stands, so T2 is
-    accepted with hba1c left open. T5, waiting on that same hba1c, must not take it as silence:
-    it asks itself (and, the answer failing again, is rejected rather than decided on a null)."""
+    """One atom per call (dense v1 answers, max_tokens 150): T2's hba1c call fails, its age call
+    stands, so T2 is accepted with hba1c left open. T5, waiting on that same hba1c, must not take
+    it as silence: it asks itself (and, the answer failing again, is rejected rather than decided
+    on a null)."""
     t5 = program("T5", HBA1C)
     srv = server(latency=0.3, fail_on="hba1c_percent")
     try:
@@ -215,6 +218,7 @@ def test_an_atom_a_shared_mining_could_not_read_is_asked_again_not_taken_as_null
             [T2, t5],
             concurrent=True,
             max_tokens={"parser": 64, "miner_inclusion": 150, "miner_exclusion": 64},
+            prompts={"miner_inclusion": "v1"},
         )
         asked = asked_atoms(srv)
     finally:

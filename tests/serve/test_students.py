@@ -6,7 +6,7 @@ import json
 
 from verdict.core.patient import ValueMinerOutput
 from verdict.data_gen.formalizer import Formalizer
-from verdict.data_gen.formalizer.miner import plan_for
+from verdict.data_gen.formalizer.miner import asked_atoms, plan_for
 from verdict.data_gen.protocol import PatientDoc
 from verdict.serve.api_config import FormalizerConfig
 from verdict.serve.students import STUDENT_MAX_TOKENS, miner_rows, teacher_programs
@@ -58,10 +58,12 @@ def test_miner_rows_are_chunked_and_split_as_the_service_asks():
     seen: dict[str, list[bool | None]] = {}
     for r, call in zip(rows, plan):
         out = ValueMinerOutput.model_validate(json.loads(r["messages"][-1]["content"]))
-        assert [v.atom for v in out.values] == call.atoms
+        assert asked_atoms(r["messages"][:-1]) == call.atoms
+        # sparse targets: true only in the passage holding the quote, left out (null) elsewhere
+        held = [a for a in call.atoms if any(SENTENCES[int(a.split("_")[1])] in t for t in call.texts)]
+        assert [v.atom for v in out.values] == held
         for v in out.values:
-            # true only in the passage holding the quote, null elsewhere
-            assert (v.value is True) == (v.evidence != "" and any(v.evidence in t for t in call.texts))
+            assert v.value is True and any(v.evidence in t for t in call.texts)
             seen.setdefault(v.atom, []).append(v.value)
     assert sorted(seen) == sorted(f"finding_{i}" for i in range(N))
     assert all(vals.count(True) == 1 for vals in seen.values())  # each fact found exactly once
