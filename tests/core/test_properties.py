@@ -196,3 +196,21 @@ def test_conflicting_facts_are_set_aside_as_the_union_of_minimal_conflicts(data)
     assert aside == set().union(*map(set, minimal))
     kept = {a: r for a, r in facts.items() if a not in aside}
     assert d.decision == ("eligible" if oracle.eligible(kept) else "ineligible")
+
+
+@SETTINGS
+@given(st.data())
+def test_a_settled_decision_is_ineligible_under_every_completion_of_the_unasked_atoms(data):
+    """`settles`: when the patient with some atoms open is settled ineligible, filling those atoms
+    with any values (a second random patient's, conflicts included) keeps it ineligible."""
+    from verdict.core.settled import settles
+
+    program = data.draw(programs())
+    patient = data.draw(patients(program))
+    unasked = set(data.draw(st.lists(st.sampled_from([a.name for a in program.atoms]), unique=True)))
+    assume(settles(program, patient, unasked, ENGINE))
+    other = data.draw(patients(program)).by_atom()
+    completed = patient.model_copy(
+        update={"resolutions": [other[r.atom] if r.atom in unasked else r for r in patient.resolutions]}
+    )
+    assert ENGINE.decide(program, completed).decision == "ineligible"
