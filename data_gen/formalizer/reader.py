@@ -348,7 +348,7 @@ async def mine_chart(
             model=fz.endpoint.model,
             prompt_version=fz.prompt(f"miner_{side}").ident,
             messages=[],
-            output_json=miner_target(merged.values),
+            output_json=miner_target(merged.values, sparse=fz.prompt(f"miner_{side}").sparse),
             output=merged,
             chart_read=chart_read,
             assembly={"calls": 0, "chunks": 0, "passages": {}},
