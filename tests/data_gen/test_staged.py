@@ -11,6 +11,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from verdict.core.engine import Engine
+from verdict.core.patient import MinedValue
 from verdict.core.policy import load_policy, resolve
 from verdict.core.program import TrialProgram, check_program
 from verdict.core.settled import NOT_ASKED, settles
@@ -113,10 +114,9 @@ def test_on_the_reference_corpus_a_settled_pair_decides_as_exhaustive_mining(dat
     program = case.program
     observed = [r for r in case.patient.resolutions if r.status == "observed"]
     kept = [r for r in observed if data.draw(st.booleans(), label=r.atom)]
-    mined = [{"atom": r.atom, "value": r.value, "bounds": r.bounds, "evidence": r.evidence} for r in kept]
-    from verdict.core.patient import MinedValue
-
-    values = [MinedValue.model_validate({k: v for k, v in m.items() if v is not None}) for m in mined]
+    values = [
+        MinedValue(atom=r.atom, value=r.value, bounds=r.bounds, evidence=r.evidence or "") for r in kept
+    ]
     unasked = unasked_after_first(program)
     first = set(side_atoms(program, "exclusion"))
     stage1 = resolve(
