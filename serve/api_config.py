@@ -32,6 +32,12 @@ class FormalizerConfig(StrictModel):
         5.0, gt=0, le=3600, description="how often an endpoint marked down is checked again (GET /models)"
     )
     health_check_timeout_s: float = Field(3.0, gt=0, le=60, description="one health check's time limit")
+    model_files: dict[str, str] = Field(
+        default_factory=dict,
+        description="served model name -> local folder of its files (the base model, each adapter or its "
+        "training run folder): their content hashes go into every decision's audit record "
+        "(models.files). Default: the `vllm` section of the same serve config",
+    )
     parser_model: str = Field("parser", description="model (adapter) name of the trial parser")
     value_miner_model: str = Field("value_miner", description="model (adapter) name of the value miner")
     api_key_env: str | None = Field(

@@ -60,6 +60,16 @@ class ServeConfig(StrictModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _model_files_from_vllm(self):
+        # The folders vLLM serves are the ones a decision's record pins, unless the api names others.
+        if self.api is not None and self.vllm is not None and not self.api.formalizer.model_files:
+            self.api.formalizer.model_files = {
+                self.vllm.served_model_name: self.vllm.model,
+                **self.vllm.adapters,
+            }
+        return self
+
     def require(self, section: str):
         value = getattr(self, section)
         if value is None:

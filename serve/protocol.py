@@ -276,6 +276,12 @@ class ModelIds(BaseModel):
     base_model: str | None = Field(description="the adapters' base model as the server lists it")
     endpoint: str = Field(description="formalizer servers of the pool (scheme://host:port, comma-separated)")
     prompts: dict[str, str] = Field(description="prompt template version per stage")
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="content hash of each served model's files (the base model and each adapter, by served "
+        "name): which weights answered. Empty when the service was not told their folders "
+        "(api.formalizer.model_files)",
+    )
 
 
 class Links(BaseModel):

@@ -56,6 +56,7 @@ from .errors import (
     ServiceError,
 )
 from .metrics import ServiceMetrics
+from .model_files import ModelFiles
 from .note_free import note_free
 from .optional_stages import arbiter_markdown, arbitrate, verbalize
 from .protocol import (
@@ -137,6 +138,7 @@ class MatchingService:
         metrics: ServiceMetrics | None = None,
     ):
         self.config = config
+        self.model_files = ModelFiles(config.formalizer.model_files)  # hashed in the background
         self.base_urls = [u.rstrip("/") for u in ([base_url] if isinstance(base_url, str) else base_url)]
         self.base_url = self.base_urls[0]  # names the endpoint in cache keys: the first of the pool
         fc = config.formalizer
@@ -554,6 +556,7 @@ class MatchingService:
             base_model=await self.base_model(),
             endpoint=", ".join(origin_of(u) for u in self.base_urls),
             prompts={s: self.miner.prompt(s).ident for s in ("parser", "miner_inclusion", "miner_exclusion")},
+            files=await asyncio.to_thread(self.model_files.pins),
         )
 
     async def _record(

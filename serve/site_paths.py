@@ -72,6 +72,9 @@ def resolve_paths(data: dict, root: Path) -> dict:
     vllm = out.get("vllm")
     if isinstance(vllm, dict) and isinstance(vllm.get("adapters"), dict):
         vllm["adapters"] = {n: _absolute(str(p), root) for n, p in vllm["adapters"].items()}
+    formalizer = (out.get("api") or {}).get("formalizer") if isinstance(out.get("api"), dict) else None
+    if isinstance(formalizer, dict) and isinstance(formalizer.get("model_files"), dict):
+        formalizer["model_files"] = {n: _absolute(str(p), root) for n, p in formalizer["model_files"].items()}
     return out
 
 

@@ -6,6 +6,7 @@ single `note` still works."""
 from __future__ import annotations
 
 import pytest
+from verdict.serve.model_files import folder_digest
 from verdict.serve.protocol import MAX_NOTE_CHARS, MAX_NOTES
 
 from tests.fixtures.vllm import STUDENT_MAX_TOKENS
@@ -95,7 +96,16 @@ def one_document_per_call() -> int:
 
 
 @pytest.fixture(scope="module")
-def svc(tmp_path_factory, scripted):
+def miner_files(tmp_path_factory):
+    """A stand-in adapter folder for the value miner: its content hash is pinned in every record."""
+    folder = tmp_path_factory.mktemp("miner-adapter")
+    (folder / "adapter_config.json").write_text('{"r": 8}')
+    (folder / "adapter_model.safetensors").write_bytes(b"weights")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory, scripted, miner_files):
     s = start_service(
         tmp_path_factory.mktemp("notes-service"),
         scripted.url,
@@ -104,6 +114,7 @@ def svc(tmp_path_factory, scripted):
                 "parser_model": "scripted",
                 "value_miner_model": "scripted",
                 "context_tokens": one_document_per_call(),
+                "model_files": {"scripted": str(miner_files)},
             }
         },
     )
@@ -264,7 +275,7 @@ def test_a_side_whose_every_call_is_rejected_is_a_502_naming_the_call(svc):
     assert "not quoted" not in r.text and "Bad letter" not in r.text  # no model output, no note text
 
 
-def test_a_match_reports_what_it_sent_and_a_repeat_is_free(svc, scripted):
+def test_a_match_reports_what_it_sent_and_a_repeat_is_free(svc, scripted, miner_files):
     """Per-pair cost: calls and tokens of the calls sent (both sides), counted by the scripted
     server over HTTP; the same record again reuses the values already mined and costs no model work."""
     patient = {"patient_id": "P-COST", "notes": [{"id": "c-1", "text": COST_NOTE}]}
@@ -285,6 +296,8 @@ def test_a_match_reports_what_it_sent_and_a_repeat_is_free(svc, scripted):
     with svc.client("audit") as a:
         rec = a.get(f"/v1/decisions/{r.json()['decision_id']}").json()
         assert rec["artifacts"]["cost"] == again  # the audit record keeps it
+        # and pins the weights that answered by content, not by name
+        assert rec["models"]["files"] == {"scripted": folder_digest(miner_files)}
         metrics = a.get("/metrics").text
     calls = [x for x in metrics.splitlines() if x.startswith("verdict_pair_model_calls_count")]
     assert calls and float(calls[0].split()[-1]) >= 2
