@@ -1,121 +1,345 @@
-"""Bounded value mining: calls per side and prompt tokens for long patient records, no model needed.
+"""Cost of value mining against chart length: the chart read once (issue 23) vs mined whole, no model.
 
-    .venv/bin/python benchmarks/miner_calls.py [--limits paper] [--sizes 500,2000,8000] [--programs 3]
+    .venv/bin/python benchmarks/miner_calls.py [--limits paper] [--sizes 500,2000,8000,22000,128000]
+        [--programs 3] [--trials 300] [--shared ../shared/data]
 
-Notes of about 500 / 2,000 / 8,000 real Qwen2.5 tokens are built by concatenating real SIGIR and TREC
-patient texts (`../shared/data/benchmarks/patients_*.jsonl`), each text one document. They are
-planned (`verdict.data_gen.formalizer.miner.plan_miner_calls`: atom chunks x passages) against the largest
-reference programs (`../shared/data/reference/v6`, by atom count) under a student's limits
-(`configs/limits/NAME.yaml`), and every planned prompt is counted with the real tokenizer.
+Charts of about 0.5k / 2k / 8k / 22k / 128k real Qwen2.5 tokens of DISTINCT text: the shared SIGIR
+and TREC patient texts (`benchmarks/patients_*.jsonl`, one document each, about 22k tokens in
+all), then the shared trials' criteria texts as filler documents (paragraphs seen before are left
+out, so de-duplication removes nothing; documents that add no fact about the patient). Document
+selection is off: every document is read, once.
 
-Printed per program x note size x side: atoms, chunks, passages, calls, prompt tokens (median /
-max) against the prompt budget, whether every call fits, and the planning time; then one line:
-`miner-calls: records=N calls=C fit=F max_prompt=P prompt_budget=B max_tokens=T`.
+Both paths are planned with the product's planning functions under a student's limits
+(`configs/limits/NAME.yaml`), every prompt counted with the real tokenizer:
+
+- **before** (today's path, the reader disabled): `plan_miner_calls` over the whole chart.
+- **after**: `reduce_chart`, `plan_reader_calls` (the one reading per patient), then
+  `plan_miner_calls` over the fact sheet. A chart at most `read_above_tokens` is mined whole.
+
+The fact sheet is what the scripted reader keeps (a reader that misses nothing it is shown): of a
+SIGIR patient text, the pieces of every evidence quote the reference corpus recorded for that
+patient (`reference/v6`) verbatim in the passage; of a TREC patient text (no recording), its
+leading sentences up to the SIGIR excerpt share (printed); of filler, nothing. Per pair: calls and
+prompt tokens of both sides for one trial program, the reading amortized over `--trials` trials.
+Completion tokens are estimated: a null value line per asked atom (v1 writes every atom), plus a
+mean recorded quote for the recorded share of non-null values; a reader call writes its excerpts.
+
+Then a projection: GPU-hours to screen 10,000 patients x 300 trials with 20k-token charts, both
+paths, at stated prefill/decode rates, against the share of pairs a first stage (the exclusion
+side) settles. The last line: `chart-cost: program=ID calls_2k=A calls_128k=B prompt_2k=C
+prompt_128k=D` (the largest program, per pair, reading amortized; the sizes nearest 2k and 128k).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import re
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-SHARED = REPO.parent / "shared" / "data"
+
+# Stated rates for a 7-9B dense model served by vLLM on one H100 80GB, aggregate over a full batch.
+# Source: GPUStack performance lab, "Optimizing Qwen3.5-9B Throughput" on H100 with vLLM
+# (docs.gpustack.ai/latest/performance-lab/qwen3.5-9b/h100): long-context profile (prefill-bound)
+# about 32,400 total tokens/s, generation-heavy profile about 3,000 total tokens/s. A 7B model is
+# somewhat faster; these are round, conservative figures.
+PREFILL_TOKENS_PER_S = 30_000
+DECODE_TOKENS_PER_S = 3_000
+NON_NULL_SHARE = 0.23  # recorded atom values that are not null or a silence default (reference corpus)
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
 
-def largest_programs(n: int):
+def largest_programs(shared: Path, n: int):
     from verdict.core.reference import load_reference
 
     progs = {}
-    for path in sorted((SHARED / "reference" / "v6").glob("*/*__full.json")):
+    for path in sorted((shared / "reference" / "v6").glob("*/*__full.json")):
         p = load_reference(path).program
         progs.setdefault(p.trial_id, p)  # one program per trial
     return sorted(progs.values(), key=lambda p: -len(p.atoms))[:n]
 
 
-def patient_texts() -> list[tuple[str, str]]:
+def recorded_quotes(shared: Path) -> dict[str, list[str]]:
+    """patient id -> the evidence quotes the reference corpus recorded for it (every trial)."""
+    from verdict.core.reference import load_reference
+
+    out: dict[str, list[str]] = {}
+    for path in sorted((shared / "reference" / "v6").glob("*/*__full.json")):
+        case = load_reference(path)
+        q = out.setdefault(path.parent.name, [])
+        q += [r.evidence for r in case.patient.resolutions if r.evidence and r.evidence not in q]
+    return out
+
+
+def patient_texts(shared: Path) -> list[tuple[str, str]]:
     out = []
     for name in ("patients_sigir.jsonl", "patients_trec2021.jsonl"):
-        for line in (SHARED / "benchmarks" / name).read_text().splitlines():
+        for line in (shared / "benchmarks" / name).read_text().splitlines():
             row = json.loads(line)
             out.append((row["_id"], row["text"]))
     return out
 
 
-def record_of(size: int, texts, counter):
-    """Documents (one real patient text each) adding up to at least `size` tokens."""
+def filler_texts(shared: Path):
+    """Trial criteria texts, one document each, paragraphs seen before left out (distinct text)."""
+    from verdict.data_gen.formalizer.checks import normalize_ws
+    from verdict.data_gen.formalizer.passages import paragraph_spans
+
+    seen: set[str] = set()
+    for name in ("trials.jsonl", "trials_judged0_only.jsonl"):
+        for line in (shared / "benchmarks" / name).read_text().splitlines():
+            row = json.loads(line)
+            text = row.get("criteria") or "\n\n".join(
+                x for x in (row.get("inclusion"), row.get("exclusion")) if x
+            )
+            paras = []
+            for s, e in paragraph_spans(text):
+                key = normalize_ws(text[s:e])
+                if key and key not in seen:
+                    seen.add(key)
+                    paras.append(text[s:e])
+            if paras:
+                yield f"trial-{row['nct_id']}", "\n\n".join(paras)
+
+
+def chart_of(size: int, shared: Path, counter):
+    """Documents adding up to at least `size` tokens: patient texts, then filler."""
     from verdict.data_gen.protocol import NoteDocument
 
     docs, total = [], 0
-    for pid, text in texts:
-        if total >= size:
-            break
-        docs.append(NoteDocument(id=pid, text=text))
-        total += counter.count_text(text)
+    for kind, source in (("patient", patient_texts(shared)), ("filler", filler_texts(shared))):
+        for did, text in source:
+            if total >= size:
+                return docs, total
+            docs.append(NoteDocument(id=did, text=text, kind=kind))
+            total += counter.count_text(text)
     return docs, total
+
+
+def excerpt_share(quotes: dict[str, list[str]], texts: dict[str, str], counter) -> float:
+    """Tokens the scripted reader keeps of the recorded SIGIR patients' texts, over their tokens."""
+    from verdict.data_gen.formalizer.checks import normalize_ws, split_pieces
+
+    kept = total = 0
+    for pid, qs in quotes.items():
+        if pid not in texts:
+            continue
+        hay = normalize_ws(texts[pid])
+        pieces = {p for q in qs for p in split_pieces(q) if p in hay}
+        kept += sum(counter.count_text(p) for p in pieces)
+        total += counter.count_text(texts[pid])
+    return kept / total if total else 0.0
+
+
+def scripted_excerpts(call, quotes, share, counter):
+    """What a reader that misses nothing it is shown keeps of one reader call (see the docstring)."""
+    from verdict.data_gen.formalizer.chart import locate
+    from verdict.data_gen.formalizer.checks import normalize_ws, split_pieces
+    from verdict.data_gen.formalizer.reader import Excerpt
+
+    out = []
+    for p in call.passages:
+        if p.document.startswith("trial-"):
+            continue  # filler: nothing about the patient
+        if p.document in quotes:
+            hay = normalize_ws(p.text)
+            pieces = dict.fromkeys(x for q in quotes[p.document] for x in split_pieces(q) if x in hay)
+        else:  # no recording: the leading sentences up to the measured share
+            pieces, used, goal = {}, 0, share * counter.count_text(p.text)
+            for s in _SENTENCE.split(p.text):
+                if used >= goal:
+                    break
+                pieces[s] = None
+                used += counter.count_text(s)
+        for x in pieces:
+            at = locate(x, p.text)
+            if at is not None:
+                out.append(Excerpt(document=p.document, offset=p.start + at, text=x))
+    return out
+
+
+@dataclass
+class Cost:
+    calls: float = 0.0
+    prompt: float = 0.0
+    completion: float = 0.0
+
+    def plus(self, other: Cost, weight: float = 1.0) -> Cost:
+        return Cost(
+            self.calls + weight * other.calls,
+            self.prompt + weight * other.prompt,
+            self.completion + weight * other.completion,
+        )
+
+
+QUOTE_TOKENS = 12.0  # replaced in main() by the mean recorded evidence quote, in tokens
+
+
+def mining_cost(prog, docs, limits, counter, side_only: str | None = None) -> Cost:
+    """Both sides' (or one side's) planned miner calls over these documents."""
+    from verdict.data_gen.formalizer.checks import compact
+    from verdict.data_gen.formalizer.miner import plan_miner_calls
+
+    def null_line(a: str) -> int:
+        return counter.count_text(compact({"atom": a, "value": None, "evidence": ""}) + ",")
+
+    cost = Cost()
+    for side in (side_only,) if side_only else ("inclusion", "exclusion"):
+        stage = f"miner_{side}"
+        calls = plan_miner_calls(
+            prog,
+            docs,
+            side,
+            count_messages=counter.count_messages,
+            count_text=counter.count_text,
+            prompt_budget=limits.prompt_budget(stage),
+            completion_budget=limits.stage_tokens(stage),
+        )
+        for c in calls:
+            lines = sum(null_line(a) for a in c.atoms) + NON_NULL_SHARE * len(c.atoms) * QUOTE_TOKENS
+            cost = cost.plus(Cost(1, c.prompt_tokens, lines))
+    return cost
+
+
+def reading(docs, limits, counter, quotes, share):
+    """The one reading of a chart: its cost, and the fact sheet's documents."""
+    from verdict.data_gen.formalizer.chart import reduce_chart
+    from verdict.data_gen.formalizer.reader import FactSheet, plan_reader_calls
+    from verdict.data_gen.protocol import ChartRead
+
+    reduced = reduce_chart(docs)
+    calls = plan_reader_calls(
+        reduced.documents,
+        count_messages=counter.count_messages,
+        count_text=counter.count_text,
+        prompt_budget=limits.prompt_budget("reader"),
+        completion_budget=limits.stage_tokens("reader"),
+    )
+    cost, excerpts = Cost(), []
+    for c in calls:
+        got = scripted_excerpts(c, quotes, share, counter)
+        excerpts += got
+        out = json.dumps({"excerpts": [e.text for e in got]}, ensure_ascii=False)
+        cost = cost.plus(Cost(1, counter.count_messages(c.messages), counter.count_text(out)))
+    sheet = FactSheet(excerpts, ChartRead(documents=len(docs)))
+    return cost, sheet.documents(), reduced, len(calls)
+
+
+def pair_cost(prog, docs, limits, counter, quotes, share, trials, threshold):
+    """(before, after per pair with the reading amortized, the reading alone, sheet tokens)."""
+    before = mining_cost(prog, docs, limits, counter)
+    chart_tokens = sum(counter.count_text(d.text) for d in docs)
+    if chart_tokens <= threshold:
+        return before, before, Cost(), chart_tokens, None
+    read, sheet_docs, reduced, _ = reading(docs, limits, counter, quotes, share)
+    after = mining_cost(prog, sheet_docs, limits, counter) if sheet_docs else Cost()
+    sheet_tokens = sum(counter.count_text(d.text) for d in sheet_docs)
+    return before, after.plus(read, 1 / trials), read, sheet_tokens, reduced
+
+
+def projection(prog, limits, counter, quotes, share, trials, threshold, shared, a) -> None:
+    """GPU-hours to screen 10,000 patients x 300 trials with 20k-token charts."""
+    docs, tokens = chart_of(20_000, shared, counter)
+    patients, n_trials = 10_000, 300
+    before_exc = mining_cost(prog, docs, limits, counter, "exclusion")
+    before_inc = mining_cost(prog, docs, limits, counter, "inclusion")
+    read, sheet_docs, _, _ = reading(docs, limits, counter, quotes, share)
+    after_exc = mining_cost(prog, sheet_docs, limits, counter, "exclusion")
+    after_inc = mining_cost(prog, sheet_docs, limits, counter, "inclusion")
+
+    def hours(c: Cost, n: float) -> float:
+        return n * (c.prompt / a.prefill_rate + c.completion / a.decode_rate) / 3600
+
+    pairs = patients * n_trials
+    print()
+    print(
+        f"projection: {patients:,} patients x {n_trials} trials, {tokens:,}-token charts ({len(docs)} "
+        f"documents), program {prog.trial_id}; one GPU at {a.prefill_rate:,} prefill and "
+        f"{a.decode_rate:,} decode tokens/s (vLLM, 7-9B dense model, H100; GPUStack performance lab, "
+        "Qwen3.5-9B on H100)"
+    )
+    print(f"  reading once per patient: {hours(read, patients):,.0f} GPU-hours in all")
+    print(f"{'settled by stage 1':>20}{'today GPU-h':>14}{'read once GPU-h':>17}{'ratio':>8}")
+    for s in (0.0, 0.25, 0.5, 0.75, 0.9):
+        today = hours(before_exc, pairs) + hours(before_inc, pairs * (1 - s))
+        new = hours(read, patients) + hours(after_exc, pairs) + hours(after_inc, pairs * (1 - s))
+        print(f"{s:>20.2f}{today:>14,.0f}{new:>17,.0f}{today / new:>8.1f}")
+    print("  stage 1 = the exclusion side; a pair it settles (ineligible) skips the inclusion side")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--limits", default="paper", help="configs/limits/NAME.yaml (default: paper)")
-    ap.add_argument("--sizes", default="500,2000,8000", help="note sizes in real Qwen2.5 tokens")
+    ap.add_argument(
+        "--sizes", default="500,2000,8000,22000,128000", help="chart sizes in real Qwen2.5 tokens"
+    )
     ap.add_argument("--programs", type=int, default=3, help="how many of the largest reference programs")
+    ap.add_argument("--trials", type=int, default=300, help="trials a patient's reading is amortized over")
+    ap.add_argument(
+        "--shared", type=Path, default=REPO.parent / "shared" / "data", help="the shared data folder"
+    )
+    ap.add_argument("--prefill-rate", type=int, default=PREFILL_TOKENS_PER_S, help="prompt tokens/s, one GPU")
+    ap.add_argument(
+        "--decode-rate", type=int, default=DECODE_TOKENS_PER_S, help="completion tokens/s, one GPU"
+    )
+    ap.add_argument("--no-projection", action="store_true")
     a = ap.parse_args(argv)
 
     from verdict.data_gen.formalizer.budget import load_limits, qwen25_counter
-    from verdict.data_gen.formalizer.miner import plan_miner_calls, side_atoms
+    from verdict.data_gen.formalizer.miner import side_atoms
+    from verdict.data_gen.formalizer.reader import ChartReading
 
     limits = load_limits(a.limits)
     counter = qwen25_counter()  # the real vocabulary, whatever the limits' tokenizer is
-    texts = patient_texts()
-    records = [(size, *record_of(size, texts, counter)) for size in (int(x) for x in a.sizes.split(","))]
-    n_calls = n_fit = 0
-    worst = 0
-    print(f"limits {limits.name}: max_length {limits.max_length}, tokenizer {counter.name}")
+    threshold = ChartReading().read_above_tokens
+    quotes = recorded_quotes(a.shared)
+    texts = dict(patient_texts(a.shared))
+    share = excerpt_share(quotes, texts, counter)
+    global QUOTE_TOKENS
+    every = [q for qs in quotes.values() for q in qs]
+    QUOTE_TOKENS = sum(counter.count_text(q) for q in every) / max(1, len(every))
+    sizes = [int(x) for x in a.sizes.split(",")]
+    charts = [(size, *chart_of(size, a.shared, counter)) for size in sizes]
+    programs = largest_programs(a.shared, a.programs)
     print(
-        f"{'program':<16}{'note':>6}{'docs':>5} {'side':<10}{'atoms':>6}{'chunks':>7}{'pass.':>6}{'calls':>6}"
-        f"{'prompt med':>11}{'max':>6}{'budget':>7}{'fit':>5}{'plan ms':>9}"
+        f"limits {limits.name}: max_length {limits.max_length}, tokenizer {counter.name}; read above "
+        f"{threshold} tokens; reading amortized over {a.trials} trials; scripted reader keeps "
+        f"{share:.1%} of a recorded SIGIR patient text"
     )
-    for prog in largest_programs(a.programs):
-        for _size, docs, tokens in records:
-            for side in ("inclusion", "exclusion"):
-                stage = f"miner_{side}"
-                budget = limits.prompt_budget(stage)
-                t0 = time.perf_counter()
-                calls = plan_miner_calls(
-                    prog,
-                    docs,
-                    side,
-                    count_messages=counter.count_messages,
-                    count_text=counter.count_text,
-                    prompt_budget=budget,
-                    completion_budget=limits.stage_tokens(stage),
-                )
-                ms = (time.perf_counter() - t0) * 1000
-                prompts = [c.prompt_tokens for c in calls]
-                fit = sum(p <= budget for p in prompts)
-                n_calls += len(calls)
-                n_fit += fit
-                worst = max([worst, *prompts])
-                chunks = calls[0].chunks if calls else 0
-                passages = len({p.id for c in calls for p in c.passages})
-                med = statistics.median(prompts) if prompts else 0
-                print(
-                    f"{prog.trial_id:<16}{tokens:>6}{len(docs):>5} {side:<10}{len(side_atoms(prog, side)):>6}"
-                    f"{chunks:>7}{passages:>6}{len(calls):>6}{med:>11.0f}{max(prompts, default=0):>6}"
-                    f"{budget:>7}{'yes' if fit == len(calls) else 'NO':>5}{ms:>9.0f}"
-                )
-    share = n_fit / n_calls if n_calls else 1.0
-    stage = "miner_inclusion"
     print(
-        f"miner-calls: records={len(records)} calls={n_calls} fit={share:.3f} max_prompt={worst} "
-        f"prompt_budget={limits.prompt_budget(stage)} max_tokens={limits.stage_tokens(stage)}"
+        f"{'program':<14}{'atoms':>6}{'chart':>8}{'docs':>6}{'dedup':>6}{'sheet':>7}"
+        f"{'calls before':>13}{'after':>8}{'prompt before':>14}{'after':>10}"
+        f"{'read calls':>11}{'read prompt':>12}{'read compl.':>12}"
     )
-    return 0 if n_fit == n_calls else 1
+    first: dict[int, Cost] = {}
+    for prog in programs:
+        n_atoms = len(set(side_atoms(prog, "inclusion")) | set(side_atoms(prog, "exclusion")))
+        for size, docs, tokens in charts:
+            before, after, read, sheet, reduced = pair_cost(
+                prog, docs, limits, counter, quotes, share, a.trials, threshold
+            )
+            removed = "-" if reduced is None else str(len(reduced.dropped) + len(reduced.trimmed))
+            print(
+                f"{prog.trial_id:<14}{n_atoms:>6}{tokens:>8}{len(docs):>6}{removed:>6}{sheet:>7}"
+                f"{before.calls:>13.0f}{after.calls:>8.1f}{before.prompt:>14,.0f}{after.prompt:>10,.0f}"
+                f"{read.calls:>11.0f}{read.prompt:>12,.0f}{read.completion:>12,.0f}"
+            )
+            if prog is programs[0]:
+                first[size] = after
+    if not a.no_projection:
+        projection(programs[0], limits, counter, quotes, share, a.trials, threshold, a.shared, a)
+    lo = min(sizes, key=lambda s: abs(s - 2000))
+    hi = min(sizes, key=lambda s: abs(s - 128_000))
+    print(
+        f"chart-cost: program={programs[0].trial_id} calls_2k={first[lo].calls:.1f} "
+        f"calls_128k={first[hi].calls:.1f} prompt_2k={first[lo].prompt:.0f} "
+        f"prompt_128k={first[hi].prompt:.0f}"
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -147,6 +147,9 @@ class ChartRead(StrictModel):
     trial (or the other side) had made or was making, so its cost is not this pair's."""
 
     documents: int = Field(description="documents in the chart")
+    mined_whole: bool = Field(
+        False, description="no reading: the reduced chart was small enough to be mined whole"
+    )
     dropped: list[DroppedDocument] = Field(default_factory=list)
     trimmed: list[TrimmedDocument] = Field(default_factory=list)
     passages_read: int = 0
@@ -163,6 +166,25 @@ class ChartRead(StrictModel):
     evidence_documents: list[str] = Field(
         default_factory=list, description="the documents the decision's evidence quotes come from"
     )
+
+    def summary(self) -> str:
+        """One line for a clinician: what was read, what was dropped and why, where the evidence is."""
+        out = (
+            f"mined whole: {self.documents} documents"
+            if self.mined_whole
+            else f"read once: {self.documents} documents -> {self.excerpts_kept} passages kept"
+        )
+        if self.dropped:
+            out += "; not read: " + ", ".join(f"{d.id} ({d.why}: {d.detail})" for d in self.dropped)
+        if self.trimmed:
+            out += "; copied-forward text read in the later document: " + ", ".join(
+                f"{t.id} -> {', '.join(t.kept_in)}" for t in self.trimmed
+            )
+        if self.kept_whole:
+            out += f"; {len(self.kept_whole)} passage group(s) kept whole (the reading failed its check)"
+        if self.evidence_documents:
+            out += "; evidence from " + ", ".join(self.evidence_documents)
+        return out
 
 
 class StageResult(StrictModel):

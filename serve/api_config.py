@@ -9,6 +9,7 @@ import re
 
 from pydantic import Field, field_validator, model_validator
 from verdict.core.configs import StrictModel
+from verdict.data_gen.formalizer.reader import ChartReading
 from verdict.data_gen.teacher_config import EgressConfig, StageTokens, TeacherConfig
 
 from .pages.session import SessionConfig
@@ -72,6 +73,12 @@ class FormalizerConfig(StrictModel):
         description="values mined for a patient record are reused for other trials that declare the same "
         "atom (same definition, domain, unit), not asked again (in memory, per process; see "
         "data_gen/formalizer/value_reuse.py)",
+    )
+    reading: ChartReading = Field(
+        default_factory=ChartReading,
+        description="long charts (above read_above_tokens) are read once per patient record version "
+        "into a fact sheet of verbatim excerpts that every trial's value miner reads "
+        "(data_gen/formalizer/reader.py); selection: the document types and date window read",
     )
     arbiter: bool = Field(
         False,

@@ -25,6 +25,7 @@ from verdict.core.patient import ResolvedPatient
 from verdict.core.program import TrialProgram
 from verdict.core.rationale import rationale_json
 from verdict.data_gen.formalizer.miner import PassageConflict
+from verdict.data_gen.protocol import ChartRead
 
 from .audit import DecisionRow
 
@@ -453,7 +454,7 @@ def render_page(
 <p id="summary">{escape(decision.trace.summary)}</p>{reason}{history_html(row.decision_id, history, what)}
 <h2>Criteria</h2>{forms_note}
 <section id="criteria">{criteria_html}</section>
-<h2>Patient note</h2>{note_html}
+<h2>Patient note</h2>{chart_read_html(row)}{note_html}
 {conflicts_html}
 <h2>To confirm at the screening visit</h2><ul id="confirm">{"".join(confirm)}</ul>
 <h2>{escape(change_title)}</h2><ul id="change">{"".join(change)}</ul>
@@ -463,6 +464,15 @@ def render_page(
 {escape(str(models.get("value_miner")))}, parser {escape(str(parser_model))}, base model
 {escape(str(models.get("base_model")))}; engine v{escape(row.engine_version)}.</p>"""
     return shell(f"{row.trial_id} / {row.patient_id}: {d}", body, viewer)
+
+
+def chart_read_html(row: DecisionRow) -> str:
+    """How a long chart was read once (documents -> passages kept, what was not read and why, the
+    documents the evidence came from); empty for a chart mined whole."""
+    read = row.artifacts.get("chart_read")
+    if not read:
+        return ""
+    return f'<p class="meta" id="chart-read">{escape(ChartRead.model_validate(read).summary())}</p>'
 
 
 def history_html(decision_id: str, history, what=escape) -> str:

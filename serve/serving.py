@@ -41,6 +41,7 @@ from verdict.data_gen.formalizer.accounting import PairCost, pair_cost
 from verdict.data_gen.formalizer.endpoints import EndpointPool
 from verdict.data_gen.formalizer.miner import BUDGET as MINER_BUDGET
 from verdict.data_gen.formalizer.miner import MinedValues, PassageConflict
+from verdict.data_gen.formalizer.reader import pair_chart_read
 from verdict.data_gen.formalizer.value_reuse import ValueReuse
 from verdict.data_gen.protocol import PatientDoc, StageResult, TrialDoc
 
@@ -174,6 +175,7 @@ class MatchingService:
             run="serve",
             client=self.client,
             value_reuse=ValueReuse() if fc.reuse_values else None,
+            reading=fc.reading,
         )
         self.audit = audit or open_store(config)
         self.metrics = metrics or ServiceMetrics()
@@ -575,6 +577,7 @@ class MatchingService:
     ) -> DecisionRow:
         """The decision's audit row: what an auditor needs to reproduce it (observed as stage 'audit')."""
         stored_note = stored_record(req.patient.note, record)
+        chart_read = pair_chart_read(d.inc, d.exc, d.mined.sources)  # None: the chart was mined whole
         t0 = time.perf_counter()
         # In a thread: a PostgreSQL store waits for the chain lock and the network; the loop must not.
         stored = await asyncio.to_thread(
@@ -610,6 +613,7 @@ class MatchingService:
                         "documents": documents_meta(req.patient.note, record),
                         "fhir": fhir_meta(req.patient.fhir, coded),
                         "extraction_conflicts": [c.model_dump(mode="json") for c in d.mined.conflicts],
+                        "chart_read": chart_read and chart_read.model_dump(mode="json"),
                         "rationale_markdown": d.markdown,
                         "arbiter": d.arbiter,
                         "verbalizer": d.verbalizer and {**d.verbalizer, "rationale_text": d.rationale_text},

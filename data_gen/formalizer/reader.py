@@ -329,8 +329,18 @@ async def mine_chart(
         return await mine_values(fz, program, note, side, data_class=data_class, skip=skip)
     reduced = reduce_chart(docs, reading.selection if reading.selection.active else None)
     small = await asyncio.to_thread(chart_tokens, fz, reduced.documents)
-    if small <= reading.read_above_tokens and len(reduced.documents) == len(docs) and not reduced.trimmed:
+    untouched = len(reduced.documents) == len(docs) and not reduced.trimmed
+    if small <= reading.read_above_tokens and untouched:  # as before: single notes are unchanged
         return await mine_values(fz, program, note, side, data_class=data_class, skip=skip)
+    if small <= reading.read_above_tokens or not reduced.documents:  # the reduced chart, mined whole
+        whole = ChartRead(
+            documents=len(docs), dropped=reduced.dropped, trimmed=reduced.trimmed, mined_whole=True
+        )
+        if not reduced.documents:
+            return _no_text(fz, program, side, skip, whole)
+        record = PatientDoc(patient_id=_pid(pid), documents=reduced.documents, data_class=dclass)
+        res = await mine_values(fz, program, record, side, data_class=dclass, skip=skip)
+        return res.model_copy(update={"chart_read": whole})
 
     async def read() -> FactSheet:
         return await read_chart(fz, reduced, data_class=dclass, ids=f"patient={pid}")
@@ -339,25 +349,49 @@ async def mine_chart(
     chart_read = sheet.read.model_copy(update={"reused": reused})
     sheet_docs = sheet.documents()
     if not sheet_docs:  # nothing in the chart is about the patient: every atom null, no call
-        names = [n for n in side_atoms(program, side) if n not in skip]
-        merged = MinedValues([MinedValue(atom=n, value=None) for n in names])
-        return StageResult(
-            stage=f"miner_{side}",
-            status="accepted",
-            teacher=fz.endpoint.name,
-            model=fz.endpoint.model,
-            prompt_version=fz.prompt(f"miner_{side}").ident,
-            messages=[],
-            output_json=miner_target(merged.values, sparse=fz.prompt(f"miner_{side}").sparse),
-            output=merged,
-            chart_read=chart_read,
-            assembly={"calls": 0, "chunks": 0, "passages": {}},
-        )
-    record = PatientDoc(patient_id=pid if pid != "-" else "chart", documents=sheet_docs, data_class=dclass)
+        return _no_text(fz, program, side, skip, chart_read)
+    record = PatientDoc(patient_id=_pid(pid), documents=sheet_docs, data_class=dclass)
     res = await mine_values(fz, program, record, side, data_class=dclass, skip=skip)
     if res.accepted:
         res = res.model_copy(update={"output": _checked_against_sheet(res.output, sheet)})
     return res.model_copy(update={"chart_read": chart_read})
+
+
+def _pid(pid: str) -> str:
+    return pid if pid != "-" else "chart"
+
+
+def _no_text(fz: Formalizer, program: TrialProgram, side: str, skip, chart_read: ChartRead) -> StageResult:
+    """No text left to mine (every document dropped, or nothing kept by the reading): every atom
+    null, no call."""
+    names = [n for n in side_atoms(program, side) if n not in skip]
+    merged = MinedValues([MinedValue(atom=n, value=None) for n in names])
+    return StageResult(
+        stage=f"miner_{side}",
+        status="accepted",
+        teacher=fz.endpoint.name,
+        model=fz.endpoint.model,
+        prompt_version=fz.prompt(f"miner_{side}").ident,
+        messages=[],
+        output_json=miner_target(merged.values, sparse=fz.prompt(f"miner_{side}").sparse),
+        output=merged,
+        chart_read=chart_read,
+        assembly={"calls": 0, "chunks": 0, "passages": {}},
+    )
+
+
+def pair_chart_read(inc: StageResult, exc: StageResult, sources: dict[str, str]) -> ChartRead | None:
+    """The pair's `ChartRead` (both sides read the same sheet): reused only when neither side made
+    the reading, with the documents the merged values' evidence comes from (`sources`)."""
+    reads = [r.chart_read for r in (inc, exc) if r.chart_read is not None]
+    if not reads:
+        return None
+    return reads[0].model_copy(
+        update={
+            "reused": all(r.reused for r in reads),
+            "evidence_documents": sorted(set(sources.values())),
+        }
+    )
 
 
 def _checked_against_sheet(mined: MinedValues, sheet: FactSheet) -> MinedValues:

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import yaml
-from verdict.data_gen.protocol import PatientDoc, TrialDoc
+from verdict.data_gen.protocol import NoteDocument, PatientDoc, TrialDoc
 from verdict.data_gen.scripted_server import Match, Rule, Script, ScriptedResponse
 
 
@@ -236,3 +236,38 @@ def windows(text: str, size: int = 20) -> list[str]:
 def leaks(haystack: str, texts: list[str], size: int = 20) -> list[str]:
     hay = " ".join(haystack.split())
     return [w for t in texts for w in windows(t, size) if w in hay]
+
+
+# ---- a long chart (issue 23: read once) -----------------------------------------------------------
+READER_MARK = "You read part of a patient's chart"  # in the reader prompt's system text
+COPIED = "Past history: hypertension treated with lisinopril since 2015, well controlled on review."
+AGE = "The patient is a 52-year-old woman"
+COND_1 = "diagnosed with condition 1 in 2019"
+PREG = "pregnancy test was positive"
+
+
+def filler(i: int) -> str:
+    """A paragraph that states nothing about the patient (distinct per document)."""
+    return " ".join(
+        f"Room {i}-{j} was cleaned and the schedule for shift {j} of ward {i} was posted." for j in range(12)
+    )
+
+
+def long_chart() -> PatientDoc:
+    """12 dated progress notes of distinct filler (well over 2,048 tokens), three facts, and one
+    paragraph copied forward from d2 to d11."""
+    docs = []
+    for i in range(1, 13):
+        paras = [filler(i)]
+        if i == 3:
+            paras.append(f"{AGE} seen for follow up.")
+        if i == 7:
+            paras.append(f"She was {COND_1} by biopsy.")
+        if i == 10:
+            paras.append(f"Today a {PREG}.")  # on the chart, but the reader's recording leaves it out
+        if i in (2, 11):
+            paras.append(COPIED)
+        docs.append(
+            NoteDocument(id=f"d{i}", text="\n\n".join(paras), date=f"2024-01-{i:02d}", kind="progress_note")
+        )
+    return PatientDoc(patient_id="p-long", documents=docs)

@@ -22,9 +22,7 @@ from verdict.data_gen.scripted_server import Match, Rule, Script
 from verdict.data_gen.scripted_server import ScriptedResponse as R
 from verdict.data_gen.teacher_config import TeacherConfig
 
-from .teacher_data import program, trial_id
-
-COPIED = "Past history: hypertension treated with lisinopril since 2015, well controlled on review."
+from .teacher_data import AGE, COND_1, COPIED, PREG, READER_MARK, long_chart, program, trial_id
 
 
 def doc(i: int, text: str, date: str | None = None, kind: str | None = None) -> NoteDocument:
@@ -113,37 +111,6 @@ def test_an_excerpt_not_verbatim_in_one_passage_is_rejected_by_id_never_by_text(
 
 
 # ---- read once, over HTTP ------------------------------------------------------------------------
-AGE = "The patient is a 52-year-old woman"
-COND_1 = "diagnosed with condition 1 in 2019"
-PREG = "pregnancy test was positive"
-
-
-def filler(i: int) -> str:
-    """A paragraph that states nothing about the patient (distinct per document)."""
-    return " ".join(
-        f"Room {i}-{j} was cleaned and the schedule for shift {j} of ward {i} was posted." for j in range(12)
-    )
-
-
-def long_chart() -> PatientDoc:
-    docs = []
-    for i in range(1, 13):
-        paras = [filler(i)]
-        if i == 3:
-            paras.append(f"{AGE} seen for follow up.")
-        if i == 7:
-            paras.append(f"She was {COND_1} by biopsy.")
-        if i == 10:
-            paras.append(f"Today a {PREG}.")  # on the chart, but the reader's recording leaves it out
-        if i in (2, 11):
-            paras.append(COPIED)
-        docs.append(doc(i, "\n\n".join(paras), f"2024-01-{i:02d}", "progress_note"))
-    return PatientDoc(patient_id="p-long", documents=docs)
-
-
-READER_MARK = "You read part of a patient's chart"
-
-
 def script() -> Script:
     values = {
         "age_years": {"value": 52, "evidence": AGE},
@@ -246,3 +213,29 @@ def test_a_reading_that_fails_validation_keeps_the_group_whole(scripted_server):
     assert read.kept_whole and read.excerpts_kept > 0
     got = {mv.atom: mv.value for res in (inc, exc) for mv in res.output}
     assert got["age_years"] == 52 and got["is_pregnant"] is True  # nothing lost: the text was kept
+
+
+def test_a_small_chart_with_copies_is_mined_whole_and_says_what_it_left_out(scripted_server):
+    scripted_server.set_script(script())
+    small = PatientDoc(
+        patient_id="p",
+        documents=[doc(1, f"{AGE}.\n\n{COPIED}", "2024-01-01"), doc(2, COPIED, "2024-02-01"), doc(3, "x")],
+    )
+    sel = ChartReading(selection=DocumentSelection(since="2024-01-01"))
+    (inc, _), _ = match_two_trials(scripted_server.url, small, sel)
+    read = inc.chart_read
+    assert reader_requests(scripted_server) == 0 and read.mined_whole
+    assert [(t.id, t.kept_in) for t in read.trimmed] == [("d1", ["d2"])] and read.dropped == []
+    assert read.summary().startswith("mined whole: 3 documents") and "d1 -> d2" in read.summary()
+    assert {mv.atom: mv.value for mv in inc.output}["age_years"] == 52
+
+
+def test_a_selection_that_drops_every_document_asks_nothing_and_records_why(scripted_server):
+    scripted_server.set_script(script())
+    chart = PatientDoc(patient_id="p", documents=[doc(1, f"{AGE}.", "2020-01-01"), doc(2, "y", "2021-01-01")])
+    sel = ChartReading(selection=DocumentSelection(since="2024-01-01"))
+    (inc, exc), _ = match_two_trials(scripted_server.url, chart, sel)
+    assert not scripted_server.requests and inc.accepted and exc.accepted
+    assert all(mv.value is None for mv in inc.output)
+    assert [d.id for d in inc.chart_read.dropped] == ["d1", "d2"]
+    assert "not read: d1 (selection: dated 2020-01-01 before the window" in inc.chart_read.summary()
