@@ -159,9 +159,10 @@ class ChartRead(StrictModel):
         default_factory=list,
         description="passage groups whose reading failed validation: put on the sheet whole (nothing lost)",
     )
-    calls: int = Field(0, description="reader calls of the reading (cache hits included)")
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    calls: int = Field(0, description="reader calls the reading sent to a model (a repair is a call)")
+    cache_hits: int = Field(0, description="reader calls answered from the call cache (no model work)")
+    prompt_tokens: int = Field(0, description="prompt tokens of the reader calls sent")
+    completion_tokens: int = Field(0, description="completion tokens of the reader calls sent")
     reused: bool = False
     evidence_documents: list[str] = Field(
         default_factory=list, description="the documents the decision's evidence quotes come from"

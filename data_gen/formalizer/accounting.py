@@ -79,11 +79,16 @@ def pair_cost(*sides: StageResult) -> PairCost:
     """`PairCost` of a pair from its miner sides; when the chart was read once (`chart_read` on the
     sides), that reading too: this pair paid it unless every side reused a reading made before."""
     mining, reused = mining_cost(*sides)
-    reads = [s.chart_read for s in sides if s.chart_read is not None]
+    reads = [s.chart_read for s in sides if s.chart_read is not None and not s.chart_read.mined_whole]
     if not reads:
         return PairCost(mining=mining, reused_atoms=reused)
     r = reads[0]
-    reading = CallCost(calls=r.calls, prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens)
+    reading = CallCost(
+        calls=r.calls,
+        cache_hits=r.cache_hits,
+        prompt_tokens=r.prompt_tokens,
+        completion_tokens=r.completion_tokens,
+    )
     return PairCost(
         mining=mining, reused_atoms=reused, reading=reading, reading_reused=all(x.reused for x in reads)
     )

@@ -263,9 +263,10 @@ async def read_chart(fz: Formalizer, reduced: ReducedChart, *, data_class: str, 
         excerpts_kept=len(excerpts),
         sheet_documents=list(dict.fromkeys(e.document for e in excerpts)),
         kept_whole=whole,
-        calls=sum(len(r.attempts) for r in results),
-        prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens,
+        calls=usage.calls_paid,
+        cache_hits=usage.cache_hits,
+        prompt_tokens=usage.paid_prompt_tokens,
+        completion_tokens=usage.paid_completion_tokens,
     )
     return FactSheet(excerpts, read, results)
 

@@ -144,11 +144,11 @@ def teacher(url) -> TeacherConfig:
     )
 
 
-def match_two_trials(url, record, reading=ChartReading()):
+def match_two_trials(url, record, reading=ChartReading(), cache=None):
     """Both sides of trial 1, then both sides of trial 2, with one formalizer (one process)."""
 
     async def go():
-        fz = Formalizer(teacher(url), reading=reading)
+        fz = Formalizer(teacher(url), reading=reading, cache=cache)
         out = []
         try:
             for i in (1, 2):
@@ -239,3 +239,17 @@ def test_a_selection_that_drops_every_document_asks_nothing_and_records_why(scri
     assert all(mv.value is None for mv in inc.output)
     assert [d.id for d in inc.chart_read.dropped] == ["d1", "d2"]
     assert "not read: d1 (selection: dated 2020-01-01 before the window" in inc.chart_read.summary()
+
+
+def test_a_rerun_in_a_new_process_reads_the_chart_from_the_call_cache(scripted_server, tmp_path):
+    from verdict.data_gen.cache import CallCache
+
+    scripted_server.set_script(script())
+    cache = CallCache(tmp_path / "calls.sqlite")
+    (inc, _), _ = match_two_trials(scripted_server.url, long_chart(), cache=cache)
+    paid = inc.chart_read.calls
+    sent = len(scripted_server.requests)
+    (again, _), _ = match_two_trials(scripted_server.url, long_chart(), cache=cache)  # a new formalizer
+    assert len(scripted_server.requests) == sent  # no call at all: the reading and the mining were cached
+    assert again.chart_read.calls == 0 and again.chart_read.cache_hits == paid and not again.chart_read.reused
+    assert {mv.atom: mv.value for mv in again.output}["age_years"] == 52
