@@ -117,6 +117,44 @@ def test_503_with_retry_after_only_when_no_endpoint_is_left(tmp_path, student_re
         a.stop(), b.stop()
 
 
+def test_500s_to_some_pairs_of_a_batch_never_take_the_lone_formalizer_from_the_others(tmp_path):
+    """Issue 22.9: the only formalizer answers 500 to the charts of three patients of a batch (a
+    500 is about its request): those pairs fail, every other pair of the batch is decided (marked
+    down, the endpoint made them 503 until its next check)."""
+    from tests.serve.test_screen import NOTE_40, VALUES, _program
+
+    srv = ScriptedServer(
+        Script.model_validate(
+            {
+                "rules": [
+                    {"match": {"contains": ["BROKEN"]}, "responses": [{"fault": "status", "status": 500}]}
+                ],
+                "default": {"auto": "nulls", "auto_values": VALUES},
+            }
+        )
+    ).start()
+    svc = start_service(tmp_path / "b", srv.url, {"formalizer": SCRIPTED_MODELS})
+    try:
+        with svc.client("admin") as admin:
+            r = admin.post("/v1/trials", json={"program": _program("T-HA", 18, "has_chest_pain")})
+            assert r.status_code == 200, r.text
+        broken = [{"patient_id": f"B{i}", "note": f"BROKEN chart {i}"} for i in range(3)]
+        healthy = [{"patient_id": f"H{i:02d}", "note": f"{NOTE_40} Visit {i}."} for i in range(16)]
+        with svc.client() as c:
+            r = c.post("/v1/match/batch", json={"trial_ids": ["T-HA"], "patients": broken + healthy})
+        assert r.status_code == 200, r.text
+        lines = {x["patient_id"]: x for x in map(json.loads, r.text.splitlines())}
+        assert {p: lines[p]["status"] for p in lines if p.startswith("H")} == {
+            p["patient_id"]: 200 for p in healthy
+        }
+        for p in broken:
+            assert "HTTP 500 from the formalizer" in lines[p["patient_id"]]["error"]["message"]
+        assert "marked down" not in svc.log
+    finally:
+        svc.stop()
+        srv.stop()
+
+
 def test_refuses_to_start_when_any_endpoint_is_off_the_allowlist(tmp_path):
     svc = start_service(
         tmp_path / "e",
