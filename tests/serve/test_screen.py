@@ -400,18 +400,16 @@ SITE_SHAPES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    """A service with 2,000 registered trials: four small programs under 2,000 ids, written to the
-    store the way an upload writes them (`MatchingService.upload_program`; uploading through the API
-    is tested above and would spend its Z3 check 2,000 times), the scripted server answering the miner."""
+def register_site(store_path, n: int) -> None:
+    """`n` registered trials, four small programs (SITE_SHAPES) under `n` ids, written to the store
+    the way an upload writes them (`MatchingService.upload_program`; uploading through the API is
+    tested above and would spend its Z3 check `n` times). Before the service starts."""
     from verdict.core.program import TrialProgram, check_program
     from verdict.serve.audit import AuditStore
 
-    folder = tmp_path_factory.mktemp("site")
-    store = AuditStore(folder / "audit.sqlite")
+    store = AuditStore(store_path)
     try:
-        for i in range(SITE_TRIALS):
+        for i in range(n):
             (min_age, exclusion), _ = SITE_SHAPES[i % len(SITE_SHAPES)]
             p = check_program(TrialProgram.model_validate(_program(f"S-{i:04d}", min_age, exclusion)))
             store.add_trial(
@@ -423,15 +421,28 @@ def site(tmp_path_factory):
             )
     finally:
         store.close()
+
+
+def start_site(folder, n: int, limits: dict | None = None):
+    """A service in `folder` with `n` registered trials, and the scripted formalizer it asks."""
+    register_site(folder / "audit.sqlite", n)
     srv = ScriptedServer(Script.model_validate(SCRIPT)).start()
-    svc = start_service(
-        folder,
-        srv.url,
-        {
-            "formalizer": {"parser_model": "scripted", "value_miner_model": "scripted"},
-            "limits": {"max_screen_pairs": SITE_TRIALS},
-        },
-    )
+    api = {
+        "formalizer": {"parser_model": "scripted", "value_miner_model": "scripted"},
+        "limits": limits or {},
+    }
+    try:
+        return start_service(folder, srv.url, api), srv
+    except BaseException:
+        srv.stop()
+        raise
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """A service with 2,000 registered trials (no more screen pairs allowed), the scripted server
+    answering the miner."""
+    svc, srv = start_site(tmp_path_factory.mktemp("site"), SITE_TRIALS, {"max_screen_pairs": SITE_TRIALS})
     try:
         yield svc, srv
     finally:
