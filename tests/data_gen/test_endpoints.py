@@ -360,3 +360,26 @@ def test_in_a_pool_500s_count_against_an_endpoint_over_distinct_requests_only():
         assert len(a.requests) == 1 + ERRORS_IN_A_ROW + 1 + ERRORS_IN_A_ROW - 1  # down before the last
     finally:
         a.stop(), b.stop()
+
+
+def test_the_last_usable_endpoint_is_not_marked_down_by_request_level_500s():
+    """A pool whose other endpoint is down is a lone endpoint for now: 500s to distinct prompts do
+    not take the last one away (its healthy requests would get 503)."""
+    srv = bad_grammar_server()
+    try:
+
+        async def go():
+            p = pool([dead_url(), srv.url], check_interval_s=3600)
+            try:
+                await p.check_all()
+                for i in range(ERRORS_IN_A_ROW + 1):
+                    with pytest.raises(EndpointError):
+                        await send(p, f"bad grammar {i}")
+                return [m.state for m in p.members], (await send(p, "fine")).content
+            finally:
+                await p.aclose()
+
+        states, content = asyncio.run(go())
+        assert states == ["down", "up"] and content == "ok"
+    finally:
+        srv.stop()
