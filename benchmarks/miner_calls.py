@@ -21,8 +21,9 @@ SIGIR patient text, the pieces of every evidence quote the reference corpus reco
 patient (`reference/v6`) verbatim in the passage; of a TREC patient text (no recording), its
 leading sentences up to the SIGIR excerpt share (printed); of filler, nothing. Per pair: calls and
 prompt tokens of both sides for one trial program, the reading amortized over `--trials` trials.
-Completion tokens are estimated: a null value line per asked atom (v1 writes every atom), plus a
-mean recorded quote for the recorded share of non-null values; a reader call writes its excerpts.
+Completion tokens are estimated from the recorded share of non-null values (23%) and the mean
+recorded quote: a sparse answer (the default miner prompt, v2) writes only those value lines, a
+dense one (v1) a line for every atom; a reader call writes its excerpts.
 
 Then a projection: GPU-hours to screen 10,000 patients x 300 trials with 20k-token charts, both
 paths, at stated prefill/decode rates, against the share of pairs a first stage (the exclusion
@@ -106,8 +107,9 @@ def filler_texts(shared: Path):
                 yield f"trial-{row['nct_id']}", "\n\n".join(paras)
 
 
-def chart_of(size: int, shared: Path, counter):
-    """Documents adding up to at least `size` tokens: patient texts, then filler."""
+def chart_of(size: int, shared: Path, counter, facts: int | None = None):
+    """Documents adding up to at least `size` tokens: patient texts (at most about `facts` tokens of
+    them when given), then filler."""
     from verdict.data_gen.protocol import NoteDocument
 
     docs, total = [], 0
@@ -115,6 +117,8 @@ def chart_of(size: int, shared: Path, counter):
         for did, text in source:
             if total >= size:
                 return docs, total
+            if kind == "patient" and facts is not None and total >= facts:
+                break
             docs.append(NoteDocument(id=did, text=text, kind=kind))
             total += counter.count_text(text)
     return docs, total
@@ -183,6 +187,7 @@ def mining_cost(prog, docs, limits, counter, side_only: str | None = None) -> Co
     """Both sides' (or one side's) planned miner calls over these documents."""
     from verdict.data_gen.formalizer.checks import compact
     from verdict.data_gen.formalizer.miner import plan_miner_calls
+    from verdict.data_gen.prompt_templates import stage_prompt
 
     def null_line(a: str) -> int:
         return counter.count_text(compact({"atom": a, "value": None, "evidence": ""}) + ",")
@@ -199,9 +204,13 @@ def mining_cost(prog, docs, limits, counter, side_only: str | None = None) -> Co
             prompt_budget=limits.prompt_budget(stage),
             completion_budget=limits.stage_tokens(stage),
         )
+        sparse = stage_prompt(stage).sparse  # the default miner prompt: sparse answers name only values
         for c in calls:
-            lines = sum(null_line(a) for a in c.atoms) + NON_NULL_SHARE * len(c.atoms) * QUOTE_TOKENS
-            cost = cost.plus(Cost(1, c.prompt_tokens, lines))
+            lines = sum(null_line(a) for a in c.atoms)
+            said = NON_NULL_SHARE * (lines + len(c.atoms) * QUOTE_TOKENS)
+            cost = cost.plus(
+                Cost(1, c.prompt_tokens, said if sparse else lines + said - NON_NULL_SHARE * lines)
+            )
     return cost
 
 
@@ -239,6 +248,30 @@ def pair_cost(prog, docs, limits, counter, quotes, share, trials, threshold):
     after = mining_cost(prog, sheet_docs, limits, counter) if sheet_docs else Cost()
     sheet_tokens = sum(counter.count_text(d.text) for d in sheet_docs)
     return before, after.plus(read, 1 / trials), read, sheet_tokens, reduced
+
+
+def fixed_facts(prog, sizes, limits, counter, quotes, share, threshold, a) -> None:
+    """The same, the patient texts stopped at about `--fixed-facts` tokens and the rest filler: one
+    patient's facts in a chart that grows (what the reading makes flat)."""
+    print()
+    print(f"patient text fixed at about {a.fixed_facts} tokens, the rest filler (program {prog.trial_id}):")
+    print(f"{'chart':>8}{'docs':>6}{'sheet':>7}{'calls after':>12}{'prompt after':>13}{'read calls':>11}")
+    for size in sizes:
+        if size < a.fixed_facts:
+            continue
+        docs, tokens = chart_of(size, a.shared, counter, facts=a.fixed_facts)
+        chart_tokens = sum(counter.count_text(d.text) for d in docs)
+        if chart_tokens <= threshold:
+            after, read, sheet = mining_cost(prog, docs, limits, counter), Cost(), chart_tokens
+        else:
+            read, sheet_docs, _, _ = reading(docs, limits, counter, quotes, share)
+            after = (mining_cost(prog, sheet_docs, limits, counter) if sheet_docs else Cost()).plus(
+                read, 1 / a.trials
+            )
+            sheet = sum(counter.count_text(d.text) for d in sheet_docs)
+        print(
+            f"{tokens:>8}{len(docs):>6}{sheet:>7}{after.calls:>12.1f}{after.prompt:>13,.0f}{read.calls:>11.0f}"
+        )
 
 
 def projection(prog, limits, counter, quotes, share, trials, threshold, shared, a) -> None:
@@ -287,6 +320,12 @@ def main(argv: list[str] | None = None) -> int:
         "--decode-rate", type=int, default=DECODE_TOKENS_PER_S, help="completion tokens/s, one GPU"
     )
     ap.add_argument("--no-projection", action="store_true")
+    ap.add_argument(
+        "--fixed-facts",
+        type=int,
+        default=2000,
+        help="also: charts whose patient text stops at about this many tokens, the rest filler (0: off)",
+    )
     a = ap.parse_args(argv)
 
     from verdict.data_gen.formalizer.budget import load_limits, qwen25_counter
@@ -330,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             if prog is programs[0]:
                 first[size] = after
+    if a.fixed_facts:
+        fixed_facts(programs[0], sizes, limits, counter, quotes, share, threshold, a)
     if not a.no_projection:
         projection(programs[0], limits, counter, quotes, share, a.trials, threshold, a.shared, a)
     lo = min(sizes, key=lambda s: abs(s - 2000))

@@ -128,7 +128,11 @@ def export(
     seed: int = typer.Option(0, help="seed of the split shuffle"),
     split: str = typer.Option("0.8,0.1,0.1", help="train,validation,test fractions"),
     split_by: str = typer.Option("trial", help="trial | trial+patient (also keep each patient in one split)"),
-    tasks: str = typer.Option("parser,value_miner", help="comma-separated tasks"),
+    tasks: str = typer.Option(
+        "parser,value_miner",
+        help="comma-separated tasks: parser, value_miner, reader (the chart reader: a dataset the "
+        "value-miner adapter trains on)",
+    ),
     overwrite: bool = typer.Option(False, help="replace existing task folders"),
     runs_dir: Path = typer.Option(Path("runs"), help="where run names are looked up"),
 ) -> None:
@@ -242,6 +246,10 @@ def import_recorded(
         f"{s.run_dir}: {s.files} reference files -> {s.accepted} accepted, {s.rejected} rejected value-miner "
         f"records"
         + (f" (reasons: {', '.join(f'{k} {v}' for k, v in s.reasons.items())})" if s.reasons else "")
+    )
+    typer.echo(
+        f"reader: {s.reader_accepted} accepted, {s.reader_rejected} rejected records (one per note: "
+        "its recorded quotes as excerpts; task reader, trained into the value-miner adapter)"
     )
     typer.echo(
         f"parser: {s.parser_accepted} accepted, {s.parser_rejected} rejected per-criterion records"

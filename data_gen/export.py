@@ -30,7 +30,7 @@ from pathlib import Path
 from verdict.core.errors import VerdictError
 
 from .records import Record, RecordStore
-from .sft_record import TASKS, SftRecord, features
+from .sft_record import DATASET_TASKS, TASKS, SftRecord, features
 
 SPLITS = ("train", "validation", "test")
 
@@ -152,9 +152,9 @@ def export_datasets(
         raise VerdictError(f"split fractions must be >= 0 and sum to 1 (got {fractions})")
     if split_by not in ("trial", "trial+patient"):
         raise VerdictError(f"split_by must be 'trial' or 'trial+patient' (got '{split_by}')")
-    unknown = set(tasks) - set(TASKS)
+    unknown = set(tasks) - set(DATASET_TASKS)
     if unknown:
-        raise VerdictError(f"unknown task(s) {sorted(unknown)} (known: {', '.join(TASKS)})")
+        raise VerdictError(f"unknown task(s) {sorted(unknown)} (known: {', '.join(DATASET_TASKS)})")
     runs = [load_run_records(d) for d in run_dirs]
     out = Path(out)
     for task in tasks:

@@ -47,8 +47,9 @@ from .formalizer import (
 from .formalizer.assembly import criterion_outputs
 from .formalizer.criteria import CriterionText, split_trial
 from .formalizer.parser import check_criterion_output, criterion_messages
+from .formalizer.reader import recorded_reader_result
 from .prompt_templates import stage_prompt
-from .protocol import StageResult, TrialDoc, Usage
+from .protocol import SINGLE_NOTE_ID, NoteDocument, StageResult, TrialDoc, Usage
 from .records import RecordStore
 from .sources import load_patients, load_trials
 
@@ -72,6 +73,8 @@ class RecordedSummary:
     criteria_without_requirement: int = 0
     alignment: dict[str, int] = field(default_factory=dict)  # method -> sides aligned that way
     no_trial_text: int = 0  # files whose trial is not in the trials file
+    reader_accepted: int = 0  # reader records (one per patient note: its recorded quotes as excerpts)
+    reader_rejected: int = 0
 
 
 @dataclass
@@ -417,6 +420,7 @@ def import_recorded(
                 "teachers": {"parser": TEACHER, "miner": TEACHER},
             },
         )
+        quotes: dict[str, tuple[str, list[str]]] = {}  # patient -> (first trial, recorded quotes)
         for f in files:
             out.files += 1
             patient_id, stem = f.parent.name, f.name.split("__")[0]
@@ -431,6 +435,8 @@ def import_recorded(
             except VerdictError as e:
                 out.problems.append(f"{f.parent.name}/{f.name}: {e.summary}")
                 continue
+            said = quotes.setdefault(patient_id, (trial_id, []))[1]
+            said += [r.evidence for r in case.patient.resolutions if r.status == "observed" and r.evidence]
             trial = trials.get(trial_id)
             if trial is not None:
                 parsed = recorded_parser_result(case.program, trial, parser_prompt_version, out)
@@ -464,6 +470,17 @@ def import_recorded(
                 else:
                     out.rejected += 1
                     out.reasons[check.reason or "?"] = out.reasons.get(check.reason or "?", 0) + 1
+        # The reader's distillation: one record per note, its recorded quotes as the excerpts (its
+        # split follows the patient's first trial).
+        for patient_id, (trial_id, said) in quotes.items():
+            note = notes[patient_id]
+            doc = NoteDocument(id=SINGLE_NOTE_ID, text=note.text)
+            res = recorded_reader_result(doc, said, teacher=TEACHER, model=MODEL)
+            store.put(res, trial_id, patient_id, item=f"reader-{patient_id}")
+            if res.accepted:
+                out.reader_accepted += 1
+            else:
+                out.reader_rejected += 1
         store.set_meta("status", "complete")
     finally:
         store.close()

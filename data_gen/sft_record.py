@@ -15,8 +15,13 @@ from typing import Literal
 from pydantic import Field
 from verdict.core.configs import StrictModel
 
-TASKS: tuple[str, ...] = ("parser", "value_miner")
+TASKS: tuple[str, ...] = ("parser", "value_miner")  # the student adapters, one per task
 Task = Literal["parser", "value_miner"]
+# The datasets an export writes: the chart reader's is a task of the value-miner adapter (the same
+# kind of reading, served by it), exported apart so that each dataset holds one output format.
+DATASET_TASKS: tuple[str, ...] = (*TASKS, "reader")
+DatasetTask = Literal["parser", "value_miner", "reader"]
+ADAPTER_TASKS: dict[str, tuple[str, ...]] = {"parser": ("parser",), "value_miner": ("value_miner", "reader")}
 ROLES = ["system", "user", "assistant"]
 
 
@@ -27,7 +32,7 @@ class Message(StrictModel):
 
 class SftRecord(StrictModel):
     messages: list[Message] = Field(description="system, user (the stage's prompt), assistant (the target)")
-    task: Task
+    task: DatasetTask
     record_id: str = Field(description="unique in the export: '<run>:<stage>:<trial>[:<patient>][#<item>]'")
     trial_id: str
     patient_id: str | None = Field(None, description="null for parser records")

@@ -25,7 +25,14 @@ Stage = Literal["parser", "miner_inclusion", "miner_exclusion", "arbiter", "verb
 STAGES: tuple[str, ...] = get_args(Stage)
 RunStage = Literal["parser", "miner_inclusion", "miner_exclusion"]
 RUN_STAGES: tuple[str, ...] = get_args(RunStage)
-TASK_OF_STAGE = {"parser": "parser", "miner_inclusion": "value_miner", "miner_exclusion": "value_miner"}
+# The chart reader's records are their own dataset (task `reader`), trained into the value-miner
+# adapter (sft_record.ADAPTER_TASKS).
+TASK_OF_STAGE = {
+    "parser": "parser",
+    "miner_inclusion": "value_miner",
+    "miner_exclusion": "value_miner",
+    "reader": "reader",
+}
 DataClass = Literal["private", "public", "synthetic"]
 
 # Request fields the formalizer sets itself; extra_params may not override them.

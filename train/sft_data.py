@@ -37,7 +37,18 @@ def output_model(task: str, content: str | dict | None = None) -> type[BaseModel
     given the content, the model that fits its shape."""
     if task == "parser" and content is not None and is_criterion_output(content):
         return ParsedCriterion
+    if task == "reader":
+        from verdict.data_gen.formalizer.reader import ReaderOutput
+
+        return ReaderOutput
     return {"parser": ParsedTrial, "value_miner": ValueMinerOutput}[task]
+
+
+def adapter_tasks(task: str) -> tuple[str, ...]:
+    """The dataset tasks a run of `task` trains on (the value miner's adapter also reads charts)."""
+    from verdict.data_gen.sft_record import ADAPTER_TASKS
+
+    return ADAPTER_TASKS.get(task, (task,))
 
 
 def is_criterion_output(content: str | dict) -> bool:
@@ -92,11 +103,11 @@ def check_split(ds: Dataset, task: str, where: str) -> None:
             "is this an SFT dataset written by `verdict teacher export`?"
         )
     tasks = sorted(set(ds["task"]))
-    wrong = [t for t in tasks if t != task]
+    wrong = [t for t in tasks if t not in adapter_tasks(task)]
     if wrong:
         raise DatasetError(f"{where}: holds '{', '.join(wrong)}' records but this run is for task '{task}'")
     problems: list[str] = []
-    for i, row in enumerate(ds.select_columns(["messages", "record_id"])):
+    for i, row in enumerate(ds.select_columns(["messages", "record_id", "task"])):
         rid = row["record_id"] or f"row {i}"
         msgs = row["messages"] or []
         roles = [m.get("role") for m in msgs]
@@ -106,7 +117,7 @@ def check_split(ds: Dataset, task: str, where: str) -> None:
             problems.append(f"{rid}: a message has empty content")
         else:
             try:
-                model = output_model(task, msgs[2]["content"])
+                model = output_model(row["task"], msgs[2]["content"])
                 model.model_validate_json(msgs[2]["content"])
             except ValidationError as e:
                 first = e.errors(include_url=False, include_input=False)[0]
@@ -124,7 +135,7 @@ def check_split(ds: Dataset, task: str, where: str) -> None:
 def load_checked(path: str | Path, task: str, splits: list[str]) -> dict[str, Dataset]:
     """The named splits of an exported dataset, checked for ``task`` (a missing split is an error)."""
     declared = card_task(path)
-    if declared is not None and declared != task:
+    if declared is not None and declared not in adapter_tasks(task):
         raise DatasetError(
             f"dataset '{path}' is a '{declared}' dataset (dataset_card.json) but this run is for "
             f"task '{task}'"

@@ -134,8 +134,14 @@ def reduce_chart(docs: list[NoteDocument], selection: DocumentSelection | None =
 def locate(quote: str, text: str) -> int | None:
     """The character offset in `text` where `quote` starts, matching as `quote_in_note` does for
     one piece (whitespace runs equal); None when it is not there."""
+    span = locate_span(quote, text)
+    return None if span is None else span[0]
+
+
+def locate_span(quote: str, text: str) -> tuple[int, int] | None:
+    """(start, end) of the first place `quote` is in `text`, whitespace runs equal; None if absent."""
     words = quote.split()
     if not words:
         return None
     m = re.search(r"\s+".join(re.escape(w) for w in words), text)
-    return m.start() if m else None
+    return (m.start(), m.end()) if m else None

@@ -38,7 +38,7 @@ from verdict.core.program import TrialProgram
 
 from ..cache import CachedCall
 from ..protocol import ChartRead, NoteDocument, PatientDoc, StageResult, Usage
-from .chart import DocumentSelection, ReducedChart, locate, reduce_chart
+from .chart import DocumentSelection, ReducedChart, locate, locate_span, reduce_chart
 from .checks import Check, compact, normalize_ws, parse_output, split_pieces
 from .miner import (
     MinedValues,
@@ -210,6 +210,42 @@ def _whole(call: ReaderCall, originals: dict[str, NoteDocument]) -> list[Excerpt
                     Excerpt(document=doc.id, date=doc.date, kind=doc.kind, offset=offset, text=p.text[s:e])
                 )
     return out
+
+
+# ---- distillation: reader records from recorded evidence ------------------------------------------
+def recorded_excerpts(note: str, quotes: list[str]) -> list[str]:
+    """The reader's target for a note from the evidence quotes recorded for it (every trial): the
+    pieces of the quotes (split on '...') verbatim in the note, as the note spells them, in note
+    order, each once; a piece inside another kept one is left out."""
+    spans = sorted(
+        {s for q in quotes for p in split_pieces(q) for s in [locate_span(p, note)] if s is not None},
+        key=lambda s: (s[0], -s[1]),
+    )
+    kept: list[tuple[int, int]] = []
+    for s, e in spans:
+        if kept and e <= kept[-1][1]:
+            continue  # inside the previous excerpt
+        kept.append((s, e))
+    return [note[s:e] for s, e in kept]
+
+
+def recorded_reader_result(note: NoteDocument, quotes: list[str], *, teacher: str, model: str) -> StageResult:
+    """A reader record (the SFT example of the value-miner adapter's reader task): the reader prompt
+    over the note, the recorded excerpts as the teacher's answer, checked as a live answer is."""
+    call = ReaderCall([Passage(note.id, 1, 1, 0, len(note.text), note.text)], reader_messages(note.text))
+    answer = compact({"excerpts": recorded_excerpts(note.text, quotes)})
+    check = check_reader_output(answer, "stop", call, {note.id: note}, max_tokens=0)
+    return StageResult(
+        stage=STAGE,
+        status="accepted" if check.ok else "rejected",
+        reason=check.reason,
+        problems=check.messages,
+        teacher=teacher,
+        model=model,
+        prompt_version=f"{STAGE}@v1",
+        messages=call.messages,
+        output_json=check.output_json if check.ok else None,
+    )
 
 
 # ---- reading -------------------------------------------------------------------------------------

@@ -202,3 +202,49 @@ def test_import_recorded_command(recorded, tmp_path):
         timeout=60,
     )
     assert r.returncode == 2 and "no reference files" in r.stderr
+
+
+def test_the_reader_is_distilled_from_the_recorded_quotes(recorded):
+
+    out, s = recorded
+    store = RecordStore(out / "runs" / "recorded-v6" / "records.sqlite")
+    recs = store.records(task="reader")
+    store.close()
+    notes = {
+        json.loads(line)["_id"]: json.loads(line)["text"]
+        for line in (BENCHMARKS / "patients_sigir.jsonl").read_text().splitlines()
+    }
+    assert len(recs) == len({r.patient_id for r in recs}) == s.reader_accepted + s.reader_rejected
+    assert sum(bool(json.loads(r.output_json)["excerpts"]) for r in recs) >= 0.8 * len(recs)
+    assert s.reader_accepted >= 20 and s.reader_rejected == 0  # every target is verbatim by construction
+    for r in recs:
+        excerpts = json.loads(r.output_json)["excerpts"]
+        note = notes[r.patient_id]
+        assert all(e in note for e in excerpts)  # verbatim slices of the note
+        assert [note.index(e) for e in excerpts] == sorted(note.index(e) for e in excerpts)  # note order
+        assert "You read part of a patient's chart" in r.messages[0]["content"]
+
+
+def test_recorded_excerpts_are_verbatim_pieces_in_note_order_each_once():
+    from verdict.data_gen.formalizer.reader import recorded_excerpts
+
+    note = "A 60-year-old  man. He denies smoking. Creatinine 1.1 mg/dL on admission."
+    got = recorded_excerpts(
+        note, ["Creatinine 1.1 mg/dL", "60-year-old man ... denies smoking", "denies", "absent"]
+    )
+    assert got == ["60-year-old  man", "denies smoking", "Creatinine 1.1 mg/dL"]
+
+
+def test_reader_records_export_as_a_dataset_the_value_miner_adapter_trains_on(recorded, tmp_path):
+    from verdict.train.sft_data import DatasetError, load_checked
+
+    out, s = recorded
+    cards = export_datasets([out / "runs" / "recorded-v6"], tmp_path / "ds", tasks=("reader", "parser"))
+    assert (
+        sum(cards["reader"]["counts"].values())
+        == s.reader_accepted - cards["reader"]["records"]["duplicates_dropped"]
+    )
+    got = load_checked(tmp_path / "ds" / "reader", "value_miner", ["train"])  # a task of that adapter
+    assert len(got["train"]) > 0
+    with pytest.raises(DatasetError, match="'parser' dataset"):
+        load_checked(tmp_path / "ds" / "parser", "value_miner", ["train"])
