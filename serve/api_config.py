@@ -147,6 +147,29 @@ class Limits(StrictModel):
     )
 
 
+class ReviewLimits(StrictModel):
+    """Bounds on what reviews store per decision, so that no key can grow a lineage without limit."""
+
+    max_reviews_per_lineage: int = Field(
+        100,
+        ge=1,
+        description="superseding decisions (reviews, re-screenings) in one lineage; a review past it "
+        "gets 422 and nothing is stored",
+    )
+    max_review_chars: int = Field(
+        20_000, ge=100, description="text of one review in all (reasons, notes, evidence); more gets 413"
+    )
+    max_flag_note_chars: int = Field(
+        2000, ge=1, le=4000, description="one flag's note for the trial's owner; longer gets 422"
+    )
+    history_page: int = Field(
+        50,
+        ge=1,
+        le=500,
+        description="history entries and flags per page by default (GET ...?limit= up to 500)",
+    )
+
+
 class AuthLimits(StrictModel):
     """Failed API keys: after `max_failures` within `window_s` from one client address, or for one
     key id, that address or key id is refused (429) for `lockout_s`, the right key included."""
@@ -203,6 +226,9 @@ class ApiConfig(StrictModel):
     alternatives: int = Field(2, ge=0, description="extra minimum pivotal sets to enumerate")
     retry_after_s: int = Field(30, ge=1, description="Retry-After sent with 503 when the formalizer is down")
     limits: Limits = Field(default_factory=Limits)
+    reviews: ReviewLimits = Field(
+        default_factory=ReviewLimits, description="per-lineage bounds of the review loop, page sizes"
+    )
     log_file: str | None = Field(None, description="service log; default: stderr")
     auth: AuthLimits = Field(default_factory=AuthLimits, description="rate limit and lockout on failed keys")
     tls: TlsConfig = Field(default_factory=TlsConfig, description="HTTPS in the service itself")

@@ -28,6 +28,7 @@ from verdict.data_gen.formalizer.miner import PassageConflict
 from verdict.data_gen.protocol import ChartRead
 
 from .audit import DecisionRow
+from .trial_versions import TrialVersion
 
 # Worded per side: an exclusion criterion "met" would read as "the patient has the excluding condition".
 LABEL_TEXT = {
@@ -444,6 +445,9 @@ def render_page(
     )
     reason = f"<p><strong>Reason:</strong> {escape(decision.reason)}</p>" if decision.reason else ""
     notice_html = f'<p class="banner" id="notice">{escape(notice)}</p>' if notice else ""
+    version = TrialVersion.recorded(row.artifacts)
+    inactive = version.banner(row.trial_id) if version is not None else None
+    notice_html += f'<p class="banner" id="inactive-version">{escape(inactive)}</p>' if inactive else ""
     forms_note = "" if viewer.forms else f'<p class="meta" id="no-forms">{escape(viewer.why_no_forms())}</p>'
     models = row.models
     parser_model = models.get("parser") or "none (an uploaded or revised program)"
@@ -478,9 +482,12 @@ def chart_read_html(row: DecisionRow) -> str:
 def history_html(decision_id: str, history, what=escape) -> str:
     """The decision's lineage, oldest first, each with the changes that led to it; empty for a
     decision that nothing supersedes and that supersedes nothing."""
-    if history is None or (len(history.entries) <= 1 and not history.superseded):
+    if history is None or (history.total <= 1 and not history.superseded):
         return ""
     items = []
+    if history.offset:  # the page shows the newest entries; the rest is a page of the history API
+        link = f"/v1/decisions/{escape(decision_id)}/history"
+        items.append(f'<li id="earlier">{history.offset} earlier entries: <a href="{link}">{link}</a></li>')
     for e in history.entries:
         when = datetime.fromtimestamp(e.created_at, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
         link = (

@@ -280,6 +280,7 @@ async def _match_pairs(
                         patient=patient_input(pats[pid]),
                     ),
                     caller,
+                    "pinned",  # the version this run parsed, as the operator asked
                 )
                 line = ResultLine(
                     key=f"{key_base}|{res.program_hash}|{plan.policy}",

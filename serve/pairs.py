@@ -56,7 +56,8 @@ async def match_pairs(
             req = MatchRequest(
                 trial_id=trial_id, program_hash=versions[trial_id], patient=patient, policy=policy
             )
-            return BatchLine(**line, status=200, result=await service.match(req, caller))
+            # pinned: the run's versions were active when it started (serve/trial_versions.py)
+            return BatchLine(**line, status=200, result=await service.match(req, caller, "pinned"))
         except ServiceError as e:
             service.metrics.errors.labels(e.code).inc()
             return BatchLine(**line, status=e.status, error=error_body(e))

@@ -21,6 +21,8 @@ from verdict.data_gen.formalizer.accounting import PairCost
 from verdict.data_gen.formalizer.miner import PassageConflict
 from verdict.data_gen.protocol import SINGLE_NOTE_ID, NoteDocument
 
+from .trial_versions import TrialVersion
+
 # Policy *names* only: a path would let a caller read files of the server.
 POLICY_NAME = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$"
 MAX_NOTE_CHARS = 100_000
@@ -319,6 +321,11 @@ class MatchResponse(BaseModel):
         "reading",
     )
     trial_cached: bool
+    trial_version: TrialVersion | None = Field(
+        None,
+        description="the trial version decided against and whether it was the active one; a decision "
+        "against an inactive version (a preview) is not the trial's decision",
+    )
     links: Links
 
 
@@ -376,6 +383,10 @@ class DecisionRecord(BaseModel):
         description="decision, resolved patient, value-miner outputs, rationale"
     )
     note_stored: bool
+    trial_version: TrialVersion | None = Field(
+        None,
+        description="artifacts.trial_version: the version decided against (null: recorded before it was)",
+    )
     parent_id: str | None = Field(
         None, description="the decision this one supersedes (a review or a re-screening)"
     )

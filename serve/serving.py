@@ -74,6 +74,7 @@ from .protocol import (
     TrialResponse,
     TrialText,
 )
+from .trial_versions import InactiveUse, TrialVersion
 
 log = logging.getLogger("verdict.serve")
 
@@ -410,12 +411,17 @@ class MatchingService:
         )
 
     # -- matching --------------------------------------------------------------------------------
-    async def match(self, req: MatchRequest, caller: str) -> MatchResponse:
-        """trial -> value miner (both sides) -> policy -> core -> rationale -> audit row."""
+    async def match(
+        self, req: MatchRequest, caller: str, inactive_use: InactiveUse = "refuse"
+    ) -> MatchResponse:
+        """trial -> value miner (both sides) -> policy -> core -> rationale -> audit row.
+        `inactive_use`: what a `program_hash` pinning an inactive version gets (serve/trial_versions.py)."""
         t_start = time.perf_counter()
         timings: dict[str, float] = {}
         policy = self.policy(req.policy)
         row, cached = await self._trial_for(req, caller, timings)
+        active = await asyncio.to_thread(self.audit.active_trial, row.trial_id)
+        version = TrialVersion.of(row, active, inactive_use if req.trial is None else "inline")
         program = self.program_of(row)
         record = PatientDoc(patient_id=req.patient.patient_id, documents=req.patient.documents())
         # A FHIR record's coded facts decide some atoms (verdict.data_gen.fhir.resolve), unasked of the miner.
@@ -428,7 +434,7 @@ class MatchingService:
             cost = pair_cost(inc, exc)
             timings["total"] = _ms(t_start)
             stored = await self._record(
-                req, caller, row, program, policy, record, coded, d, models, timings, cost
+                req, caller, row, program, policy, record, coded, d, models, timings, cost, version
             )
         finally:
             self.metrics.in_flight.dec()
@@ -450,6 +456,7 @@ class MatchingService:
             timings_ms=timings,
             cost=cost,
             trial_cached=cached,
+            trial_version=version,
             links=Links(
                 decision=f"/v1/decisions/{stored.decision_id}",
                 page=f"/v1/decisions/{stored.decision_id}/page",
@@ -574,6 +581,7 @@ class MatchingService:
         models: ModelIds,
         timings: dict[str, float],
         cost: PairCost,
+        version: TrialVersion,
     ) -> DecisionRow:
         """The decision's audit row: what an auditor needs to reproduce it (observed as stage 'audit')."""
         stored_note = stored_record(req.patient.note, record)
@@ -619,6 +627,7 @@ class MatchingService:
                         "verbalizer": d.verbalizer and {**d.verbalizer, "rationale_text": d.rationale_text},
                         "trial_origin": row.origin,
                         "cost": cost.model_dump(mode="json"),
+                        "trial_version": version.model_dump(mode="json"),
                     },
                 ),
                 note_text=stored_note,
@@ -652,6 +661,7 @@ class MatchingService:
             timings_ms=r.timings,
             artifacts=r.artifacts,
             note_stored=r.note_text is not None,
+            trial_version=TrialVersion.recorded(r.artifacts),
             parent_id=r.parent_id,
             lineage=r.lineage,
         )

@@ -331,6 +331,53 @@ class AuditStore:
         rows = self._select("SELECT decision_id FROM decisions WHERE parent_id = ?", (decision_id,))
         return rows[0][0] if rows else None
 
+    def lineage_ids(self, decision_id: str) -> list[str]:
+        """The decision's lineage up to it, oldest first: ids only, in one query (empty if unknown)."""
+        rows = self._select(
+            "WITH RECURSIVE up(decision_id, parent_id, depth) AS ("
+            "SELECT decision_id, parent_id, 0 FROM decisions WHERE decision_id = ? "
+            "UNION ALL SELECT d.decision_id, d.parent_id, up.depth + 1 FROM decisions d "
+            "JOIN up ON d.decision_id = up.parent_id) SELECT decision_id FROM up ORDER BY depth DESC",
+            (decision_id,),
+        )
+        return [r[0] for r in rows]
+
+    def lineage_head(self, decision_id: str) -> str:
+        """The newest decision of `decision_id`'s lineage (itself when nothing supersedes it)."""
+        rows = self._select(
+            "WITH RECURSIVE down(decision_id, depth) AS ("
+            "SELECT decision_id, 0 FROM decisions WHERE decision_id = ? "
+            "UNION ALL SELECT d.decision_id, down.depth + 1 FROM decisions d "
+            "JOIN down ON d.parent_id = down.decision_id) "
+            "SELECT decision_id FROM down ORDER BY depth DESC LIMIT 1",
+            (decision_id,),
+        )
+        return rows[0][0] if rows else decision_id
+
+    def decisions(self, decision_ids: list[str]) -> list[DecisionRow]:
+        """The rows of these decisions, in the order given (unknown ids left out)."""
+        if not decision_ids:
+            return []
+        marks = ", ".join("?" for _ in decision_ids)
+        rows = {
+            r.decision_id: r
+            for r in map(_decision_row, self._select(_DECISION_SELECT + f"WHERE decision_id IN ({marks})",
+                                                     tuple(decision_ids)))
+        }  # fmt: skip
+        return [rows[i] for i in decision_ids if i in rows]
+
+    def lineage_changes(
+        self, trial_id: str, before_seq: int | None, limit: int
+    ) -> list[tuple[int, str, str, dict[str, Any] | None]]:
+        """(seq, decision_id, program_hash, lineage) of a trial's superseding decisions, newest first,
+        `limit` of them before `before_seq`: no artifacts read."""
+        rows = self._select(
+            "SELECT seq, decision_id, program_hash, lineage_json FROM decisions "
+            "WHERE trial_id = ? AND parent_id IS NOT NULL AND seq < ? ORDER BY seq DESC LIMIT ?",
+            (trial_id, before_seq if before_seq is not None else 2**62, limit),
+        )
+        return [(r[0], r[1], r[2], json.loads(r[3]) if r[3] is not None else None) for r in rows]
+
     def current_decisions(
         self, *, trial_id: str | None = None, policy_name: str | None = None
     ) -> Iterator[DecisionRow]:
@@ -347,13 +394,6 @@ class AuditStore:
             row = self.decision(decision_id)
             if row is not None:
                 yield row
-
-    def superseding_decisions(self, trial_id: str) -> list[DecisionRow]:
-        """Every decision of a trial that came from a review or a re-screening, newest first."""
-        rows = self._select(
-            _DECISION_SELECT + "WHERE trial_id = ? AND parent_id IS NOT NULL ORDER BY seq DESC", (trial_id,)
-        )
-        return [_decision_row(r) for r in rows]
 
     # -- screening runs --------------------------------------------------------------------------
     def add_screening(

@@ -10,19 +10,33 @@ from fastapi.responses import StreamingResponse
 from ..api_keys import KeyEntry
 from ..errors import documented_errors
 from ..pairs import match_batch as batch_lines
-from ..protocol import BatchLine, BatchRequest, MatchRequest, MatchResponse
+from ..protocol import BatchLine, BatchRequest, ErrorBody, MatchRequest, MatchResponse
 from ..roles import require
+from ..trial_versions import inactive_use_for
 
 router = APIRouter(tags=["matching"])
 
 
-@router.post("/v1/match", response_model=MatchResponse, responses=documented_errors(formalizer=True))
+_INACTIVE = {
+    409: {
+        "model": ErrorBody,
+        "description": "inactive_version: program_hash pins a version that is not the trial's active one "
+        "(only a trial_owner key may match against it, as a preview); the message names the active version",
+    }
+}
+
+
+@router.post(
+    "/v1/match", response_model=MatchResponse, responses={**documented_errors(formalizer=True), **_INACTIVE}
+)
 async def match(
     req: MatchRequest, request: Request, key: KeyEntry = Depends(require("match"))
 ) -> MatchResponse:
     """A trial and a patient note -> value miner (inclusion and exclusion passes) -> policy -> core:
-    the full Decision, the resolved patient with evidence, and the rationale. Recorded for audit."""
-    return await request.app.state.service.match(req, key.id)
+    the full Decision, the resolved patient with evidence, and the rationale. Recorded for audit.
+    `program_hash` pinning a version that is not the trial's active one: a preview for a trial_owner
+    (or admin) key, marked as such in `trial_version`; 409 `inactive_version` for any other key."""
+    return await request.app.state.service.match(req, key.id, inactive_use_for(key))
 
 
 @router.post(

@@ -16,6 +16,7 @@ HTML page naming the field, never a traceback.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 from html import escape
@@ -192,15 +193,19 @@ session cookie names a session on this server only.</p>"""
             return error_page(403, "Not allowed", "Reading a decision's page needs the audit or review role.")
         viewer = viewer_of(request, entry)
         service = request.app.state.service
-        try:
+        notice = "Your review is recorded: this is the re-derived decision." if reviewed else ""
+
+        def page() -> str:  # store reads and rendering: in a worker thread, never on the event loop
             row = service.decision_row(decision_id)
             program = service.program_version(row.trial_id, row.program_hash)
             history = _history(request, decision_id)
+            return render_page(row, program, viewer, history=history, notice=notice)
+
+        try:
+            return html(await asyncio.to_thread(page))
         except ServiceError as e:
             service.metrics.errors.labels(e.code).inc()
             return error_page(e.status, "Decision not shown", e.summary, e.problems, viewer=viewer)
-        notice = "Your review is recorded: this is the re-derived decision." if reviewed else ""
-        return html(render_page(row, program, viewer, history=history, notice=notice))
 
     @router.post("/v1/decisions/{decision_id}/page/review", include_in_schema=False)
     async def review_form(decision_id: str, request: Request) -> Response:
@@ -271,6 +276,6 @@ session cookie names a session on this server only.</p>"""
 
 
 def _history(request: Request, decision_id: str):
-    """The decision's lineage from the review service, or None where there is none."""
+    """The last page of the decision's lineage from the review service, or None where there is none."""
     reviews = getattr(request.app.state, "reviews", None)
-    return reviews.history(decision_id) if reviews is not None else None
+    return reviews.history(decision_id, latest=True) if reviews is not None else None

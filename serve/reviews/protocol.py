@@ -16,6 +16,7 @@ from verdict.core.configs import StrictModel
 from verdict.core.patient import PolicyRef
 
 from ..protocol import MatchResponse, TrialResponse
+from ..trial_versions import TrialVersion
 
 MAX_CHANGES = 50
 MAX_REASON_CHARS = 2000
@@ -132,6 +133,9 @@ class HistoryEntry(BaseModel):
     policy: PolicyRef = Field(description="the policy and its version")
     decision: str = Field(description="eligible / ineligible / undetermined")
     changes: list[RecordedChange] = Field(default_factory=list, description="what changed from the parent")
+    trial_version: TrialVersion | None = Field(
+        None, description="the trial version decided against; null: recorded before it was"
+    )
 
 
 class DecisionHistory(BaseModel):
@@ -140,8 +144,15 @@ class DecisionHistory(BaseModel):
         description="the newest decision of its lineage (== decision_id when not superseded)"
     )
     superseded: bool = Field(description="whether a newer decision supersedes the one asked for")
+    total: int = Field(description="entries in the lineage from the first decision to the one asked for")
+    offset: int = Field(
+        description="the position of the first entry of this page in the lineage (0: the first)"
+    )
     entries: list[HistoryEntry] = Field(
-        description="from the first decision to the one asked for, oldest first"
+        description="one page of the lineage from the first decision to the one asked for, oldest first"
+    )
+    next_cursor: str | None = Field(
+        None, description="pass as `cursor` for the next page (newer entries); null on the last page"
     )
 
 
@@ -198,4 +209,10 @@ class FlagEntry(BaseModel):
 
 class TrialFlags(BaseModel):
     trial_id: str
-    flags: list[FlagEntry] = Field(description="newest first")
+    flags: list[FlagEntry] = Field(
+        description="newest first; one page: at least `limit` flags unless none are left (a review's "
+        "flags are never split across pages)"
+    )
+    next_cursor: str | None = Field(
+        None, description="pass as `cursor` for the next (older) page; null when no older review is left"
+    )

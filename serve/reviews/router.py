@@ -1,14 +1,18 @@
 """HTTP routes of the review loop; the logic is in `serving.py` (`request.app.state.reviews`).
 
 POST /v1/decisions/{id}/reviews    review            confirm / correct / flag -> a new decision
-GET  /v1/decisions/{id}/history    audit or review   the chain from the first decision to this one
+GET  /v1/decisions/{id}/history    audit or review   the chain from the first decision to this one (paged)
 POST /v1/trials/{id}/revisions     trial_owner/admin a corrected program -> the active version
-GET  /v1/trials/{id}/flags         trial_owner, audit or review   criteria flagged by reviewers
+GET  /v1/trials/{id}/flags         trial_owner, audit or review   criteria flagged by reviewers (paged)
+
+The store reads and the rendering run in a worker thread: a long lineage never holds the event loop.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+import asyncio
+
+from fastapi import APIRouter, Depends, Query, Request
 
 from ..api_keys import KeyEntry
 from ..protocol import ErrorBody
@@ -29,8 +33,9 @@ _ERRORS = {
         403: "the key lacks the role",
         404: "no such decision or trial",
         409: "superseded: a newer decision (or trial version) exists; the message names it",
-        413: "request body too large",
-        422: "invalid request: every invalid field is named (changes.N.atom, changes.N.value, program...)",
+        413: "request body too large, or a review's text over api.reviews.max_review_chars",
+        422: "invalid request: every invalid field is named (changes.N.atom, changes.N.value, program...); "
+        "a lineage at api.reviews.max_reviews_per_lineage",
         503: "the audit store is unavailable: nothing was recorded",
     }.items()
 }
@@ -47,13 +52,21 @@ async def post_review(
     return await request.app.state.reviews.review(decision_id, req, key)
 
 
+Cursor = Query(None, max_length=200, description="`next_cursor` of the previous page")
+Limit = Query(None, ge=1, le=500, description="entries per page (default api.reviews.history_page)")
+
+
 @router.get("/v1/decisions/{decision_id}/history", response_model=DecisionHistory, responses=_ERRORS)
 async def get_history(
-    decision_id: str, request: Request, _key: KeyEntry = Depends(require("audit", "review"))
+    decision_id: str,
+    request: Request,
+    _key: KeyEntry = Depends(require("audit", "review")),
+    cursor: str | None = Cursor,
+    limit: int | None = Limit,
 ) -> DecisionHistory:
     """The decision's lineage: from the first decision to this one, with each change's reviewer,
-    time and reason (audit or review role)."""
-    return request.app.state.reviews.history(decision_id)
+    time and reason (audit or review role). One page, oldest first: follow `next_cursor`."""
+    return await asyncio.to_thread(request.app.state.reviews.history, decision_id, cursor, limit)
 
 
 @router.post("/v1/trials/{trial_id}/revisions", response_model=RevisionResponse, responses=_ERRORS)
@@ -67,7 +80,12 @@ async def post_revision(
 
 @router.get("/v1/trials/{trial_id}/flags", response_model=TrialFlags, responses=_ERRORS)
 async def get_flags(
-    trial_id: str, request: Request, _key: KeyEntry = Depends(require("trial_owner", "audit", "review"))
+    trial_id: str,
+    request: Request,
+    _key: KeyEntry = Depends(require("trial_owner", "audit", "review")),
+    cursor: str | None = Cursor,
+    limit: int | None = Limit,
 ) -> TrialFlags:
-    """Criteria reviewers flagged as mis-formalized, newest first (trial_owner, audit or review)."""
-    return request.app.state.reviews.flags(trial_id)
+    """Criteria reviewers flagged as mis-formalized, newest first (trial_owner, audit or review).
+    One page: follow `next_cursor`."""
+    return await asyncio.to_thread(request.app.state.reviews.flags, trial_id, cursor, limit)

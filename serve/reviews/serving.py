@@ -2,14 +2,19 @@
 
     reviews = ReviewService(matching_service)
     await reviews.review(decision_id, ReviewRequest(...), key)    # -> ReviewResponse (a new decision)
-    reviews.history(decision_id)                                   # -> DecisionHistory
+    reviews.history(decision_id, cursor, limit)                    # -> DecisionHistory (a page)
     await reviews.revise(trial_id, RevisionRequest(...), key)      # -> RevisionResponse (a new version)
-    reviews.flags(trial_id)                                        # -> TrialFlags
+    reviews.flags(trial_id, cursor, limit)                         # -> TrialFlags (a page)
 
 A review makes no language-model call: the stored resolved patient is re-derived with the changes
 (`rederive.py`), decided by the core in a worker thread under the service's solver limit, rendered,
 and appended as a new decision whose lineage names its parent. A decision already superseded is
 refused (409 naming the newer one): a reviewer acts on the current decision, lineages never fork.
+
+What a lineage can hold is bounded (`api.reviews`): superseding decisions per lineage (422 past
+it), the text of one review (413) and a flag's note (422); nothing stored is changed by a refusal.
+History and flags are read a page at a time, without the decisions' artifacts where they are not
+shown. The synchronous methods read the store: the routes run them in a worker thread.
 """
 
 from __future__ import annotations
@@ -31,10 +36,11 @@ from verdict.data_gen.formalizer.miner import PassageConflict
 from ..api_keys import KeyEntry
 from ..audit import DecisionRow
 from ..audit.store import _ACTIVE_ORDER, Guard, Superseded
-from ..errors import InvalidInput, NotFound
+from ..errors import InvalidInput, NotFound, ServiceError
 from ..protocol import Links, MatchResponse, ModelIds
 from ..roles import Forbidden
 from ..serving import MatchingService, conflicts_markdown
+from ..trial_versions import TrialVersion
 from .protocol import (
     ConfirmChange,
     DecisionHistory,
@@ -55,6 +61,12 @@ from .rederive import conflict_atoms, parse_value, previous_of, rederive
 REVIEW_ROLES = ("review",)
 REVISION_ROLES = ("trial_owner",)  # admin holds every role
 REVIEWER_SOURCE = "reviewer"  # evidence_source of a corrected value
+
+
+class ReviewTooLarge(ServiceError):
+    """A review's text over `api.reviews.max_review_chars` (413): nothing is stored."""
+
+    status, code = 413, "review_too_large"
 
 
 def _allowed(key: KeyEntry, roles: tuple[str, ...]) -> None:
@@ -109,15 +121,8 @@ class ReviewService:
     async def review(self, decision_id: str, req: ReviewRequest, key: KeyEntry) -> ReviewResponse:
         _allowed(key, REVIEW_ROLES)
         t_start = time.perf_counter()
-        row = await asyncio.to_thread(self.service.decision_row, decision_id)
-        newer = self.audit.successor(decision_id)
-        if newer is not None:
-            current = self.current_id(decision_id)
-            raise Superseded(
-                f"decision '{decision_id}' was superseded by '{current}': review the current one",
-                [("decision_id", f"superseded by {current}")],
-            )
-        program = self.service.program_version(row.trial_id, row.program_hash)
+        self._check_size(req)
+        row, program = await asyncio.to_thread(self._reviewable, decision_id)
         policy = policy_named(row.policy_name)
         stored = stored_patient(row)
         now = time.time()
@@ -151,6 +156,50 @@ class ReviewService:
                 history=f"/v1/decisions/{stored_row.decision_id}/history",
             ),
         )
+
+    def _check_size(self, req: ReviewRequest) -> None:
+        """The review's texts within `api.reviews` (413 for the whole, 422 naming a long note)."""
+        limits = self.service.config.reviews
+        texts = [
+            getattr(ch, name) or ""
+            for ch in req.changes
+            for name in ("reason", "note", "evidence")
+            if isinstance(getattr(ch, name, None), str)
+        ]
+        total = sum(map(len, texts))
+        if total > limits.max_review_chars:
+            raise ReviewTooLarge(
+                f"the review holds {total} characters of text; the limit is {limits.max_review_chars} "
+                "(api.reviews.max_review_chars): split it into several reviews",
+                [("changes", f"{total} characters of reasons, notes and evidence in all")],
+            )
+        long_notes = [
+            (f"changes.{i}.note", f"{len(ch.note)} characters; the limit is {limits.max_flag_note_chars}")
+            for i, ch in enumerate(req.changes)
+            if isinstance(ch, FlagChange) and len(ch.note) > limits.max_flag_note_chars
+        ]
+        if long_notes:
+            raise InvalidInput("flag note too long (api.reviews.max_flag_note_chars)", long_notes)
+
+    def _reviewable(self, decision_id: str) -> tuple[DecisionRow, TrialProgram]:
+        """The decision and its program, if it may be reviewed: current (409 otherwise) and with room
+        in its lineage (422 otherwise). Reads the store: call it in a thread."""
+        row = self.service.decision_row(decision_id)
+        if self.audit.successor(decision_id) is not None:
+            current = self.current_id(decision_id)
+            raise Superseded(
+                f"decision '{decision_id}' was superseded by '{current}': review the current one",
+                [("decision_id", f"superseded by {current}")],
+            )
+        limit = self.service.config.reviews.max_reviews_per_lineage
+        depth = len(self.audit.lineage_ids(decision_id)) - 1
+        if depth >= limit:
+            raise InvalidInput(
+                f"decision '{decision_id}' already has {depth} reviews or re-screenings in its lineage; "
+                f"the limit is {limit} (api.reviews.max_reviews_per_lineage): nothing was stored",
+                [("decision_id", f"its lineage holds {depth} superseding decisions, the limit")],
+            )
+        return row, self.service.program_version(row.trial_id, row.program_hash)
 
     def _changes(
         self, program: TrialProgram, stored: ResolvedPatient, req: ReviewRequest, key: KeyEntry, now: float
@@ -249,19 +298,30 @@ class ReviewService:
 
     # -- history ---------------------------------------------------------------------------------
     def current_id(self, decision_id: str) -> str:
-        current, hops = decision_id, 0
-        while (nxt := self.audit.successor(current)) is not None and hops < 10_000:
-            current, hops = nxt, hops + 1
-        return current
+        return self.audit.lineage_head(decision_id)
 
-    def history(self, decision_id: str) -> DecisionHistory:
-        row = self.service.decision_row(decision_id)
-        chain = [row]
-        while chain[-1].parent_id is not None and len(chain) < 10_000:
-            parent = self.audit.decision(chain[-1].parent_id)
-            if parent is None:
-                break
-            chain.append(parent)
+    def _limit(self, limit: int | None) -> int:
+        return limit or self.service.config.reviews.history_page
+
+    def history(
+        self, decision_id: str, cursor: str | None = None, limit: int | None = None, latest: bool = False
+    ) -> DecisionHistory:
+        """One page of the lineage up to `decision_id`, oldest first: from `cursor` (an entry's
+        decision id, as `next_cursor` gives it), else from the first entry, or with `latest` the last
+        page. Reads the store: call it in a thread."""
+        ids = self.audit.lineage_ids(decision_id)
+        if not ids:
+            raise NotFound(f"no decision '{decision_id}'")
+        limit = self._limit(limit)
+        if cursor is not None:
+            if cursor not in ids:
+                raise InvalidInput(
+                    "unknown history cursor", [("cursor", "not an entry of this decision's history")]
+                )
+            start = ids.index(cursor)
+        else:
+            start = max(0, len(ids) - limit) if latest else 0
+        chain = self.audit.decisions(ids[start : start + limit])
         entries = [
             HistoryEntry(
                 decision_id=r.decision_id,
@@ -273,13 +333,16 @@ class ReviewService:
                 policy={"name": r.policy_name, "version": r.policy_version},
                 decision=r.decision,
                 changes=[RecordedChange.model_validate(c) for c in (r.lineage or {}).get("changes", [])],
+                trial_version=TrialVersion.recorded(r.artifacts),
             )  # fmt: skip
-            for r in reversed(chain)
+            for r in chain
         ]
         current = self.current_id(decision_id)
+        end = start + limit
         return DecisionHistory(
-            decision_id=decision_id, current_id=current, superseded=current != decision_id, entries=entries
-        )
+            decision_id=decision_id, current_id=current, superseded=current != decision_id,
+            total=len(ids), offset=start, entries=entries, next_cursor=ids[end] if end < len(ids) else None,
+        )  # fmt: skip
 
     # -- trial revisions and flags ---------------------------------------------------------------
     async def revise(self, trial_id: str, req: RevisionRequest, key: KeyEntry) -> RevisionResponse:
@@ -315,18 +378,33 @@ class ReviewService:
             trial=self.service._trial_response(row, cached=False), revises=revises, reason=req.reason
         )
 
-    def flags(self, trial_id: str) -> TrialFlags:
+    def flags(self, trial_id: str, cursor: str | None = None, limit: int | None = None) -> TrialFlags:
+        """One page of the trial's flags, newest first, from `cursor` (as `next_cursor` gives it).
+        Reads the store: call it in a thread."""
         if self.audit.active_trial(trial_id) is None:
             raise NotFound(f"no trial '{trial_id}'")
-        flags = [
-            FlagEntry(decision_id=r.decision_id, program_hash=r.program_hash, criterion=c["criterion"],
-                      note=c.get("note") or "", reason=c["reason"], reviewer=c["reviewer"], roles=c["roles"],
-                      at=c["at"])
-            for r in self.audit.superseding_decisions(trial_id)
-            for c in (r.lineage or {}).get("changes", [])
-            if c.get("type") == "flag"
-        ]  # fmt: skip
-        return TrialFlags(trial_id=trial_id, flags=flags)
+        if cursor is not None and not cursor.isdigit():
+            raise InvalidInput("unknown flags cursor", [("cursor", "not a cursor this route gave")])
+        limit = self._limit(limit)
+        before = int(cursor) if cursor is not None else None
+        flags: list[FlagEntry] = []
+        while len(flags) < limit:
+            rows = self.audit.lineage_changes(trial_id, before, limit)
+            for seq, decision_id, program_hash, lineage in rows:
+                flags += [
+                    FlagEntry(decision_id=decision_id, program_hash=program_hash, criterion=c["criterion"],
+                              note=c.get("note") or "", reason=c["reason"], reviewer=c["reviewer"],
+                              roles=c["roles"], at=c["at"])
+                    for c in (lineage or {}).get("changes", [])
+                    if c.get("type") == "flag"
+                ]  # fmt: skip
+                before = seq
+                if len(flags) >= limit:
+                    break
+            if len(rows) < limit:
+                break
+        left = before is not None and bool(self.audit.lineage_changes(trial_id, before, 1))
+        return TrialFlags(trial_id=trial_id, flags=flags, next_cursor=str(before) if left else None)
 
 
 def superseding_decision(
@@ -346,6 +424,7 @@ def superseding_decision(
     markdown = render_markdown(program, patient, decision) + conflicts_markdown(passage_conflicts)
     rationale = rationale_json(program, patient, decision)
     rationale["extraction_conflicts"] = [c.model_dump(mode="json") for c in passage_conflicts]
+    version = lineage_version(audit, parent, program)
     timings["render"] = _ms(t0)
     timings["total"] = _ms(t_start)
     artifacts = {
@@ -359,6 +438,7 @@ def superseding_decision(
             or not (set([c.get("atom")]) | set(c.get("set_aside") or [])).isdisjoint(conflicts)
         ],  # fmt: skip
         "rationale_markdown": markdown,
+        "trial_version": version.model_dump(mode="json"),
     }
     append = functools.partial(
         audit.add_decision,
@@ -378,12 +458,21 @@ def superseding_decision(
             decision_id=stored.decision_id, trial_id=program.trial_id, program_hash=program.content_hash,
             patient_id=parent.patient_id, policy=policy.ref, decision=decision, patient=patient,
             rationale=rationale, rationale_markdown=markdown, extraction_conflicts=passage_conflicts,
-            models=ModelIds(**models), timings_ms=timings, trial_cached=True,
+            models=ModelIds(**models), timings_ms=timings, trial_cached=True, trial_version=version,
             links=Links(decision=f"/v1/decisions/{stored.decision_id}",
                         page=f"/v1/decisions/{stored.decision_id}/page"),
         )  # fmt: skip
 
     return append, response
+
+
+def lineage_version(audit, parent: DecisionRow, program: TrialProgram) -> TrialVersion:
+    """The version a superseding decision is made against: its parent's, now. A preview stays a
+    preview while its version is inactive; a version that became inactive under a lineage is pinned."""
+    row = audit.trial_version(program.trial_id, program.content_hash)
+    before = TrialVersion.recorded(parent.artifacts)
+    use = before.use if before is not None and before.use != "active" else "pinned"
+    return TrialVersion.of(row, audit.active_trial(program.trial_id), use)
 
 
 def active_version_guard(trial_id: str, revises: str) -> Guard:

@@ -497,10 +497,38 @@ def test_a_match_key_cannot_replace_a_reviewed_program(backend, request, tmp_pat
             # the parser version is still there to audit, and an explicit program_hash selects it
             pinned = matcher.get(f"/v1/trials/{TRIAL}", params={"program_hash": body["program_hash"]})
             assert (pinned.json()["origin"], pinned.json()["active"]) == ("parser", False)
-            # what the attack would have done: the parser's program finds this patient eligible
-            used = matcher.post("/v1/match", json={"trial_id": TRIAL, "program_hash": body["program_hash"],
-                                                   "patient": patient})  # fmt: skip
+            # Issue 22, item 5: pinning the inactive version is refused to a match key, naming the active one
+            pin = {"trial_id": TRIAL, "program_hash": body["program_hash"], "patient": patient}
+            refused = matcher.post("/v1/match", json=pin)
+            assert refused.status_code == 409 and refused.json()["error"] == "inactive_version", refused.text
+            assert reviewed in refused.json()["message"] and "trial_owner" in refused.json()["message"]
+            assert refused.json()["problems"] == [
+                {"field": "program_hash", "message": f"the active version is {reviewed}"}
+            ]
+        # a trial_owner key may preview it: the parser's program finds this patient eligible, and
+        # every artifact says that this is not the trial's decision
+        from verdict.serve.api_keys import KeyStore
+
+        owner_key = KeyStore(svc.folder / "keys.json").add("test-owner", ["match", "trial_owner"])[0]
+        with svc.client(None) as owner, svc.client("admin") as admin:
+            owner.headers["Authorization"] = f"Bearer {owner_key}"
+            used = owner.post("/v1/match", json=pin)
             assert used.status_code == 200 and used.json()["decision"]["decision"] == "eligible", used.text
+            version = used.json()["trial_version"]
+            assert version == {"program_hash": body["program_hash"], "origin": "parser", "reviewed": False,
+                               "active": False, "active_program_hash": reviewed,
+                               "use": "preview"}  # fmt: skip
+            did = used.json()["decision_id"]
+            record = admin.get(f"/v1/decisions/{did}").json()
+            assert record["trial_version"] == version and record["artifacts"]["trial_version"] == version
+            page = admin.get(f"/v1/decisions/{did}/page").text
+            assert 'id="inactive-version"' in page and "Not the trial&#x27;s decision" in page
+            assert reviewed in page and "a preview by the trial&#x27;s owner" in page
+            history = admin.get(f"/v1/decisions/{did}/history").json()
+            assert history["entries"][-1]["trial_version"] == version
+            active_page = admin.get(f"/v1/decisions/{by_id.json()['decision_id']}/page").text
+            assert 'id="inactive-version"' not in active_page
+            assert by_id.json()["trial_version"]["use"] == "active"
     finally:
         svc.stop()
         srv.stop()

@@ -41,6 +41,8 @@ CONFIG = {
         "max_tokens": {"parser": 2048, "miner_inclusion": 1024, "miner_exclusion": 1024},
     },
     "solver_timeout_ms": 2000,
+    # small bounds, so that a test reaches them (issue 22, item 4)
+    "reviews": {"max_reviews_per_lineage": 6, "max_review_chars": 9000, "max_flag_note_chars": 1000},
 }
 
 
@@ -306,6 +308,126 @@ def test_a_revision_is_checked_becomes_active_and_keeps_the_old_version(svc):
     with svc.client("match") as c:
         assert c.post("/v1/trials", json={"program": program()}).status_code == 403  # lower role
     assert verify(svc).returncode == 0
+
+
+# ---- bounds and pages (issue 22, item 4) ---------------------------------------------------------
+LONG = "T-LONG"
+
+
+def paged(limit: int, cursor: str | None) -> dict:
+    return {"limit": limit, **({"cursor": cursor} if cursor is not None else {})}
+
+
+def test_a_lineage_is_bounded_and_its_history_and_flags_come_in_pages(svc):
+    """Chained reviews up to api.reviews.max_reviews_per_lineage; the next is 422 and nothing stored
+    changes. A review's text over max_review_chars is 413, a long flag note 422. History and flags
+    are paged: the pages, joined, are the whole."""
+    with svc.client("admin") as admin:
+        assert admin.post("/v1/trials", json={"program": program(LONG)}).status_code == 200
+    with svc.client("match") as c:
+        r = c.post("/v1/match", json={"trial_id": LONG, "patient": {"patient_id": "P9", "note": NOTE}})
+    first = current = r.json()["decision_id"]
+    with svc.client("review") as c, svc.client("audit") as a:
+        big = {**FLAG, "note": "n" * 1000, "reason": "r" * 2000}
+        too_big = c.post(f"/v1/decisions/{first}/reviews", json={"changes": [big] * 4})
+        assert too_big.status_code == 413 and too_big.json()["error"] == "review_too_large", too_big.text
+        assert "max_review_chars" in too_big.json()["message"]
+        long_note = c.post(f"/v1/decisions/{first}/reviews", json={"changes": [{**FLAG, "note": "n" * 1001}]})
+        assert long_note.status_code == 422 and long_note.json()["problems"][0]["field"] == "changes.0.note"
+        assert a.get(f"/v1/decisions/{first}/history").json()["total"] == 1  # nothing stored
+        for i in range(6):
+            flag = {**FLAG, "note": f"flag {i}"}
+            r = c.post(f"/v1/decisions/{current}/reviews", json={"changes": [flag, flag]})
+            assert r.status_code == 200, r.text
+            current = r.json()["decision_id"]
+        full = c.post(f"/v1/decisions/{current}/reviews", json={"changes": [CONFIRM]})
+        assert full.status_code == 422 and full.json()["problems"][0]["field"] == "decision_id", full.text
+        assert "max_reviews_per_lineage" in full.json()["message"]
+        whole = a.get(f"/v1/decisions/{current}/history", params={"limit": 500}).json()
+        assert whole["total"] == 7 and whole["next_cursor"] is None and not whole["superseded"]
+        assert whole["entries"][0]["decision_id"] == first and whole["entries"][-1]["decision_id"] == current
+        pages, cursor = [], None
+        while True:
+            page = a.get(f"/v1/decisions/{current}/history", params=paged(3, cursor)).json()
+            pages.append(page)
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert [len(p["entries"]) for p in pages] == [3, 3, 1] and [p["offset"] for p in pages] == [0, 3, 6]
+        assert [e for p in pages for e in p["entries"]] == whole["entries"]
+        bad = a.get(f"/v1/decisions/{current}/history", params={"cursor": "dec_elsewhere"})
+        assert bad.status_code == 422 and bad.json()["problems"][0]["field"] == "cursor"
+        assert a.get(f"/v1/decisions/{current}/history", params={"limit": 0}).status_code == 422
+        flags = a.get(f"/v1/trials/{LONG}/flags", params={"limit": 500}).json()
+        assert [f["note"] for f in flags["flags"]] == [
+            f"flag {i}" for i in reversed(range(6)) for _ in (0, 1)
+        ]
+        got, cursor = [], None
+        while True:
+            page = a.get(f"/v1/trials/{LONG}/flags", params=paged(3, cursor)).json()
+            assert len(page["flags"]) in (3, 4) or page["next_cursor"] is None  # a review is never split
+            got += page["flags"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert got == flags["flags"]
+        # the page shows the newest entries and links the history for the rest
+        page = a.get(f"/v1/decisions/{current}/page").text
+        assert 'id="history"' in page and current in page and 'id="earlier"' not in page
+
+
+def test_history_page_and_flags_leave_the_event_loop_free(postgres_db, scripted, tmp_path):
+    """Store reads of the history, the page and the flags run off the event loop: while they wait on a
+    locked table, /healthz answers (by order: it completes before any of them)."""
+    import threading
+
+    from verdict.serve.api_keys import KeyStore
+    from verdict.serve.audit.postgres import SCHEMA, setup_schema
+
+    from tests.fixtures.postgres import ADMIN_PASSWORD_ENV, PASSWORD_ENV, WRITER
+
+    setup_schema(postgres_db.admin_url, WRITER, password_env=ADMIN_PASSWORD_ENV)
+    api = {**CONFIG, "audit_db": postgres_db.writer_url, "audit_password_env": PASSWORD_ENV}
+    s = start_service(tmp_path / "pg", scripted.url, api)
+    try:
+        s.keys["review"] = KeyStore(s.folder / "keys.json").add("test-review", ["review"])[0]
+        with s.client("admin") as admin:
+            assert admin.post("/v1/trials", json={"program": program()}).status_code == 200
+        did = match(s)["decision_id"]
+        done: list[tuple[str, int]] = []
+
+        def get(name, path):
+            with s.client("review") as c:
+                done.append((name, c.get(path).status_code))
+
+        reads = [("history", f"/v1/decisions/{did}/history"), ("page", f"/v1/decisions/{did}/page"),
+                 ("flags", f"/v1/trials/{TRIAL}/flags")]  # fmt: skip
+        with postgres_db.cluster.admin(postgres_db.name) as lock:
+            lock.execute("BEGIN")
+            lock.execute(f"LOCK TABLE {SCHEMA}.decisions IN ACCESS EXCLUSIVE MODE")
+            threads = [threading.Thread(target=get, args=r) for r in reads]
+            for t in threads:
+                t.start()
+            waiting = 0
+            for _ in range(300):  # until a read waits on the lock (a bound on the wait, not a speed claim)
+                waiting = lock.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = %s",
+                    (postgres_db.name,),
+                ).fetchone()[0]
+                if waiting:
+                    break
+                threading.Event().wait(0.1)
+            assert waiting, "no read reached the locked table"
+            with s.client(None) as probe:
+                assert probe.get("/healthz").status_code == 200
+            done.append(("healthz", 200))
+            assert done == [("healthz", 200)], done  # every read still waits
+            lock.execute("ROLLBACK")
+        for t in threads:
+            t.join(60)
+        assert sorted(done[1:]) == [("flags", 200), ("history", 200), ("page", 200)]
+    finally:
+        s.stop()
 
 
 # ---- the lineage in the store ------------------------------------------------------------------
