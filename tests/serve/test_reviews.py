@@ -482,6 +482,27 @@ def test_one_successor_per_decision_in_both_backends(location, monkeypatch, requ
     store.close()
 
 
+def test_lineage_reads_in_both_backends(location):
+    """One query each: a lineage's ids, its newest decision, rows by id, a trial's lineages by page."""
+    from verdict.serve.audit import AuditStore
+
+    from tests.fixtures.postgres import PASSWORD_ENV
+
+    store = AuditStore(location, password_env=PASSWORD_ENV) if location.startswith("postgresql") else (
+        AuditStore(location))  # fmt: skip
+    chain = [_decision(store)]
+    for _ in range(3):
+        chain.append(_decision(store, chain[-1].decision_id))
+    ids = [d.decision_id for d in chain]
+    assert store.lineage_ids(ids[2]) == ids[:3] and store.lineage_ids("dec_none") == []
+    assert store.lineage_head(ids[0]) == ids[-1] == store.lineage_head(ids[-1])
+    assert [r.decision_id for r in store.decisions([ids[3], "dec_none", ids[1]])] == [ids[3], ids[1]]
+    newest = store.lineage_changes("T1", None, 2)
+    assert [r[1] for r in newest] == [ids[3], ids[2]] and newest[0][3]["parent_id"] == ids[2]
+    assert [r[1] for r in store.lineage_changes("T1", newest[-1][0], 5)] == [ids[1]]
+    store.close()
+
+
 V2_DECISIONS = """CREATE TABLE decisions (seq INTEGER PRIMARY KEY, decision_id TEXT NOT NULL UNIQUE,
  created_at REAL NOT NULL, created_by TEXT NOT NULL, trial_id TEXT NOT NULL, program_hash TEXT NOT NULL,
  patient_id TEXT NOT NULL, note_hash TEXT NOT NULL, patient_hash TEXT NOT NULL, policy_name TEXT NOT NULL,
