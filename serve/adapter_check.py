@@ -124,7 +124,9 @@ class TransformersRunner:
 
         torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype, torch.float32)
         self.tok = AutoTokenizer.from_pretrained(base_model)
-        self.base = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch_dtype)
+        # On a GPU node the reference runs on the GPU (vLLM is stopped before it starts); on CPU as before.
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.base = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch_dtype).to(self.device)
         self.base.eval()
         gen = self.base.generation_config
         eos = gen.eos_token_id if gen.eos_token_id is not None else self.tok.eos_token_id
@@ -141,7 +143,7 @@ class TransformersRunner:
             for msgs in prompts:
                 enc = self.tok.apply_chat_template(
                     msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True
-                )
+                ).to(self.device)
                 with torch.no_grad():
                     ids = model.generate(
                         **enc,

@@ -5,9 +5,10 @@ verdict serve api --config NAME           the matching API in front of it
 verdict serve up --config NAME            both, in one process (stops vLLM on exit)
 verdict serve sizing --config NAME        the GPU memory a config needs (gpu_sizing's formula)
 verdict serve systemd --config NAME       systemd units for vLLM and the API at a site's prefix
+verdict serve slurm-job --config NAME     serve.sbatch for a serve config (inputs checked first)
 verdict serve stop --state-file FILE      stop a server started with --detach
 verdict serve keys add|list|revoke        API keys (stored hashed)
-verdict serve audit verify|setup-postgres the audit store: hash chain and protections
+verdict serve audit verify|backup|restore|setup-postgres   the audit store
 verdict serve check-adapter --config ...  vLLM vs PEFT on a golden set
 verdict serve openapi                     print the API's OpenAPI schema
 """
@@ -286,6 +287,9 @@ def systemd_cmd(
     prefix: Path = typer.Option(..., help="install prefix: the virtual environment with bin/verdict"),
     state_dir: Path = typer.Option(..., help="the serve config's root: audit store, keys, logs"),
     vllm_python: Path | None = typer.Option(None, help="interpreter of the vLLM environment"),
+    hashes: Path | None = typer.Option(
+        None, help="sha256sum list of the weights and adapters: checked before vLLM starts"
+    ),
     user: str = typer.Option("verdict", help="the unprivileged user the services run as"),
     group: str = typer.Option("verdict"),
     out: Path = typer.Option(Path("."), help="folder for the unit files (then copy to /etc/systemd/system)"),
@@ -302,6 +306,7 @@ def systemd_cmd(
             state_dir=str(state_dir),
             config_dir=os.environ.get("VERDICT_CONFIG_DIR"),
             vllm_python=str(vllm_python) if vllm_python else None,
+            hashes=str(hashes) if hashes else None,
             user=user,
             group=group,
         )

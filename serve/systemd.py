@@ -2,7 +2,8 @@
 start on boot, for the site's own install prefix, state folder and config folder. Every path in a
 unit comes from the command's options; nothing of this repository is written into them.
 
-    verdict-vllm.service  `verdict serve vllm --config NAME` (ready when /v1/models lists the adapters)
+    verdict-vllm.service  `verdict serve vllm --config NAME` (ready when /v1/models lists the adapters);
+                          with a hash list, `sha256sum --check` of the weights and adapters first
     verdict-api.service   `verdict serve api --config NAME`, after vLLM (it answers 503 until vLLM is up)
 
 Both run as an unprivileged user with a private /tmp, a read-only system except the state folder,
@@ -25,11 +26,14 @@ class UnitSettings(BaseModel):
     state_dir: str = Field(description="audit store, keys, logs, caches (the serve config's root)")
     config_dir: str | None = Field(None, description="the site's config folder (verdict --config-dir)")
     vllm_python: str | None = Field(None, description="interpreter of the vLLM environment")
+    hashes: str | None = Field(
+        None, description="a sha256sum list of the weights and adapters, checked before vLLM starts"
+    )
     user: str = "verdict"
     group: str = "verdict"
     vllm_start_timeout_s: int = Field(1800, ge=60, description="a 7B takes up to 15 minutes to load")
 
-    @field_validator("prefix", "state_dir", "config_dir", "vllm_python")
+    @field_validator("prefix", "state_dir", "config_dir", "vllm_python", "hashes")
     @classmethod
     def _absolute(cls, v: str | None) -> str | None:
         if v is not None and not Path(v).is_absolute():
@@ -88,6 +92,12 @@ def render_units(s: UnitSettings) -> dict[str, str]:
             _exec(s, "serve", "vllm"),
             [],
             [
+                # weights or adapters changed since they were recorded: refuse to start (docs/deploy.md)
+                *(
+                    [f"ExecStartPre=/usr/bin/sha256sum --check --quiet --strict {s.hashes}"]
+                    if s.hashes
+                    else []
+                ),
                 f"TimeoutStartSec={s.vllm_start_timeout_s}",
                 "TimeoutStopSec=60",
                 "KillMode=control-group",  # the engine processes go with it

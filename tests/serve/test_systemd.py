@@ -26,6 +26,7 @@ def test_units_for_a_site_prefix_pass_systemd_analyze_verify(tmp_path):
     r = subprocess.run(
         [*verdict_command(), "--config-dir", str(site), "serve", "systemd", "--config", "site",
          "--prefix", str(prefix), "--state-dir", str(state), "--user", "root", "--group", "root",
+         "--hashes", str(state / "deployed.sha256"),
          "--out", str(tmp_path / "units")],
         capture_output=True, text=True, cwd=tmp_path, timeout=120,
     )  # fmt: skip
@@ -35,6 +36,8 @@ def test_units_for_a_site_prefix_pass_systemd_analyze_verify(tmp_path):
     api = units[0].read_text()
     assert f"ExecStart={prefix}/bin/verdict --config-dir {site} serve api --config site" in api
     assert "After=verdict-vllm.service" in api and f"ReadWritePaths={state}" in api and "UMask=0077" in api
+    vllm = units[1].read_text()
+    assert f"ExecStartPre=/usr/bin/sha256sum --check --quiet --strict {state / 'deployed.sha256'}" in vllm
     for u in units:
         assert str(REPO) not in u.read_text()
     v = subprocess.run(
