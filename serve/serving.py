@@ -47,6 +47,7 @@ from verdict.data_gen.protocol import PatientDoc, StageResult, TrialDoc
 
 from .api_config import ApiConfig
 from .audit import AuditStore, DecisionRow, TrialRow, open_store
+from .audit.artifacts import typed_artifacts
 from .errors import (
     FormalizerFailed,
     FormalizerUnavailable,
@@ -605,30 +606,33 @@ class MatchingService:
                 timings=timings,
                 artifacts=self._kept(
                     record.text,
-                    {
-                        "decision": d.decision.model_dump(mode="json", by_alias=True),
-                        "patient": d.patient.model_dump(mode="json"),
-                        "value_miner": {
-                            r.stage: {
-                                "output": json.loads(r.output_json or "null"),
-                                "attempts": len(r.attempts),
-                                "prompt": r.prompt_version,
-                                "calls": [{"item": c.item, "attempts": len(c.attempts)} for c in r.calls],
-                                "sources": r.output.sources,
-                            }
-                            for r in (d.inc, d.exc)
-                        },
-                        "documents": documents_meta(req.patient.note, record),
-                        "fhir": fhir_meta(req.patient.fhir, coded),
-                        "extraction_conflicts": [c.model_dump(mode="json") for c in d.mined.conflicts],
-                        "chart_read": chart_read and chart_read.model_dump(mode="json"),
-                        "rationale_markdown": d.markdown,
-                        "arbiter": d.arbiter,
-                        "verbalizer": d.verbalizer and {**d.verbalizer, "rationale_text": d.rationale_text},
-                        "trial_origin": row.origin,
-                        "cost": cost.model_dump(mode="json"),
-                        "trial_version": version.model_dump(mode="json"),
-                    },
+                    typed_artifacts(
+                        {
+                            "decision": d.decision.model_dump(mode="json", by_alias=True),
+                            "patient": d.patient.model_dump(mode="json"),
+                            "value_miner": {
+                                r.stage: {
+                                    "output": json.loads(r.output_json or "null"),
+                                    "attempts": len(r.attempts),
+                                    "prompt": r.prompt_version,
+                                    "calls": [{"item": c.item, "attempts": len(c.attempts)} for c in r.calls],
+                                    "sources": r.output.sources,
+                                }
+                                for r in (d.inc, d.exc)
+                            },
+                            "documents": documents_meta(req.patient.note, record),
+                            "fhir": fhir_meta(req.patient.fhir, coded),
+                            "extraction_conflicts": [c.model_dump(mode="json") for c in d.mined.conflicts],
+                            "chart_read": chart_read and chart_read.model_dump(mode="json"),
+                            "rationale_markdown": d.markdown,
+                            "arbiter": d.arbiter,
+                            "verbalizer": d.verbalizer
+                            and {**d.verbalizer, "rationale_text": d.rationale_text},
+                            "trial_origin": row.origin,
+                            "cost": cost.model_dump(mode="json"),
+                            "trial_version": version.model_dump(mode="json"),
+                        }
+                    ),
                 ),
                 note_text=stored_note,
             )

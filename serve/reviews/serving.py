@@ -35,6 +35,7 @@ from verdict.data_gen.formalizer.miner import PassageConflict
 
 from ..api_keys import KeyEntry
 from ..audit import DecisionRow
+from ..audit.artifacts import typed_artifacts
 from ..audit.store import _ACTIVE_ORDER, Guard, Superseded
 from ..errors import InvalidInput, NotFound, ServiceError
 from ..protocol import Links, MatchResponse, ModelIds
@@ -427,19 +428,23 @@ def superseding_decision(
     version = lineage_version(audit, parent, program)
     timings["render"] = _ms(t0)
     timings["total"] = _ms(t_start)
-    artifacts = {
-        **{k: v for k, v in parent.artifacts.items() if k in ("value_miner", "documents", "trial_origin")},
-        "decision": decision.model_dump(mode="json", by_alias=True),
-        "patient": patient.model_dump(mode="json"),
-        "extraction_conflicts": [
-            c
-            for c in parent.artifacts.get("extraction_conflicts") or []
-            if not isinstance(c, dict)
-            or not (set([c.get("atom")]) | set(c.get("set_aside") or [])).isdisjoint(conflicts)
-        ],  # fmt: skip
-        "rationale_markdown": markdown,
-        "trial_version": version.model_dump(mode="json"),
-    }
+    artifacts = typed_artifacts(
+        {
+            **{
+                k: v for k, v in parent.artifacts.items() if k in ("value_miner", "documents", "trial_origin")
+            },
+            "decision": decision.model_dump(mode="json", by_alias=True),
+            "patient": patient.model_dump(mode="json"),
+            "extraction_conflicts": [
+                c
+                for c in parent.artifacts.get("extraction_conflicts") or []
+                if not isinstance(c, dict)
+                or not (set([c.get("atom")]) | set(c.get("set_aside") or [])).isdisjoint(conflicts)
+            ],  # fmt: skip
+            "rationale_markdown": markdown,
+            "trial_version": version.model_dump(mode="json"),
+        }
+    )
     append = functools.partial(
         audit.add_decision,
         created_by=caller, trial_id=program.trial_id, program_hash=program.content_hash,

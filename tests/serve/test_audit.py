@@ -521,6 +521,7 @@ def test_a_match_key_cannot_replace_a_reviewed_program(backend, request, tmp_pat
             did = used.json()["decision_id"]
             record = admin.get(f"/v1/decisions/{did}").json()
             assert record["trial_version"] == version and record["artifacts"]["trial_version"] == version
+            assert record["artifacts"]["schema_version"] == 1  # the typed record (issue 25)
             page = admin.get(f"/v1/decisions/{did}/page").text
             assert 'id="inactive-version"' in page and "Not the trial&#x27;s decision" in page
             assert reviewed in page and "a preview by the trial&#x27;s owner" in page
