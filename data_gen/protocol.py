@@ -154,6 +154,9 @@ class ChartRead(StrictModel):
     trimmed: list[TrimmedDocument] = Field(default_factory=list)
     passages_read: int = 0
     excerpts_kept: int = 0
+    excerpts_repeated: int = Field(
+        0, description="excerpts left out because a later document states the same text (kept there)"
+    )
     sheet_documents: list[str] = Field(default_factory=list, description="documents with kept excerpts")
     kept_whole: list[str] = Field(
         default_factory=list,

@@ -24,6 +24,7 @@ patient makes no reader call; a rerun in a new process answers every reader call
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import hashlib
 import json
 from collections import OrderedDict
@@ -38,7 +39,7 @@ from verdict.core.program import TrialProgram
 
 from ..cache import CachedCall
 from ..protocol import ChartRead, NoteDocument, PatientDoc, StageResult, Usage
-from .chart import DocumentSelection, ReducedChart, locate, locate_span, reduce_chart
+from .chart import DocumentSelection, ReducedChart, document_day, locate, locate_span, reduce_chart
 from .checks import Check, compact, normalize_ws, parse_output, split_pieces
 from .miner import (
     MinedValues,
@@ -291,20 +292,35 @@ async def read_chart(fz: Formalizer, reduced: ReducedChart, *, data_class: str, 
                 seen.add(k)
                 excerpts.append(e)
     excerpts.sort(key=lambda e: (order[e.document], e.offset))
+    kept = latest_copies(excerpts, reduced.originals)
     read = ChartRead(
         documents=len(reduced.originals),
         dropped=reduced.dropped,
         trimmed=reduced.trimmed,
         passages_read=sum(len(c.passages) for c in plan),
-        excerpts_kept=len(excerpts),
-        sheet_documents=list(dict.fromkeys(e.document for e in excerpts)),
+        excerpts_kept=len(kept),
+        excerpts_repeated=len(excerpts) - len(kept),
+        sheet_documents=list(dict.fromkeys(e.document for e in kept)),
         kept_whole=whole,
         calls=usage.calls_paid,
         cache_hits=usage.cache_hits,
         prompt_tokens=usage.paid_prompt_tokens,
         completion_tokens=usage.paid_completion_tokens,
     )
-    return FactSheet(excerpts, read, results)
+    return FactSheet(kept, read, results)
+
+
+def latest_copies(excerpts: list[Excerpt], originals: dict[str, NoteDocument]) -> list[Excerpt]:
+    """The excerpts with each repeated statement (the same text, whitespace aside) kept once: in the
+    latest-dated document (a tie, or no dates: the later one in the chart), as copied-forward
+    paragraphs are. Order kept."""
+    rank = {d: (document_day(doc) or dt.date.min, i) for i, (d, doc) in enumerate(originals.items())}
+    latest: dict[str, Excerpt] = {}
+    for e in excerpts:
+        k = normalize_ws(e.text)
+        if k not in latest or rank[e.document] >= rank[latest[k].document]:
+            latest[k] = e
+    return [e for e in excerpts if latest[normalize_ws(e.text)] is e]
 
 
 class FactSheets:

@@ -253,3 +253,21 @@ def test_a_rerun_in_a_new_process_reads_the_chart_from_the_call_cache(scripted_s
     assert len(scripted_server.requests) == sent  # no call at all: the reading and the mining were cached
     assert again.chart_read.calls == 0 and again.chart_read.cache_hits == paid and not again.chart_read.reused
     assert {mv.atom: mv.value for mv in again.output}["age_years"] == 52
+
+
+def test_a_statement_repeated_across_documents_stays_on_the_sheet_once_in_the_latest_document():
+    from verdict.data_gen.formalizer.reader import Excerpt, latest_copies
+
+    originals = {d.id: d for d in (doc(1, "x", "2024-03-01"), doc(2, "y", "2024-01-01"), doc(3, "z"))}
+    said = [
+        Excerpt(document="d1", offset=0, text="Allergic to penicillin."),
+        Excerpt(document="d1", offset=40, text="Smokes daily."),
+        Excerpt(document="d2", offset=5, text="Allergic  to\npenicillin."),
+        Excerpt(document="d3", offset=0, text="Smokes daily."),
+    ]
+    kept = latest_copies(said, originals)
+    # d1 is the latest dated; undated d3 counts as oldest
+    assert [(e.document, e.text) for e in kept] == [
+        ("d1", "Allergic to penicillin."),
+        ("d1", "Smokes daily."),
+    ]
