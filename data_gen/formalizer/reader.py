@@ -27,6 +27,7 @@ import asyncio
 import datetime as dt
 import hashlib
 import json
+import logging
 from collections import OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from .chart import DocumentSelection, ReducedChart, document_day, locate, locate
 from .checks import Check, compact, normalize_ws, parse_output, split_pieces
 from .miner import (
     MinedValues,
+    MinerBudgetError,
     as_documents,
     group_passages,
     mine_values,
@@ -56,6 +58,7 @@ from .value_reuse import record_key
 if TYPE_CHECKING:
     from .runtime import Formalizer
 
+log = logging.getLogger(__name__)
 STAGE = "reader"
 _PROMPT_MARGIN = 8
 # The share of the reader's completion budget a passage group may fill: a reader that keeps every
@@ -146,8 +149,6 @@ def plan_reader_calls(
     room = int(completion_budget * _COPY_ROOM)
     budget = room if prompt_budget is None else min(room, prompt_budget - frame - _PROMPT_MARGIN)
     if budget < 16:
-        from .miner import MinerBudgetError
-
         raise MinerBudgetError(f"{STAGE}: no room for the chart text within the model's limits")
     docs = {d.id: d for d in documents}
     passages = [p for d in documents for p in split_document(d, budget, count_text)]
@@ -398,7 +399,18 @@ async def mine_chart(
     async def read() -> FactSheet:
         return await read_chart(fz, reduced, data_class=dclass, ids=f"patient={pid}")
 
-    sheet, reused = await fz.fact_sheets.get(sheet_key(fz, docs, reading.selection), read)
+    try:
+        sheet, reused = await fz.fact_sheets.get(sheet_key(fz, docs, reading.selection), read)
+    except MinerBudgetError:
+        # The reader's limits leave no room for chart text (a small context): the chart is mined
+        # whole, as before reading once - it costs more per pair, and nothing is lost.
+        log.warning("reader: no room for chart text within the model's limits; the chart is mined whole")
+        whole = ChartRead(
+            documents=len(docs), dropped=reduced.dropped, trimmed=reduced.trimmed, mined_whole=True
+        )
+        record = PatientDoc(patient_id=_pid(pid), documents=reduced.documents, data_class=dclass)
+        res = await mine_values(fz, program, record, side, data_class=dclass, skip=skip)
+        return res.model_copy(update={"chart_read": whole})
     chart_read = sheet.read.model_copy(update={"reused": reused})
     sheet_docs = sheet.documents()
     if not sheet_docs:  # nothing in the chart is about the patient: every atom null, no call
