@@ -60,3 +60,12 @@ def test_totals_count_each_reading_once_and_give_per_pair_means():
     t = total([read, reuse, reuse, reuse])
     assert t["chart_readings"] == 1 and t["calls"] == 2 * 4 + 10 and t["calls_per_pair"] == 4.5
     assert t["prompt_tokens"] == 800 + 9000 and total([])["calls_per_pair"] == 0
+
+
+def test_a_chart_mined_whole_is_no_reading_and_cached_reader_calls_are_listed_apart():
+    whole = ChartRead(documents=3, mined_whole=True)
+    cost = pair_cost(side(1, 0, 100, 5, chart_read=whole), side(1, 0, 100, 5, chart_read=whole))
+    assert cost.reading is None and total([cost])["chart_readings"] == 0
+    rerun = ChartRead(documents=134, calls=0, cache_hits=12)  # a rerun: every reader call from the cache
+    again = pair_cost(side(1, 0, 100, 5, chart_read=rerun))
+    assert again.reading.calls == 0 and again.reading.cache_hits == 12 and again.paid().calls == 1
