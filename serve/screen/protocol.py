@@ -13,7 +13,6 @@ from verdict.core.ranking import RankedRow
 
 from ..protocol import (
     MAX_BATCH_PATIENTS,
-    MAX_BATCH_TRIALS,
     POLICY_NAME,
     UNIQUE_PATIENTS,
     ErrorBody,
@@ -64,6 +63,11 @@ class ScreenSource(_Strict):
         return self
 
 
+# An explicit list of a site's trials: as many as a screen of every registered trial may take (the
+# service's `limits.max_screen_pairs` bounds the pairs either way).
+MAX_SCREEN_TRIALS = 10_000
+
+
 class ScreenRequest(_Strict):
     """One patient against trials (`patient`, optional `trial_ids`), or one trial against patients
     (`trial_id` + `patients`). Exactly one of the two directions. Without `trial_ids` a patient is
@@ -73,7 +77,7 @@ class ScreenRequest(_Strict):
     trial_ids: list[Id] | None = Field(
         None,
         min_length=1,
-        max_length=MAX_BATCH_TRIALS,
+        max_length=MAX_SCREEN_TRIALS,
         description="only these registered trials (default: every registered trial, by id)",
     )
     trial_id: Id | None = Field(None, description="the trial to screen a population against")

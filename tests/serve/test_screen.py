@@ -461,6 +461,13 @@ def test_one_patient_against_thousands_of_registered_trials(site):
         body = r.json()
         run = a.get(f"/v1/screenings/{body['screening_id']}").json()
         last = a.get(body["rows"][-1]["links"]["decision"]).json()
+        # an explicit list of hundreds of the site's trials (it was capped at 200)
+        some = [f"S-{i:04d}" for i in range(300)]
+        listed = c.post(
+            "/v1/screen",
+            json={"patient": {"patient_id": "P40", "note": NOTE_40}, "trial_ids": some, "max_rows": 3},
+        )
+        assert listed.status_code == 200 and listed.json()["pairs"] == 300, listed.text[:500]
         # one more trial is past the limit: refused naming it, and nothing is screened
         extra = admin.post("/v1/trials", json={"program": _program("S-EXTRA", 18, "has_chest_pain")})
         assert extra.status_code == 200, extra.text
