@@ -129,7 +129,7 @@ class DroppedDocument(StrictModel):
     """A document of the chart not read, and why (ids only, never text)."""
 
     id: str
-    why: Literal["selection", "duplicate"]
+    why: Literal["selection", "duplicate", "empty"]
     detail: str
 
 

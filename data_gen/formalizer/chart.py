@@ -9,7 +9,7 @@ scope, and every removal is recorded by document id (never silent).
   normalization, in several documents is kept only in the latest-dated one (a tie, or no dates: the
   later document in the chart), and removed from the others. Short paragraphs (headings such as
   "Plan:") are never removed: they give the text after them its context. A document left with no
-  paragraph is dropped, naming the documents that hold its text.
+  paragraph is dropped, naming the documents that hold its text. A blank document is dropped too.
 
 The reduced documents keep the ids of the originals; their text is the kept paragraphs joined by
 blank lines, so a quote verbatim in it is verbatim in the original unless it spans a removed
@@ -98,10 +98,12 @@ def reduce_chart(docs: list[NoteDocument], selection: DocumentSelection | None =
     read: list[NoteDocument] = []
     for d in docs:
         why = selection.why_dropped(d) if selection is not None else None
-        if why is None:
-            read.append(d)
-        else:
+        if why is not None:
             dropped.append(DroppedDocument(id=d.id, why="selection", detail=why))
+        elif not d.text.strip():
+            dropped.append(DroppedDocument(id=d.id, why="empty", detail="no text"))
+        else:
+            read.append(d)
     spans = [paragraph_spans(d.text) for d in read]
     owner: dict[str, int] = {}  # normalized paragraph -> the document that keeps it
     for i in _newer_first(read):

@@ -38,11 +38,12 @@ def test_copied_forward_text_is_kept_in_the_latest_document_and_each_removal_is_
         doc(4, "Plan:\n\nfollow up", "2023-12-01"),
         doc(5, "Plan:\n\nrepeat labs", "2024-04-01"),  # a short heading is never removed
     ]
-    r = reduce_chart(docs)
+    r = reduce_chart([*docs, doc(6, " \n\t ")])  # a blank document: dropped, named
     kept = {d.id: d.text for d in r.documents}
     assert kept["d2"] == f"{COPIED}\n\nToday stable." and kept["d1"] == "Admission."
     assert "Plan:" in kept["d4"] and "Plan:" in kept["d5"]
-    assert [(d.id, d.why) for d in r.dropped] == [("d3", "duplicate")] and "d2" in r.dropped[0].detail
+    assert [(d.id, d.why) for d in r.dropped] == [("d6", "empty"), ("d3", "duplicate")]
+    assert "d2" in r.dropped[1].detail
     assert [(t.id, t.paragraphs_removed, t.kept_in) for t in r.trimmed] == [("d1", 1, ["d2"])]
     assert [d.id for d in r.documents] == ["d1", "d2", "d4", "d5"]  # chart order kept
 
