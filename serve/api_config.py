@@ -170,6 +170,42 @@ class ReviewLimits(StrictModel):
     )
 
 
+class SolverPoolConfig(StrictModel):
+    """Solver work in worker processes (verdict.core.solver_pool): a lane for short solves, and a
+    lane of its own for solves that outlive `short_budget_s`."""
+
+    workers: int | None = Field(
+        None, ge=1, description="short-lane worker processes; default: the machine's CPU count"
+    )
+    hard_workers: int | None = Field(
+        None, ge=1, description="hard-lane worker processes (lower CPU priority); default: `workers`"
+    )
+    short_budget_s: float = Field(
+        0.5, gt=0, description="a solve still running after this long moves to the hard lane"
+    )
+    time_limit_s: float | None = Field(
+        None,
+        gt=0,
+        description="a solve running this long is ended by killing its worker (Z3 does not always "
+        "honour its own limit); default: solver_timeout_ms + 3 s",
+    )
+    hard_nice: int = Field(10, ge=0, le=19, description="niceness added to a hard-lane worker")
+
+    def pool(self, timeout_ms: int, alternatives: int):
+        """The pool these settings describe, deciding with Engine(timeout_ms, alternatives)."""
+        from verdict.core.solver_pool import SolverPool
+
+        return SolverPool(
+            timeout_ms=timeout_ms,
+            alternatives=alternatives,
+            workers=self.workers,
+            hard_workers=self.hard_workers,
+            short_budget_s=self.short_budget_s,
+            time_limit_s=self.time_limit_s,
+            hard_nice=self.hard_nice,
+        )
+
+
 class AuthLimits(StrictModel):
     """Failed API keys: after `max_failures` within `window_s` from one client address, or for one
     key id, that address or key id is refused (429) for `lockout_s`, the right key included."""
@@ -224,6 +260,9 @@ class ApiConfig(StrictModel):
         "`undetermined`, an uploaded program's satisfiability check over it answers 422",
     )
     alternatives: int = Field(2, ge=0, description="extra minimum pivotal sets to enumerate")
+    solver_pool: SolverPoolConfig = Field(
+        default_factory=SolverPoolConfig, description="the worker processes every decision and check runs in"
+    )
     retry_after_s: int = Field(30, ge=1, description="Retry-After sent with 503 when the formalizer is down")
     limits: Limits = Field(default_factory=Limits)
     reviews: ReviewLimits = Field(

@@ -14,7 +14,6 @@ nor in the log: the service's stage runner withholds the checker's messages).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -63,7 +62,7 @@ async def arbitrate(
         return decision, {"status": "no_override", "overrides": [], **stage}
     t0 = time.perf_counter()
     # The engine applies the overrides itself (its arbiter hook), as any caller of decide would.
-    again, applied = await asyncio.to_thread(redecide, svc.engine, program, patient, res)
+    again, applied = await redecide(svc.engine.adecide, program, patient, res)
     timings["solve"] = round(timings.get("solve", 0.0) + _ms(t0), 3)
     return again, {"status": "applied", "overrides": applied, **stage}
 

@@ -24,12 +24,12 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 from verdict.core.decision import ENGINE_VERSION, Decision
-from verdict.core.engine import Engine
 from verdict.core.errors import PatientError, PolicyError, ProgramError, VerdictError
 from verdict.core.patient import ResolvedPatient
 from verdict.core.policy import Policy, load_policy, resolve
 from verdict.core.program import Provenance, TrialProgram, check_program, load_program
 from verdict.core.rationale import md, rationale_json, render_markdown
+from verdict.core.solver_pool import SolverPool
 from verdict.data_gen.egress import ENV_ALLOW as EGRESS_ENV
 from verdict.data_gen.egress import RULE as EGRESS_RULE
 from verdict.data_gen.egress import EgressPolicy
@@ -158,9 +158,10 @@ class MatchingService:
             check_interval_s=fc.health_check_interval_s,
             check_timeout_s=fc.health_check_timeout_s,
         )
-        # One engine: parsed programs are checked under solver_timeout_ms and compiled once for
-        # the check and every decision.
-        self.engine = Engine(timeout_ms=config.solver_timeout_ms, alternatives=config.alternatives)
+        # Every decision and satisfiability check, the parser's and the arbiter's too, runs in the
+        # pool's worker processes (verdict.core.solver_pool) under solver_timeout_ms: a hard program
+        # never makes a short decision wait, and no solver work runs on the event loop.
+        self.engine: SolverPool = config.solver_pool.pool(config.solver_timeout_ms, config.alternatives)
         self.parser = Formalizer(
             parser_ep,
             engine=self.engine,
@@ -205,9 +206,11 @@ class MatchingService:
             )
 
     def warm_up(self) -> None:
-        """Pay the first request's one-time costs at start (client library import, output schemas)."""
+        """Pay the first request's one-time costs at start (client library import, output schemas,
+        the solver pool's fork server)."""
         import openai  # noqa: F401
 
+        self.engine.start()
         core_schema("parsed-criterion")
         core_schema("value-miner")
         if self.config.formalizer.warm_up_grammars:
@@ -280,6 +283,7 @@ class MatchingService:
             except (asyncio.CancelledError, Exception):
                 pass
         await self.client.aclose()
+        await asyncio.to_thread(self.engine.close)
 
     # -- policies and programs -------------------------------------------------------------------
     def policy(self, name: str | None) -> Policy:
@@ -302,32 +306,34 @@ class MatchingService:
     # -- trials ----------------------------------------------------------------------------------
     async def register_trial(self, req: TrialRequest, caller: str) -> TrialResponse:
         if req.program is not None:
-            # In a thread: the satisfiability check may run for the solver limit, never on the loop.
-            row = await asyncio.to_thread(self.upload_program, req.program, caller)
+            row = await self.upload_program(req.program, caller)
             return self._trial_response(row, cached=False)
         doc = trial_doc(req.text) if req.text is not None else ctgov_doc(req.ctgov_study)
         row, cached = await self.parsed_trial(doc, caller)
         return self._trial_response(row, cached)
 
-    def upload_program(self, data: dict, caller: str) -> TrialRow:
+    async def upload_program(self, data: dict, caller: str) -> TrialRow:
         """A reviewed program (admin role): checked like parser output, then the active version of its
         trial id (verdict.serve.audit.store: which version a match uses)."""
-        program = self.checked_program(data, caller)
+        program = await self.checked_program(data, caller)
         existing = self.audit.active_trial(program.trial_id)
         if existing is not None and existing.program_hash == program.content_hash and existing.reviewed:
             return existing
-        return self.audit.add_trial(
-            trial_id=program.trial_id,
-            program_hash=program.content_hash,
-            program_json=program.model_dump_json(by_alias=True),
-            origin="upload",
-            created_by=caller,
+        return await asyncio.to_thread(
+            functools.partial(
+                self.audit.add_trial,
+                trial_id=program.trial_id,
+                program_hash=program.content_hash,
+                program_json=program.model_dump_json(by_alias=True),
+                origin="upload",
+                created_by=caller,
+            )
         )
 
-    def checked_program(self, data: dict, caller: str, source: str = "upload") -> TrialProgram:
+    async def checked_program(self, data: dict, caller: str, source: str = "upload") -> TrialProgram:
         """A program from a person (an upload, a revision): validated, statically checked and
-        satisfiable within the solver limit, else InvalidInput naming `program.<path>`. Runs the
-        solver: call it in a thread."""
+        satisfiable within the solver limit (in the solver pool), else InvalidInput naming
+        `program.<path>`."""
         try:
             program = TrialProgram.model_validate(data)
         except ValidationError as e:
@@ -340,7 +346,7 @@ class MatchingService:
             ) from None
         try:
             program = check_program(program.model_copy(update={"content_hash": None}))
-            self.engine.check_satisfiable(program)
+            await self.engine.acheck_satisfiable(program)
         except ProgramError as e:
             raise InvalidInput(
                 e.summary, [("program", p) for p in e.problems] or [("program", e.summary)]
@@ -537,7 +543,7 @@ class MatchingService:
             patient = coded.apply(patient)
         timings["resolve"] = self._observe("resolve", t0)
         t0 = time.perf_counter()
-        decision = await asyncio.to_thread(self.engine.decide, program, patient)
+        decision = await self.engine.adecide(program, patient)
         timings["solve"] = self._observe("solve", t0)
         # Opt-in (api.formalizer.arbiter): facts contradicting definitions re-read, decided again.
         decision, arbiter = await arbitrate(self, program, record, patient, decision, timings)

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import z3
 
@@ -75,7 +76,7 @@ class Engine:
         with self._lock:
             problems = self._unsatisfiable(self._compiled(program))
         if problems:
-            raise ProgramError(f"trial program '{program.trial_id}' cannot be satisfied", problems)
+            raise unsatisfiable(program, problems)
 
     def _unsatisfiable(self, cp: CompiledProgram) -> list[str]:
         s = _Budgeted(cp.solver, self.timeout_ms)  # one time limit for all these checks together
@@ -97,7 +98,7 @@ class Engine:
         for cc in never:
             problems.append(f"criterion '{cc.key}': can never be met ({cc.side})")
         if r == z3.unknown:
-            problems.append(f"satisfiability unknown within {self.timeout_ms} ms ({s.reason_unknown()})")
+            problems.append(unknown_within(self.timeout_ms, s.reason_unknown()))
         return problems
 
     def _admits_no_patient(self, cp: CompiledProgram) -> list[str]:
@@ -134,25 +135,14 @@ class Engine:
     def _decide(
         self, cp: CompiledProgram, program: TrialProgram, patient: ResolvedPatient, arbiter
     ) -> Decision:
-        base = dict(
-            trial_id=program.trial_id,
-            patient_id=patient.patient_id,
-            program_hash=cp.content_hash,
-            patient_hash=patient.content_hash(),
-            policy=patient.policy,
-        )
+        base = {**decision_base(program, patient), "program_hash": cp.content_hash}
         sess = Session(cp, patient.resolutions, self.timeout_ms)
         try:
             conflicts, overrides = self._consistent_facts(sess, program, patient, arbiter)
             eligible = sess.check(cp.phi_guard, *sess.lits())
             witness = sess.model(admitting=True) if eligible else None
         except SolverLimit as e:
-            return Decision(
-                **base,
-                decision="undetermined",
-                reason=f"solver limit while deciding: {e}",
-                trace=Trace(summary="undetermined: the solver did not finish"),
-            )
+            return undetermined(base, str(e))
         decision = Decision(
             **base,
             decision="eligible" if eligible else "ineligible",
@@ -227,6 +217,50 @@ class Engine:
             raise SolverLimit("facts still contradict the definitions after setting conflicts aside")
         sess.model()
         return conflicts, overrides
+
+
+def unsatisfiable(program: TrialProgram, problems: list[str]) -> ProgramError:
+    """The error of a satisfiability check that found problems (or could not finish)."""
+    return ProgramError(f"trial program '{program.trial_id}' cannot be satisfied", problems)
+
+
+def unknown_within(timeout_ms: int, why: str) -> str:
+    """The problem a satisfiability check names when its solver limit ran out."""
+    return f"satisfiability unknown within {timeout_ms} ms ({why})"
+
+
+def undetermined(base: dict, why: str) -> Decision:
+    """The decision when the solver limit ran out while deciding d (``base``: the decision's
+    identifying fields, as `decision_base` gives them)."""
+    return Decision(
+        **base,
+        decision="undetermined",
+        reason=f"solver limit while deciding: {why}",
+        trace=Trace(summary="undetermined: the solver did not finish"),
+    )
+
+
+def decision_base(program: TrialProgram, patient: ResolvedPatient) -> dict:
+    """The fields that identify a decision: trial, patient, program and patient hashes, policy."""
+    return dict(
+        trial_id=program.trial_id,
+        patient_id=patient.patient_id,
+        program_hash=program.content_hash or program.compute_hash(),
+        patient_hash=patient.content_hash(),
+        policy=patient.policy,
+    )
+
+
+@dataclass(frozen=True)
+class FixedOverrides:
+    """An arbiter whose answer is already known (a recorded or validated arbiter output): it
+    proposes these overrides whatever the conflicts. Plain data, so a decision with it can be
+    made in another process (verdict.core.solver_pool)."""
+
+    overrides: tuple[Override, ...]
+
+    def __call__(self, *_args) -> list[Override]:
+        return list(self.overrides)
 
 
 def apply_overrides(patient: ResolvedPatient, overrides: list[Override]) -> ResolvedPatient:

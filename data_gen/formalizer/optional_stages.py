@@ -13,15 +13,16 @@ def definition_conflicts(decision) -> list:
     return [c for c in decision.conflicts if c.source == "definitions"]
 
 
-def redecide(engine, program, patient, res):
-    """The decision again with the arbiter's accepted overrides (the engine's own `arbiter=` hook),
-    and the applied overrides with their evidence; None when the arbiter found no faithful
-    correction (the solver result stands)."""
+async def redecide(adecide, program, patient, res):
+    """The decision again with the arbiter's accepted overrides (the engine's own `arbiter=` hook;
+    `adecide`: an async `Engine.decide`, e.g. the solver pool's), and the applied overrides with
+    their evidence; None when the arbiter found no faithful correction (the solver result stands)."""
+    from verdict.core.engine import FixedOverrides
+
     if not res.output:
         return None, []
     said = json.loads(res.output_json or "{}").get("overrides", [])
-    overrides = list(res.output)
-    again = engine.decide(program, patient, None, lambda *_: overrides)
+    again = await adecide(program, patient, None, FixedOverrides(tuple(res.output)))
     evidence = {o.get("atom"): o.get("evidence", "") for o in said}
     applied = [
         {"atom": o.atom, "value": o.value, "evidence": evidence.get(o.atom, ""), "reason": o.reason}

@@ -276,9 +276,10 @@ class ReviewService:
         timings: dict[str, float],
         t_start: float,
     ) -> tuple[DecisionRow, MatchResponse]:
-        """Decide (in a thread, under the solver limit), render, and append as the parent's successor."""
+        """Decide (in the solver pool, under the solver limit), render, and append as the parent's
+        successor."""
         t0 = time.perf_counter()
-        decision = await asyncio.to_thread(self.service.engine.decide, program, patient)
+        decision = await self.service.engine.adecide(program, patient)
         timings["solve"] = _ms(t0)
         row, response = superseding_decision(
             self.audit,
@@ -357,8 +358,8 @@ class ReviewService:
                 f"version {revises} of trial '{trial_id}' is not its active version ({active.program_hash})",
                 [("revises", f"the active version is {active.program_hash}")],
             )
-        # In a thread: the satisfiability check runs for up to the solver limit, never on the loop.
-        program = await asyncio.to_thread(self.service.checked_program, req.program, key.id, "revision")
+        # In the solver pool: a hard revision never makes another request's decision wait.
+        program = await self.service.checked_program(req.program, key.id, "revision")
         if program.trial_id != trial_id:
             raise InvalidInput(
                 "the program is for another trial",

@@ -238,9 +238,9 @@ def test_markup_in_a_note_stays_text_in_a_real_browser(svc):
             browser.close()
 
 
-def test_parsed_programs_are_checked_by_the_services_own_engine_and_compiled_once(tmp_path, scripted):
-    """The parser's checks run on the service's engine (its solver_timeout_ms, its compiled-program
-    cache): the program compiled for the satisfiability check is the one every decision uses."""
+def test_parsed_programs_are_checked_by_the_services_own_solver_pool(tmp_path, scripted):
+    """The parser's checks run in the service's solver pool (its solver_timeout_ms), as its
+    decisions do; the core's hidden default engine takes no part."""
     import asyncio
 
     import verdict.core.engine as core_engine
@@ -264,22 +264,22 @@ def test_parsed_programs_are_checked_by_the_services_own_engine_and_compiled_onc
         try:
             text = TrialText(trial_id="T-ENGINE", inclusion="Adults (engine test)", exclusion="Chest pain")
             row, _ = await service.parsed_trial(trial_doc(text), "test")
-            key = f"{row.program_hash}@321"
-            compiled = service.engine._cache.get(key)
+            checked = service.engine.stats().answered
             patient = PatientInput(patient_id="P1", note="40 years old.")
             res = await service.match(
                 MatchRequest(trial_id="T-ENGINE", program_hash=row.program_hash, patient=patient), "test"
             )
-            return key, compiled, res
+            return checked, res
         finally:
             await service.aclose()
             service.audit.close()
 
-    key, compiled, res = asyncio.run(parse_and_match())
+    checked, res = asyncio.run(parse_and_match())
     assert service.parser.engine is service.engine and service.miner.engine is service.engine
     assert service.engine.timeout_ms == 321
-    assert compiled is not None  # checked at parse time under the configured limit ...
-    assert service.engine._cache[key] is compiled  # ... and decided with that same compiled program
+    assert checked >= 2  # the criterion and the assembled program, checked in the pool at parse time
+    assert service.engine.stats().answered == checked + 1  # ... and the decision made there too
+    assert service.engine.stats().pids == ()  # closed with the service
     assert res.decision.decision in ("eligible", "ineligible", "undetermined")
     after = core_engine._default_engine  # the core's hidden default engine took no part
     assert (set(after._cache) if after is not None else None) == default_cached
