@@ -13,7 +13,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from verdict.data_gen.formalizer.accounting import PairCost
 
 STAGES = ("parse", "miner_inclusion", "miner_exclusion", "resolve", "solve", "render", "audit")
@@ -99,6 +99,10 @@ class ServiceMetrics:
         pool's members (each with `base_url` and `state`); the label is the configured base URL."""
         self.registry.register(_FormalizerUp(members))
 
+    def watch_solver_pool(self, pool) -> None:
+        """Expose the solver pool's lanes at each scrape (verdict.core.solver_pool.PoolStats)."""
+        self.registry.register(_SolverPoolCollector(pool))
+
     def observe_stage(self, stage: str, seconds: float) -> None:
         self.stage_seconds.labels(stage).observe(seconds)
 
@@ -121,3 +125,40 @@ class _FormalizerUp:
         for m in self.members:
             g.add_metric([m.base_url], 1.0 if m.state == "up" else 0.0)
         yield g
+
+
+class _SolverPoolCollector:
+    """The solver pool's processes, jobs and events, read when scraped."""
+
+    def __init__(self, pool) -> None:
+        self.pool = pool
+
+    def describe(self):
+        return []  # registered without a first collect: the pool may not be started yet
+
+    def collect(self):
+        s = self.pool.stats()
+        jobs = GaugeMetricFamily(
+            "verdict_solver_jobs", "solver jobs by lane and state", labels=["lane", "state"]
+        )
+        for lane, state, n in (
+            ("short", "running", s.short_busy),
+            ("short", "queued", s.short_queued),
+            ("hard", "running", s.hard_running),
+            ("hard", "queued", s.hard_queued),
+        ):
+            jobs.add_metric([lane, state], n)
+        workers = GaugeMetricFamily(
+            "verdict_solver_workers", "solver worker processes by lane", labels=["lane"]
+        )
+        workers.add_metric(["short"], s.short_workers)
+        workers.add_metric(["hard"], s.hard_running)
+        events = CounterMetricFamily(
+            "verdict_solver_events",
+            "solver pool events: jobs answered, moved to the hard lane, restarted there, ended at the "
+            "time limit, cancelled, lost with a crashed worker; worker processes started",
+            labels=["event"],
+        )
+        for event in ("answered", "promoted", "requeued", "timed_out", "cancelled", "crashed", "started"):
+            events.add_metric([event], getattr(s, event))
+        yield from (jobs, workers, events)

@@ -182,6 +182,7 @@ class MatchingService:
         )
         self.audit = audit or open_store(config)
         self.metrics = metrics or ServiceMetrics()
+        self.metrics.watch_solver_pool(self.engine)
         self._parse_locks: dict[str, asyncio.Lock] = {}
         self._programs: OrderedDict[str, TrialProgram] = OrderedDict()
         self._base_model: str | None = None

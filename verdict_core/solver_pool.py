@@ -239,6 +239,10 @@ class SolverPool:
     # -- the supervisor thread (the only one touching processes and queues) ----------------------
     def _run(self) -> None:
         try:
+            # The fork server's first start (about a second) holds no lock: stats() never waits on it.
+            from multiprocessing import forkserver
+
+            forkserver.ensure_running()
             with self._lock:
                 self._spawn("short")
             while True:
