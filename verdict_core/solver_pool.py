@@ -144,6 +144,8 @@ class SolverPool:
                 raise SolverPoolClosed("the solver pool is closed")
             _preload(self._mp)
             self._wake_r, self._wake_w = os.pipe()
+            # Every worker holds the reading end; only this process the writing one (see serve_jobs).
+            self._lifeline_r, self._lifeline_w = self._mp.Pipe(duplex=False)
             os.set_blocking(self._wake_w, False)
             self._thread = threading.Thread(target=self._run, name="solver-pool", daemon=True)
             self._thread.start()
@@ -281,6 +283,8 @@ class SolverPool:
                 self._inbox.clear(), self._short_q.clear(), self._hard_q.clear()
                 os.close(self._wake_r)
                 os.close(self._wake_w)
+                self._lifeline_r.close()
+                self._lifeline_w.close()
 
     def _step(self, now: float) -> None:
         while self._inbox:
@@ -304,23 +308,7 @@ class SolverPool:
                 self._remember_hard(job.key)
                 if w.lane == "short":
                     self._leave_short_lane(w)
-        self._make_room(now)
         self._dispatch(now)
-
-    def _make_room(self, now: float) -> None:
-        """Jobs wait for the short lane while each of its processes is busy: the oldest jobs there
-        that have run a tenth of the budget move to the hard lane early, while it has room (so a
-        burst of hard jobs does not hold the short lane for a whole budget)."""
-        short = [w for w in self._all if w.lane == "short"]
-        free = sum(w.job is None for w in short) + max(0, self.workers - len(short))
-        waiting = len(self._short_q) - free
-        old = sorted(
-            (w for w in short if w.job is not None and now - w.job.started >= self.short_budget_s / 10),
-            key=lambda w: w.job.started,
-        )
-        for w in old[: max(0, waiting)]:
-            if not self._promote(w):
-                break
 
     def _promote(self, w: _Worker) -> bool:
         """Move a busy short-lane process, job and all, to the hard lane if it has room."""
@@ -404,15 +392,15 @@ class SolverPool:
             self._hard_q.append(job)
 
     def _next_due(self, busy: list[_Worker]) -> float | None:
-        """Seconds until the next job reaches a time limit, the budget, or (jobs waiting for the
-        short lane) a tenth of it; None if nothing runs."""
+        """Seconds until the next job reaches its time limit or the short budget; None if nothing runs."""
         now, due = time.monotonic(), []
         for w in busy:
             t0 = w.job.started
             due.append(t0 + self.time_limit_s)
-            due += [t for t in (t0 + self.short_budget_s,) if t > now]
-            if w.lane == "short" and self._short_q:
-                due += [t for t in (t0 + self.short_budget_s / 10,) if t > now]
+            # A short-lane job past the budget is due at once (it may have passed since _step); a
+            # hard-lane one only until then (when its program is remembered as hard).
+            if w.lane == "short" or t0 + self.short_budget_s > now:
+                due.append(t0 + self.short_budget_s)
         return max(0.0, min(due) - now) if due else None
 
     def _spawn(self, lane: str) -> _Worker:
@@ -420,7 +408,7 @@ class SolverPool:
         nice = self.hard_nice if lane == "hard" else 0
         process = self._mp.Process(
             target=serve_jobs,
-            args=(child, self.timeout_ms, self.alternatives, nice),
+            args=(child, self._lifeline_r, self.timeout_ms, self.alternatives, nice),
             name=f"{PROCESS_NAME}-{lane}",
             daemon=True,
         )

@@ -9,9 +9,11 @@ about two seconds per worker. Only this pool's processes (named PROCESS_NAME-...
 
 from __future__ import annotations
 
-import ctypes
+import json
 import os
 import signal
+import threading
+from collections import OrderedDict
 from multiprocessing import spawn
 from multiprocessing.connection import Connection
 from typing import Literal
@@ -25,6 +27,7 @@ from .patient import ResolvedPatient
 from .program import TrialProgram
 
 PROCESS_NAME = "verdict-solver"
+_PROGRAMS_KEPT = 256
 ERRORS: dict[str, type[VerdictError]] = {
     c.__name__: c for c in (VerdictError, ProgramError, PatientError, PolicyError)
 }
@@ -48,29 +51,32 @@ class SolverReply(BaseModel):
     problems: list[str] = []
 
 
-def serve_jobs(conn: Connection, timeout_ms: int, alternatives: int, nice: int) -> None:
-    """A worker's loop, until the pipe closes."""
+def serve_jobs(conn: Connection, lifeline: Connection, timeout_ms: int, alternatives: int, nice: int) -> None:
+    """A worker's loop, until the pipe closes. `lifeline`: a pipe whose only writer is the pool's
+    process, which never writes: it reads EOF when that process ends, however it ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle; it ends us
-    _die_with_parent()
+    threading.Thread(target=_exit_with, args=(lifeline,), daemon=True).start()
     if nice > 0:
         os.nice(nice)
     engine = Engine(timeout_ms=timeout_ms, alternatives=alternatives)
+    programs: OrderedDict[str, TrialProgram] = OrderedDict()
     while True:
         try:
             raw = conn.recv_bytes()
         except (EOFError, OSError):
             return
-        reply = answer(engine, raw)
+        reply = answer(engine, raw, programs)
         try:
             conn.send_bytes(reply.model_dump_json(by_alias=True).encode())
         except OSError:
             return
 
 
-def answer(engine: Engine, raw: bytes) -> SolverReply:
-    """One job on this process's engine."""
+def answer(engine: Engine, raw: bytes, programs: OrderedDict[str, TrialProgram] | None = None) -> SolverReply:
+    """One job on this process's engine. `programs`: the programs this worker has read, by content
+    hash (validating a program again costs about as much as deciding a small one)."""
     try:
-        job = SolverJob.model_validate_json(raw)
+        job = _job(raw, programs if programs is not None else OrderedDict())
         if job.kind == "check":
             engine.check_satisfiable(job.program)
             return SolverReply()
@@ -83,13 +89,29 @@ def answer(engine: Engine, raw: bytes) -> SolverReply:
         return SolverReply(error="internal", summary=type(e).__name__)
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this worker when its parent, the fork server (which ends with the
-    pool's process), ends: no solver outlives the service."""
+def _job(raw: bytes, programs: OrderedDict[str, TrialProgram]) -> SolverJob:
+    data = json.loads(raw)
+    key = data["program"].get("content_hash")
+    program = programs.get(key) if key else None
+    if program is None:
+        program = TrialProgram.model_validate(data["program"])
+        if key:
+            programs[key] = program
+            while len(programs) > _PROGRAMS_KEPT:
+                programs.popitem(last=False)
+    else:
+        programs.move_to_end(key)
+    return SolverJob.model_validate({**data, "program": program})
+
+
+def _exit_with(lifeline: Connection) -> None:
+    """End this process when the pool's process is gone, even in the middle of a solve (Z3 runs
+    without the GIL): a killed service leaves no solver running."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
+        lifeline.recv_bytes()
+    except (EOFError, OSError):
         pass
+    os._exit(0)
 
 
 _prepare = spawn.prepare
