@@ -81,15 +81,14 @@ def isolation(matches: int) -> tuple[float, float]:
         hard_busy = len(loaded) - (1 if done else 0)  # the last may have ended after a revision
         for t in threads:
             t.join()
+        a, b = statistics.median(alone), statistics.median(loaded)
+        print(f"trivial match alone: median {a:.1f} ms (max {max(alone):.1f}, n={len(alone)})")
         print(
-            f"trivial match alone: median {statistics.median(alone):.1f} ms (max {max(alone):.1f}, n={len(alone)})"
-        )
-        print(
-            f"trivial match while {HARD_REVISIONS} hard revisions run: median {statistics.median(loaded):.1f} ms "
+            f"trivial match while {HARD_REVISIONS} hard revisions run: median {b:.1f} ms "
             f"(max {max(loaded):.1f}, n={len(loaded)}, {hard_busy} sent and answered before any revision "
             f"ended); the revisions answered {sorted(done)}"
         )
-        return statistics.median(alone), statistics.median(loaded)
+        return a, b
     finally:
         svc.stop()
         srv.stop()
