@@ -68,6 +68,14 @@ class FormalizerConfig(StrictModel):
         "(xgrammar builds its tokenizer data on the first structured request: ~1.1 s with a 152k "
         "vocabulary); a failed warm-up is retried at the next readiness check",
     )
+    staged_mining: bool = Field(
+        False,
+        description="mine the exclusion side first and the inclusion side only when it can change the "
+        "decision: a patient the exclusion side already makes ineligible under every value of the "
+        "unasked atoms is not asked them (marked 'not asked: the decision was already settled'). Off "
+        "by default: a screen ranks near misses by |δ_E|, which then rests on the unasked atoms and "
+        "can be smaller than the full chart's (the ranking says so); see data_gen/formalizer/staged.py",
+    )
     reuse_values: bool = Field(
         True,
         description="values mined for a patient record are reused for other trials that declare the same "

@@ -23,6 +23,7 @@ from verdict.core.decision import Decision
 from verdict.core.formula import render
 from verdict.core.patient import ResolvedPatient
 from verdict.core.program import TrialProgram
+from verdict.core.ranking import rests_on_unasked
 from verdict.core.rationale import rationale_json
 from verdict.data_gen.formalizer.miner import PassageConflict
 from verdict.data_gen.protocol import ChartRead
@@ -396,12 +397,15 @@ def render_page(
     if decision.pivotal is not None:
         target = "eligible" if decision.pivotal.direction == "to_eligible" else "ineligible"
         change_title = f"What would make the patient {target}"
-        if not change:
+        noted = not change  # the note stands in for an empty δ
+        if noted:
             change = [f"<li>{escape(decision.pivotal.note or 'No change of the modelled conditions.')}</li>"]
         if decision.pivotal.alternatives:
             change.append(
                 f"<li class=meta>{len(decision.pivotal.alternatives)} other minimal way(s) exist.</li>"
             )
+        if not noted and rests_on_unasked(decision):  # staged mining: some atoms were never asked
+            change.append(f'<li class=meta id="not-asked">{escape(decision.pivotal.note or "")}</li>')
     else:
         change_title = "What would change the decision"
         change = ["<li>Not computed for this decision.</li>"]

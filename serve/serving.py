@@ -29,6 +29,7 @@ from verdict.core.patient import ResolvedPatient
 from verdict.core.policy import Policy, load_policy, resolve
 from verdict.core.program import Provenance, TrialProgram, check_program, load_program
 from verdict.core.rationale import md, rationale_json, render_markdown
+from verdict.core.settled import settles
 from verdict.core.solver_pool import SolverPool
 from verdict.data_gen.egress import ENV_ALLOW as EGRESS_ENV
 from verdict.data_gen.egress import RULE as EGRESS_RULE
@@ -42,6 +43,7 @@ from verdict.data_gen.formalizer.endpoints import EndpointPool
 from verdict.data_gen.formalizer.miner import BUDGET as MINER_BUDGET
 from verdict.data_gen.formalizer.miner import MinedValues, PassageConflict
 from verdict.data_gen.formalizer.reader import pair_chart_read
+from verdict.data_gen.formalizer.staged import held_open, mine_pair
 from verdict.data_gen.formalizer.value_reuse import ValueReuse
 from verdict.data_gen.protocol import PatientDoc, StageResult, TrialDoc
 
@@ -436,7 +438,7 @@ class MatchingService:
         coded = coded_resolutions(program, req.patient.fhir) if req.patient.fhir is not None else None
         self.metrics.in_flight.inc()
         try:
-            inc, exc = await self._mine(program, record, coded, timings)
+            inc, exc = await self._mine(program, record, coded, policy, timings)
             d = await self._decide(program, record, policy, inc, exc, coded, timings)
             models = await self._models(row)
             cost = pair_cost(inc, exc)
@@ -492,18 +494,36 @@ class MatchingService:
         program: TrialProgram,
         record: PatientDoc,
         coded: CodedResolutions | None,
+        policy: Policy,
         timings: dict[str, float],
     ) -> tuple[StageResult, StageResult]:
-        """The value miner's inclusion and exclusion passes, concurrently (atoms `coded` decides skipped)."""
+        """The value miner's inclusion and exclusion passes (atoms `coded` decides skipped): staged
+        (`api.formalizer.staged_mining`, data_gen/formalizer/staged.py: the exclusion side first, the
+        inclusion side only when it can change the decision), else both concurrently."""
         note = record.text  # every document's text: what error messages must never quote
         skip = coded.decided if coded is not None else frozenset()
         t0 = time.perf_counter()
-        inc, exc = await _both(
-            *(
-                self._stage(self.miner.mine_values(program, record, side, skip=skip), f"miner_{side}", note)
-                for side in ("inclusion", "exclusion")
+
+        def side(s: str):
+            return self._stage(self.miner.mine_values(program, record, s, skip=skip), f"miner_{s}", note)
+
+        if self.config.formalizer.staged_mining:
+            pair = await mine_pair(
+                self.miner,
+                self.engine,
+                program,
+                record,
+                policy,
+                skip=skip,
+                mine=side,
+                # the stop rule sees what the decision will: the coded FHIR facts too
+                settle=lambda p, unasked: settles(
+                    program, coded.apply(p) if coded is not None else p, unasked, self.engine
+                ),
             )
-        )
+            inc, exc = pair.inc, pair.exc
+        else:
+            inc, exc = await _both(side("inclusion"), side("exclusion"))
         timings["value_miner"] = _ms(t0)
         return inc, exc
 
@@ -527,7 +547,7 @@ class MatchingService:
                 record.patient_id,
                 list(mined),
                 policy,
-                held_open=mined.held_open(),
+                held_open=held_open(inc, exc),  # conflicts, unread and unasked atoms
                 sources=mined.sources,
             )
         except PatientError as e:  # the formalizer checks types; this is a second line of defence
@@ -624,6 +644,7 @@ class MatchingService:
                                     "prompt": r.prompt_version,
                                     "calls": [{"item": c.item, "attempts": len(c.attempts)} for c in r.calls],
                                     "sources": r.output.sources,
+                                    "not_asked": (r.assembly or {}).get("not_asked", []),
                                 }
                                 for r in (d.inc, d.exc)
                             },

@@ -31,6 +31,7 @@ from .pivotal import to_eligible, to_ineligible
 from .policy import Policy, apply_policy
 from .program import TrialProgram
 from .session import Session, SolverLimit
+from .settled import not_asked, unasked_note
 from .trace import eligible_trace, ineligible_trace, side_statuses
 
 # An arbiter re-reads the chart for conflicting atoms and proposes overrides (appendix A.4).
@@ -191,6 +192,10 @@ class Engine:
                 decision.trace = attempt(
                     "trace", lambda: ineligible_trace(sess, labels, support), decision.trace
                 )
+        unasked = not_asked(patient)
+        if unasked and decision.pivotal is not None:  # δ_E takes unasked atoms as free: say so
+            note = unasked_note(unasked)
+            decision.pivotal.note = f"{decision.pivotal.note}; {note}" if decision.pivotal.note else note
         if not decision.trace.summary:
             decision.trace = Trace(summary=f"{decision.decision} (trace incomplete: solver limit)")
         decision.incomplete = incomplete

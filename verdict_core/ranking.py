@@ -23,6 +23,7 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from .decision import Decision
+from .settled import RESTS_ON_UNASKED
 
 Tier = Literal["eligible", "eligible_to_confirm", "near_miss", "ineligible", "undetermined"]
 _TIER_ORDER = {"eligible": 0, "eligible_to_confirm": 1, "near_miss": 2, "ineligible": 3, "undetermined": 4}
@@ -47,6 +48,11 @@ class RankedRow(BaseModel):
         default_factory=list, description="δ_E conditions, as 'atom: current -> target' (near misses)"
     )
     complete: bool = Field(True, description="false when a solver limit cut the pivotal search short")
+    rests_on_unasked: bool = Field(
+        False,
+        description="the decision was settled before every atom was asked (staged mining): its δ_E "
+        "takes the unasked atoms as free and may understate the change needed",
+    )
     reason: str = Field(description="one line: why this row is where it is")
 
 
@@ -87,6 +93,11 @@ def _reason(tier: Tier, distance: int, d: Decision) -> str:
     return f"undetermined: {d.reason or 'the decision is open'}"
 
 
+def rests_on_unasked(d: Decision) -> bool:
+    """Whether the decision's δ_E rests on atoms staged mining left unasked (`verdict.core.settled`)."""
+    return d.pivotal is not None and RESTS_ON_UNASKED in (d.pivotal.note or "")
+
+
 def _key(tier: Tier, distance: int, complete: bool, trial_id: str, patient_id: str) -> tuple:
     return (_TIER_ORDER[tier], distance, not complete, trial_id, patient_id)
 
@@ -117,7 +128,9 @@ def rank(decisions: list[Decision]) -> list[RankedRow]:
             to_confirm=confirm,
             would_be_eligible_if=flips,
             complete=complete,
-            reason=_reason(tier, distance, d),
+            rests_on_unasked=rests_on_unasked(d),
+            reason=_reason(tier, distance, d)
+            + ("; δ_E rests on atoms not asked" if rests_on_unasked(d) else ""),
         )
         for i, (_, d, tier, distance, confirm, flips, complete) in enumerate(keyed)
     ]

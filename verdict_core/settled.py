@@ -18,6 +18,22 @@ from .patient import Resolution, ResolvedPatient
 from .program import TrialProgram
 
 NOT_ASKED = "not asked: the decision was already settled"
+# How a decision's δ_E says it rests on atoms left unasked (the engine writes it, the ranking reads it).
+RESTS_ON_UNASKED = "rests on atoms not asked"
+
+
+def not_asked(patient: ResolvedPatient) -> list[str]:
+    """The atoms staged mining left unasked (unresolved with the `NOT_ASKED` note)."""
+    return [r.atom for r in patient.resolutions if r.status == "unresolved" and r.note == NOT_ASKED]
+
+
+def unasked_note(atoms: list[str]) -> str:
+    """The δ_E note of a decision some of whose atoms were not asked: it may understate the change
+    needed (those atoms are free in it; completing the mining may add conditions)."""
+    return (
+        f"{RESTS_ON_UNASKED} ({len(atoms)}: {', '.join(atoms)}); the decision was settled before they "
+        "were read, so completing the mining may add conditions"
+    )
 
 
 def with_open(patient: ResolvedPatient, atoms: Collection[str], note: str = NOT_ASKED) -> ResolvedPatient:

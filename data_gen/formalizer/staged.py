@@ -13,8 +13,9 @@ request) is `mine_pair(..., staged=False)`: a new decision.
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from dataclasses import dataclass, field
+import asyncio
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from verdict.core.decision import Decision
@@ -35,21 +36,33 @@ if TYPE_CHECKING:
 FIRST, THEN = "exclusion", "inclusion"
 
 
+def not_asked_marks(*results: StageResult) -> dict[str, str]:
+    """atom -> `NOT_ASKED` for the atoms a side left unasked (`assembly.not_asked`)."""
+    return {a: NOT_ASKED for r in results for a in (r.assembly or {}).get("not_asked", [])}
+
+
+def held_open(inc: StageResult, exc: StageResult) -> dict[str, str]:
+    """atom -> note for `resolve(held_open=...)`: conflicts, unread atoms and the unasked ones."""
+    return {**merge_sides(inc.output, exc.output).held_open(), **not_asked_marks(inc, exc)}
+
+
 @dataclass
 class MinedPair:
     """Both sides of one pair: `inc`/`exc` the stages' results (a side not asked: an accepted result
-    with no call whose atoms are all null), `not_asked` the atoms left unasked (atom -> why)."""
+    with no call whose atoms are all null, `assembly.not_asked` naming the unasked ones)."""
 
     inc: StageResult
     exc: StageResult
-    not_asked: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def not_asked(self) -> dict[str, str]:
+        return not_asked_marks(self.inc, self.exc)
 
     def merged(self) -> MinedValues:
         return merge_sides(self.inc.output, self.exc.output)
 
     def held_open(self) -> dict[str, str]:
-        """atom -> note for `resolve(held_open=...)`: conflicts, unread atoms and the unasked ones."""
-        return {**self.merged().held_open(), **self.not_asked}
+        return held_open(self.inc, self.exc)
 
 
 def resolved(program: TrialProgram, patient_id: str, pair: MinedPair, policy: Policy) -> ResolvedPatient:
@@ -66,8 +79,11 @@ def unasked_after_first(program: TrialProgram, skip: Collection[str] = ()) -> li
     return [n for n in side_atoms(program, THEN) if n not in first and n not in skip]
 
 
-def not_asked_result(fz: Formalizer, program: TrialProgram, side: str, names: list[str]) -> StageResult:
-    """A side left unasked: accepted, no call, every atom null (`assembly.not_asked` names them)."""
+def not_asked_result(
+    fz: Formalizer, program: TrialProgram, side: str, names: list[str], unasked: list[str]
+) -> StageResult:
+    """A side left unasked: accepted, no call, every atom null; `assembly.not_asked` names the atoms no
+    side asked (`unasked`; an atom the first side shares was asked there)."""
     stage = f"miner_{side}"
     return StageResult(
         stage=stage,
@@ -78,7 +94,7 @@ def not_asked_result(fz: Formalizer, program: TrialProgram, side: str, names: li
         messages=[],
         output_json=compact({"values": []}),
         output=MinedValues([MinedValue(atom=n, value=None) for n in names]),
-        assembly={"calls": 0, "chunks": 0, "passages": {}, "not_asked": names},
+        assembly={"calls": 0, "chunks": 0, "passages": {}, "not_asked": unasked},
     )
 
 
@@ -91,22 +107,27 @@ async def mine_pair(
     *,
     staged: bool = True,
     skip: Collection[str] = (),
-    settle=None,
+    mine: Callable[[str], Awaitable[StageResult]] | None = None,
+    settle: Callable[[ResolvedPatient, list[str]], bool] | None = None,
 ) -> MinedPair:
     """Both sides of a pair; `staged`: the exclusion side first, the inclusion side only when it can
-    change the decision (module docstring). `settle(patient, unasked) -> bool` replaces the stop
+    change the decision (module docstring), else both at once. `mine(side)`: how a side is mined
+    (the service wraps `fz.mine_values` in its failure mapping); `settle(patient, unasked)`: the stop
     rule's core check (the service applies coded FHIR facts first); default `settles`."""
-    exc = await fz.mine_values(program, record, FIRST, skip=skip)
+    ask = mine or (lambda side: fz.mine_values(program, record, side, skip=skip))
+    if not staged:
+        inc, exc = await asyncio.gather(ask(THEN), ask(FIRST))
+        return MinedPair(inc, exc)
+    exc = await ask(FIRST)
     unasked = unasked_after_first(program, skip)
-    if staged and exc.accepted and unasked:
-        empty = not_asked_result(fz, program, THEN, [n for n in side_atoms(program, THEN) if n not in skip])
-        pair = MinedPair(empty, exc, {a: NOT_ASKED for a in unasked})
+    if exc.accepted and unasked:
+        names = [n for n in side_atoms(program, THEN) if n not in skip]
+        pair = MinedPair(not_asked_result(fz, program, THEN, names, unasked), exc)
         patient = resolved(program, record.patient_id, pair, policy)
-        done = settle(patient, unasked) if settle is not None else settles(program, patient, unasked, engine)
-        if done:
+        check = settle or (lambda p, u: settles(program, p, u, engine))
+        if await asyncio.to_thread(check, patient, unasked):
             return pair
-    inc = await fz.mine_values(program, record, THEN, skip=skip)
-    return MinedPair(inc, exc)
+    return MinedPair(await ask(THEN), exc)
 
 
 async def decide_pair(
@@ -119,8 +140,6 @@ async def decide_pair(
     staged: bool = True,
 ) -> tuple[MinedPair, ResolvedPatient, Decision]:
     """Mine (staged or exhaustive) and decide one pair: what benchmarks and tests compare."""
-    import asyncio
-
     pair = await mine_pair(fz, engine, program, record, policy, staged=staged)
     if not (pair.inc.accepted and pair.exc.accepted):
         raise ValueError(f"trial {program.trial_id}: a value-miner side was rejected")

@@ -14,7 +14,8 @@ from verdict.core.engine import Engine
 from verdict.core.patient import MinedValue
 from verdict.core.policy import load_policy, resolve
 from verdict.core.program import TrialProgram, check_program
-from verdict.core.settled import NOT_ASKED, settles
+from verdict.core.ranking import rank
+from verdict.core.settled import NOT_ASKED, RESTS_ON_UNASKED, settles
 from verdict.data_gen.formalizer import Formalizer, side_atoms
 from verdict.data_gen.formalizer.staged import decide_pair, unasked_after_first
 from verdict.data_gen.protocol import PatientDoc
@@ -80,6 +81,10 @@ def test_an_exclusion_that_settles_the_decision_leaves_the_inclusion_side_unaske
     assert by_atom["age_years"].status == "unresolved" and by_atom["age_years"].note == NOT_ASKED
     assert by_atom["is_pregnant"].value is True
     assert not full.not_asked  # exhaustive mining asked both sides
+    # δ_E and the ranking say that they rest on atoms not asked; the exhaustive decision's do not
+    assert RESTS_ON_UNASKED in d.pivotal.note and RESTS_ON_UNASKED not in (d_full.pivotal.note or "")
+    row, row_full = rank([d])[0], rank([d_full])[0]
+    assert row.rests_on_unasked and "not asked" in row.reason and not row_full.rests_on_unasked
     # staged: one call (exclusion); exhaustive: both sides
     assert len(scripted_server.requests) == 3
 
