@@ -384,7 +384,8 @@ def plan_miner_calls(
     atoms_budget = None  # sparse: what the bare prompt leaves, less the note's reserve
     if prompt_budget is not None:
         room = max(0, prompt_budget - count_messages(render("", [])) - _PROMPT_MARGIN)
-        record = sum(count_text(d.text) + _HEADER_TOKENS for d in documents)
+        headers = _HEADER_TOKENS * len(documents) if len(documents) > 1 else 0  # one note: no header
+        record = sum(count_text(d.text) for d in documents) + headers
         atoms_budget = room - min(room // 2, record)
     chunks = atom_chunks(
         program,
