@@ -198,7 +198,7 @@ def test_conflicting_facts_are_set_aside_as_the_union_of_minimal_conflicts(data)
     assert d.decision == ("eligible" if oracle.eligible(kept) else "ineligible")
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=25)
 @given(st.data())
 def test_a_settled_decision_is_ineligible_under_every_completion_of_the_unasked_atoms(data):
     """`settles`: when the patient with some atoms open is settled ineligible, filling those atoms
