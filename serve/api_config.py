@@ -215,14 +215,13 @@ class SolverPoolConfig(StrictModel):
 
 
 class AuthLimits(StrictModel):
-    """Failed API keys: after `max_failures` within `window_s` from one client address, or for one
-    key id, that address or key id is refused (429) for `lockout_s`, the right key included."""
+    """Failed API keys: after `max_failures` within `window_s` from one client address, that address
+    is refused (429) for `lockout_s`, the right key included. Counted per address only, never per the
+    key id a request claims (anyone who knows an id could lock its owner out)."""
 
-    max_failures: int = Field(
-        10, ge=1, description="wrong keys allowed per window, per client address and per key id"
-    )
+    max_failures: int = Field(10, ge=1, description="wrong keys allowed per window, per client address")
     window_s: float = Field(60.0, gt=0, description="the window (seconds) failed attempts are counted in")
-    lockout_s: float = Field(300.0, gt=0, description="how long an address or key id is refused after that")
+    lockout_s: float = Field(300.0, gt=0, description="how long an address is refused after that")
 
 
 class TlsConfig(StrictModel):

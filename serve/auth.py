@@ -2,9 +2,10 @@
 
 `Authenticate` (ASGI) checks the API key of every request but the health checks: a missing or wrong
 key is a 401 whatever the body, and the body of an unauthenticated request is never parsed. Wrong
-keys (not a missing one) are counted per client address and per attempted key id (`FailedAttempts`):
-past the limit,
-that address or key id gets 429 + Retry-After for the lockout time, the right key included. Each
+keys (not a missing one) are counted per client address (`FailedAttempts`): past the limit, that
+address gets 429 + Retry-After for the lockout time, the right key included. Never per attempted key
+id: key ids are shown on pages, flags, history and audit records, so a count per claimed id would let
+anyone lock a key's owner out; and a key's 256-bit secret cannot be guessed, so nothing is lost. Each
 failure is logged with the client address and the attempted key id, never the secret.
 """
 
@@ -101,7 +102,7 @@ class Authenticate:
                 return await self.app(scope, receive, send)
         client = (scope.get("client") or ("-", 0))[0]
         kid = key_id_of(key)
-        subjects = [f"addr:{client}"] + ([f"key:{kid}"] if kid not in ("-", "(malformed)") else [])
+        subjects = [f"addr:{client}"]  # by client only: a stranger can claim any key id (see above)
         left = self.attempts.locked(*subjects)
         if left > 0:  # the lockout's start is logged; the access log has each refusal
             return await self._refuse(

@@ -335,6 +335,26 @@ def test_wrong_keys_are_locked_out_logged_and_refused_before_the_body(tmp_path, 
         s.stop()
 
 
+def test_a_stranger_naming_a_key_id_from_many_addresses_cannot_lock_that_key_out(svc):
+    """Issue 22.3: key ids are public (pages, flags, audit records); lockout is by client address."""
+    from verdict.serve.api_keys import KeyStore
+
+    victim, entry = KeyStore(svc.folder / "keys.json").add("victim", ["audit"])
+    guess = f"vk_{entry.id}_guess"
+    with svc.client(None) as anon:
+        for i in range(10):  # 10 addresses (uvicorn trusts X-Forwarded-For from 127.0.0.1)
+            r = anon.get(
+                "/v1/trials/T",
+                headers={"Authorization": f"Bearer {guess}", "X-Forwarded-For": f"10.9.0.{i + 1}"},
+            )
+            assert r.status_code == 401, r.text
+        r = anon.get(
+            "/v1/trials/T", headers={"Authorization": f"Bearer {victim}", "X-Forwarded-For": "10.9.1.1"}
+        )
+    assert r.status_code == 404, r.text  # the real key works: not 429
+    assert f"failed API key client=10.9.0.10 key_id={entry.id}" in svc.log
+
+
 def test_keys_can_expire(tmp_path):
     from verdict.serve.api_keys import KeyStore
 
