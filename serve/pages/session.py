@@ -5,6 +5,8 @@ The cookie holds only a random token (HttpOnly, SameSite=Strict, Secure over HTT
 table (in memory, per process) maps the token's hash to the key id and a per-session CSRF token.
 Every request re-reads the key's entry from the key file, so a revoked or expired key ends its
 sessions at once. Sessions expire after `idle_timeout_s` without a request and `max_age_s` in all.
+Each key holds at most `max_sessions_per_key` (its own oldest ends first), so no one key can fill the
+table; `max_sessions` over all keys is the backstop (least recently used first).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from dataclasses import dataclass
 from http.cookies import CookieError, SimpleCookie
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SESSION_COOKIE = "verdict_session"
 LOGIN_COOKIE = "verdict_login"  # the login form's own token (double submit): no login CSRF
@@ -38,8 +40,22 @@ class SessionConfig(BaseModel):
         8 * 3600.0, gt=0, description="a session ends this long after the login, however active"
     )
     max_sessions: int = Field(
-        10_000, ge=1, description="sessions kept at once; past it the least recently used one ends"
+        10_000, ge=2, description="sessions kept at once, all keys; past it the least recently used one ends"
     )
+    max_sessions_per_key: int = Field(
+        20,
+        ge=1,
+        description="sessions one key holds at once; past it that key's least recently used one ends",
+    )
+
+    @model_validator(mode="after")
+    def _one_key_cannot_fill_the_table(self):
+        if self.max_sessions_per_key >= self.max_sessions:
+            raise ValueError(
+                f"max_sessions_per_key ({self.max_sessions_per_key}) must be below max_sessions "
+                f"({self.max_sessions}): one key must not be able to end every other session"
+            )
+        return self
 
 
 @dataclass
@@ -64,9 +80,11 @@ class SessionStore:
         session = Session(key_id=key_id, csrf=secrets.token_urlsafe(32), created=now, last_seen=now)
         with self._lock:
             self._expire(now)
-            if len(self._by_hash) >= self.config.max_sessions:
-                oldest = min(self._by_hash, key=lambda h: self._by_hash[h].last_seen)
-                del self._by_hash[oldest]
+            own = [h for h, s in self._by_hash.items() if s.key_id == key_id]
+            if len(own) >= self.config.max_sessions_per_key:  # this key's own oldest ends first
+                self._end_least_recent(own)
+            elif len(self._by_hash) >= self.config.max_sessions:  # the backstop over all keys
+                self._end_least_recent(self._by_hash)
             self._by_hash[_hash(token)] = session
         return token, session
 
@@ -95,6 +113,9 @@ class SessionStore:
         with self._lock:
             self._expire(self.clock())
             return len(self._by_hash)
+
+    def _end_least_recent(self, hashes) -> None:
+        del self._by_hash[min(hashes, key=lambda h: self._by_hash[h].last_seen)]
 
     def _ended(self, s: Session, now: float) -> bool:
         c = self.config

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
 from verdict.serve.api_keys import KeyStore
 from verdict.serve.pages.session import (
     SESSION_COOKIE,
@@ -43,10 +45,33 @@ def test_sessions_end_after_the_idle_time_and_the_maximum_age():
 
 
 def test_the_table_keeps_no_token_and_is_bounded():
-    store = SessionStore(SessionConfig(max_sessions=2), clock=Clock())
+    store = SessionStore(SessionConfig(max_sessions=2, max_sessions_per_key=1), clock=Clock())
     tokens = [store.create(f"key{i:05d}")[0] for i in range(3)]
     assert store.count() == 2 and store.get(tokens[0]) is None and store.get(tokens[2]) is not None
     assert not any(t in repr(store._by_hash) for t in tokens)  # hashed: a dump of the table logs in no one
+
+
+def test_one_key_logging_in_again_and_again_ends_only_its_own_sessions():
+    """Issue 22.8: 10,050 logins with one audit key used to end a reviewer's session (LRU over all)."""
+    clock = Clock()
+    store = SessionStore(SessionConfig(max_sessions=10_000, max_sessions_per_key=20), clock=clock)
+    reviewer, _ = store.create("reviewer")
+    first = []
+    for i in range(10_050):
+        clock.t += 0.001
+        token, _ = store.create("attacker")
+        first += [token] if i < 3 else []
+    assert store.get(reviewer) is not None and store.count() == 21
+    assert all(store.get(t) is None for t in first)  # the attacker's own oldest sessions ended
+    # the global cap stays a backstop: many keys past it end the least recently used session
+    small = SessionStore(SessionConfig(max_sessions=3, max_sessions_per_key=2), clock=clock)
+    tokens = [small.create(f"key{i}")[0] for i in range(4)]
+    assert small.count() == 3 and small.get(tokens[0]) is None and small.get(tokens[3]) is not None
+
+
+def test_a_per_key_cap_that_lets_one_key_fill_the_table_is_refused():
+    with pytest.raises(ValidationError, match="max_sessions_per_key"):
+        SessionConfig(max_sessions=20, max_sessions_per_key=20)
 
 
 def test_a_revoked_key_ends_its_sessions_and_a_cookie_counts_on_pages_only(tmp_path):
