@@ -24,8 +24,15 @@ QUIET = ("openai", "openai._base_client", "httpx", "httpcore", "uvicorn.access",
 
 def setup_logging(log_file: str | None, level: str = "INFO") -> logging.Handler:
     handler: logging.Handler
+    private_error: OSError | None = None
     if log_file:
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        # The log names patient ids: private (0600) before the first line, and an older file too.
+        os.close(os.open(log_file, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600))
+        try:
+            os.chmod(log_file, 0o600)
+        except OSError as e:  # another user's file: say so once the handler is set up
+            private_error = e
         handler = logging.FileHandler(log_file)
     else:
         handler = logging.StreamHandler(sys.stderr)
@@ -38,6 +45,10 @@ def setup_logging(log_file: str | None, level: str = "INFO") -> logging.Handler:
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.WARNING)
     os.environ.pop("OPENAI_LOG", None)  # the openai client's own switch for debug logging
+    if private_error is not None:
+        logging.getLogger("verdict.serve").warning(
+            "cannot make the log file private (0600): %s", type(private_error).__name__
+        )
     return handler
 
 

@@ -355,6 +355,11 @@ def test_a_stranger_naming_a_key_id_from_many_addresses_cannot_lock_that_key_out
     assert f"failed API key client=10.9.0.10 key_id={entry.id}" in svc.log
 
 
+def test_the_service_log_names_patient_ids_so_it_is_private(svc):
+    """Issue 22.11c: api.log_file was created world-readable (0644)."""
+    assert stat.S_IMODE((svc.folder / "service.log").stat().st_mode) == 0o600
+
+
 def test_keys_can_expire(tmp_path):
     from verdict.serve.api_keys import KeyStore
 
