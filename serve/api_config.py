@@ -259,6 +259,12 @@ class ApiConfig(StrictModel):
         description="keep notes in the audit store (for evidence in context); false keeps only their hash",
     )
     api_keys: str = Field("runs/serve/api_keys.json", description="hashed API keys (verdict serve keys add)")
+    audit_hash_key: str | None = Field(
+        None,
+        description="under store_notes false: the store's secret for keyed hashes of the note text it does "
+        "not keep (HMAC-SHA256), created 0600 on first use; default: audit_hash.key beside api_keys. "
+        "Replicas of one PostgreSQL store share one file",
+    )
     default_policy: str = "prescreen"
     solver_timeout_ms: int = Field(
         5000,
@@ -284,6 +290,32 @@ class ApiConfig(StrictModel):
     docs: bool = Field(
         False, description="serve /openapi.json (any valid key needed; no Swagger UI or ReDoc pages)"
     )
+    public_url: str | None = Field(
+        None,
+        description="the service's base URL as its clients reach it, e.g. https://verdict.site.example: "
+        "the absolute links of a screening's ResearchSubjects. Unset: those links are relative "
+        "(/v1/decisions/...); never taken from a request's Host header, which the client sets",
+    )
+
+    @field_validator("public_url")
+    @classmethod
+    def _a_base_url(cls, v: str | None) -> str | None:
+        from urllib.parse import urlsplit
+
+        if v is None:
+            return v
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("give the base URL with its scheme, e.g. https://verdict.site.example")
+        if "@" in parts.netloc or parts.query or parts.fragment:
+            raise ValueError("a base URL carries no credentials, query or fragment")
+        return v.rstrip("/")
+
+    @property
+    def audit_hash_key_path(self) -> str:
+        from pathlib import Path
+
+        return self.audit_hash_key or str(Path(self.api_keys).with_name("audit_hash.key"))
 
     @field_validator("audit_db")
     @classmethod

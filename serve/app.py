@@ -31,7 +31,7 @@ from .pages.router import page_routes
 from .pages.session import SessionStore
 from .reviews.router import router as reviews_router
 from .reviews.serving import ReviewService
-from .roles import Forbidden, Unauthorized  # noqa: F401 - importable from here as before
+from .roles import Forbidden, RoleFirst, Unauthorized  # noqa: F401 - importable from here as before
 from .screen.router import router as screen_router
 from .serving import MatchingService
 from .trials.router import router as trials_router
@@ -69,22 +69,26 @@ def create_app(config: ApiConfig, base_url: str, *, service: MatchingService | N
     install_error_handlers(app, metrics)  # one error shape everywhere (serve/errors.py)
 
     # Each endpoint group's routes; each reads the service from app.state.
-    app.include_router(health_router)  # /healthz, /readyz, /metrics (serve/health)
-    app.include_router(trials_router)  # /v1/trials (serve/trials)
-    app.include_router(matching_router)  # /v1/match, /v1/match/batch (serve/matching)
-    app.include_router(audit_router)  # GET /v1/decisions/{id} (serve/audit)
-    app.include_router(screen_router)  # POST /v1/screen (serve/screen)
-    app.include_router(reviews_router)  # reviews, history, revisions, flags (serve/reviews)
-
-    # -- the HTML pages: login, the clinician page and its review forms (serve/pages) -------------
     sessions = SessionStore(config.sessions)
     app.state.sessions = sessions
     login_attempts = FailedAttempts(config.auth)  # wrong keys pasted at /login, per client address
-    app.include_router(page_routes(keys, sessions, login_attempts, secure_cookies=config.tls.enabled))
+    routers = (
+        health_router,  # /healthz, /readyz, /metrics (serve/health)
+        trials_router,  # /v1/trials (serve/trials)
+        matching_router,  # /v1/match, /v1/match/batch (serve/matching)
+        audit_router,  # GET /v1/decisions/{id} (serve/audit)
+        screen_router,  # POST /v1/screen (serve/screen)
+        reviews_router,  # reviews, history, revisions, flags (serve/reviews)
+        # the HTML pages: login, the clinician page and its review forms (serve/pages)
+        page_routes(keys, sessions, login_attempts, secure_cookies=config.tls.enabled),
+    )
+    for router in routers:
+        app.include_router(router)
 
     # Outermost last: headers (on every answer, the last guard's 500 included) -> log -> key ->
-    # body limit -> routes.
+    # the route's role (before its body or query is read) -> body limit -> routes.
     app.add_middleware(BodyLimit, max_bytes=config.limits.max_body_bytes)
+    app.add_middleware(RoleFirst, routes=[r for router in routers for r in router.routes], metrics=metrics)
     app.add_middleware(Authenticate, keys=keys, limits=config.auth, metrics=metrics, sessions=sessions)
     app.add_middleware(AccessLog, metrics=metrics)
     app.add_middleware(SecurityHeaders)

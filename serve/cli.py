@@ -24,6 +24,7 @@ from pathlib import Path
 import typer
 from verdict.core.cli_errors import fail
 
+from .api_keys import ROLES
 from .audit.cli import audit_app
 from .reviews.cli import export_reviews_command
 
@@ -330,7 +331,7 @@ def _key_store(keys_file: Path | None, config: str | None):
 @keys_app.command("add")
 def keys_add(
     name: str = typer.Option(..., help="who or what uses the key, e.g. 'ehr-integration'"),
-    role: list[str] = typer.Option(..., "--role", help="match | audit | admin (repeatable)"),
+    role: list[str] = typer.Option(..., "--role", help=f"{' | '.join(ROLES)} (repeatable)"),
     keys_file: Path | None = typer.Option(None, help="key file (default: the config's api.api_keys)"),
     config: str | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
     expires_days: float | None = typer.Option(None, help="refuse the key this many days from now"),

@@ -29,6 +29,7 @@ from verdict.data_gen.formalizer.miner import PassageConflict
 from verdict.data_gen.protocol import ChartRead
 
 from .audit import DecisionRow
+from .quote_hash import quote_hashing
 from .trial_versions import TrialVersion
 
 # Worded per side: an exclusion criterion "met" would read as "the patient has the excluding condition".
@@ -413,7 +414,14 @@ def render_page(
     if not docs:
         note_html = (
             "<p class=meta>The note was not kept (store_notes is off): each evidence quote is kept as "
-            "its hash and its offset in the note only.</p>"
+            "its hash and its offset in the note only."
+            + (
+                ' <span id="unkeyed">These hashes are unkeyed (recorded before keyed hashing): a short '
+                "quote can be guessed from them.</span>"
+                if quote_hashing(row.artifacts) == "unkeyed"
+                else ""
+            )
+            + "</p>"
         )
     elif not several:
         note_html = f'<div class="note" id="note">{highlighted_note(docs[0]["text"], spans[first])}</div>'

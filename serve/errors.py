@@ -103,6 +103,16 @@ def documented_errors(*, formalizer: bool = False) -> dict:
     return errors
 
 
+def json_position(doc, loc) -> str:
+    """' at line L column C' of a JSON decoder's offset (the last item of `loc`) in `doc`, or ''."""
+    pos = loc[-1] if loc and isinstance(loc[-1], int) else None
+    if pos is None or not isinstance(doc, str | bytes):
+        return ""
+    text = doc if isinstance(doc, str) else doc.decode("utf-8", "replace")
+    line = text.count("\n", 0, pos) + 1
+    return f" at line {line} column {pos - (text.rfind(chr(10), 0, pos) + 1) + 1}"
+
+
 def install_error_handlers(app, metrics) -> None:
     """ServiceError, invalid requests and Starlette's HTTP errors all answer an ErrorBody that names
     fields and never echoes the input; each is counted in `metrics.errors`."""
@@ -122,6 +132,18 @@ def install_error_handlers(app, metrics) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, e: RequestValidationError):
         metrics.errors.labels("invalid_request").inc()
+        malformed = next((err for err in e.errors() if err.get("type") == "json_invalid"), None)
+        if malformed is not None:  # its loc is a decoder offset, not a field: say where, name no field
+            where = json_position(getattr(e, "body", None), malformed.get("loc", ()))
+            reason = (malformed.get("ctx") or {}).get("error", "not JSON")
+            return JSONResponse(
+                ErrorBody(
+                    error="invalid_request",
+                    message=f"malformed JSON{where}",
+                    problems=[Problem(field="body", message=f"malformed JSON{where}: {reason}")],
+                ).model_dump(),
+                status_code=422,
+            )
         problems = []
         for err in e.errors():
             loc = list(err.get("loc", ()))

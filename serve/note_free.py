@@ -2,33 +2,35 @@
 
 A decision's artifacts quote the note (evidence of each value, in the decision, the resolved patient,
 the value-miner outputs, the conflicts and the rationale Markdown) and carry the miner's free-text
-assessment of it. `note_free` replaces each quote with a reference - the quote's SHA-256 and where it
-is in the note as sent (offset, length) - and each assessment with its hash, everywhere in the
-artifacts, the Markdown included. The response to the caller is not changed: it has the note anyway.
+assessment of it. `note_free` replaces each quote with a reference - the quote's keyed hash (HMAC
+under the store's secret, see quote_hash.py) and where it is in the note as sent (offset, length) -
+and each assessment with its hash, everywhere in the artifacts, the Markdown included. The response
+to the caller is not changed: it has the note anyway.
 """
 
 from __future__ import annotations
 
-import hashlib
-
 from verdict.core.rationale import md
+
+from .quote_hash import QuoteHasher
 
 QUOTE_KEYS = frozenset({"evidence", "quote"})  # verbatim quotes of the note
 FREE_TEXT_KEYS = frozenset({"note", "assessment"})  # the miner's words about the note
 
 
-def _sha(text: str) -> str:
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def quote_ref(quote: str, note: str) -> str:
-    """A quote as the store keeps it without the note: hash, offset and length."""
+def quote_ref(quote: str, note: str, hasher: QuoteHasher) -> str:
+    """A quote as the store keeps it without the note: keyed hash, offset and length."""
     at = note.find(quote)
     where = f"offset {at}" if at >= 0 else "not found in the note"
-    return f"[not kept: {_sha(quote)}, {where}, {len(quote)} chars]"
+    return f"[not kept: {hasher.ref(quote)}, {where}, {len(quote)} chars]"
 
 
-def note_free(artifacts: dict, note: str) -> dict:
+def hidden(text: str, hasher: QuoteHasher) -> str:
+    """Text not from the note (a reviewer's evidence) as the store keeps it: keyed hash and length."""
+    return f"[not kept: {hasher.ref(text)}, {len(text)} chars]"
+
+
+def note_free(artifacts: dict, note: str, hasher: QuoteHasher) -> dict:
     quotes: dict[str, str] = {}
 
     def strip(x, key: str | None = None):
@@ -38,10 +40,10 @@ def note_free(artifacts: dict, note: str) -> dict:
             return [strip(v, key) for v in x]
         if isinstance(x, str) and x:
             if key in QUOTE_KEYS:
-                quotes.setdefault(x, quote_ref(x, note))
+                quotes.setdefault(x, quote_ref(x, note, hasher))
                 return quotes[x]
             if key in FREE_TEXT_KEYS:
-                return f"[not kept: {_sha(x)}]"
+                return f"[not kept: {hasher.ref(x)}]"
         return x
 
     out = strip(artifacts)

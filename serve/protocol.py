@@ -387,6 +387,12 @@ class DecisionRecord(BaseModel):
         None,
         description="artifacts.trial_version: the version decided against (null: recorded before it was)",
     )
+    quote_hashing: Literal["keyed", "unkeyed"] | None = Field(
+        None,
+        description="how the note text this record does not keep is hashed: keyed (HMAC under the "
+        "store's secret), unkeyed (plain SHA-256: recorded before keyed hashing, never rewritten; a short "
+        "quote can be guessed from it), or null when the note is kept",
+    )
     parent_id: str | None = Field(
         None, description="the decision this one supersedes (a review or a re-screening)"
     )

@@ -77,6 +77,7 @@ from .protocol import (
     TrialResponse,
     TrialText,
 )
+from .quote_hash import QuoteHasher, quote_hashing
 from .trial_versions import InactiveUse, TrialVersion
 
 log = logging.getLogger("verdict.serve")
@@ -164,6 +165,8 @@ class MatchingService:
         # pool's worker processes (verdict.core.solver_pool) under solver_timeout_ms: a hard program
         # never makes a short decision wait, and no solver work runs on the event loop.
         self.engine: SolverPool = config.solver_pool.pool(config.solver_timeout_ms, config.alternatives)
+        # Under store_notes false: the store's secret for hashing the text it does not keep.
+        self.quote_hasher = None if config.store_notes else QuoteHasher.from_file(config.audit_hash_key_path)
         self.parser = Formalizer(
             parser_ep,
             engine=self.engine,
@@ -694,6 +697,7 @@ class MatchingService:
             artifacts=r.artifacts,
             note_stored=r.note_text is not None,
             trial_version=TrialVersion.recorded(r.artifacts),
+            quote_hashing=quote_hashing(r.artifacts),
             parent_id=r.parent_id,
             lineage=r.lineage,
         )
@@ -829,7 +833,7 @@ class MatchingService:
 
     def _kept(self, note: str, artifacts: dict) -> dict:
         """The artifacts as the audit store keeps them: under store_notes false, no note text."""
-        return artifacts if self.config.store_notes else note_free(artifacts, note)
+        return artifacts if self.quote_hasher is None else note_free(artifacts, note, self.quote_hasher)
 
     def _observe(self, stage: str, t0: float) -> float:
         dt = time.perf_counter() - t0

@@ -34,6 +34,8 @@ from .session import Session, SolverLimit
 from .settled import not_asked, unasked_note
 from .trace import eligible_trace, ineligible_trace, side_statuses
 
+UNKNOWN = "satisfiability unknown"  # a satisfiability problem that is the solver limit, not a proof
+
 # An arbiter re-reads the chart for conflicting atoms and proposes overrides (appendix A.4).
 Arbiter = Callable[[list[ExtractionConflict], TrialProgram, ResolvedPatient], list[Override]]
 
@@ -225,13 +227,20 @@ class Engine:
 
 
 def unsatisfiable(program: TrialProgram, problems: list[str]) -> ProgramError:
-    """The error of a satisfiability check that found problems (or could not finish)."""
+    """The error of a satisfiability check that found problems, or could not finish: when nothing
+    was proven (every problem is the solver limit) it says so, never "cannot be satisfied"."""
+    if all(p.startswith(UNKNOWN) for p in problems):
+        return ProgramError(
+            f"satisfiability of trial program '{program.trial_id}' is unknown within the solver limit: "
+            "not accepted; simplify the criteria or raise the limit",
+            problems,
+        )
     return ProgramError(f"trial program '{program.trial_id}' cannot be satisfied", problems)
 
 
 def unknown_within(timeout_ms: int, why: str) -> str:
     """The problem a satisfiability check names when its solver limit ran out."""
-    return f"satisfiability unknown within {timeout_ms} ms ({why})"
+    return f"{UNKNOWN} within {timeout_ms} ms ({why})"
 
 
 def undetermined(base: dict, why: str) -> Decision:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import time
 
 from pydantic import ValidationError
@@ -38,6 +37,7 @@ from ..audit import DecisionRow
 from ..audit.artifacts import typed_artifacts
 from ..audit.store import _ACTIVE_ORDER, Guard, Superseded
 from ..errors import InvalidInput, NotFound, ServiceError
+from ..note_free import hidden
 from ..protocol import Links, MatchResponse, ModelIds
 from ..roles import Forbidden
 from ..serving import MatchingService, conflicts_markdown
@@ -104,10 +104,6 @@ def policy_reasons(name: str) -> set[str]:
 
 def kind_of(row: DecisionRow) -> str:
     return (row.lineage or {}).get("kind", "match") if row.parent_id else "match"
-
-
-def _hidden(text: str) -> str:
-    return f"[not kept: sha256:{hashlib.sha256(text.encode()).hexdigest()[:16]}, {len(text)} chars]"
 
 
 class ReviewService:
@@ -247,7 +243,9 @@ class ReviewService:
                     problems.append((f"{where}.value", why))
                     continue
             source = ch.established if isinstance(ch, ConfirmChange) else REVIEWER_SOURCE
-            evidence = ch.evidence if keep or not ch.evidence else _hidden(ch.evidence)
+            evidence = (
+                ch.evidence if keep or not ch.evidence else hidden(ch.evidence, self.service.quote_hasher)
+            )
             overrides[ch.atom] = (
                 None if value is None
                 else Resolution(atom=ch.atom, status="observed", value=value, evidence=evidence or None,

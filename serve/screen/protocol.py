@@ -3,11 +3,12 @@ ranked answer, and the screening run's record (`GET /v1/screenings/{id}`)."""
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 from verdict.core.program import Id
 from verdict.core.ranking import RankedRow
 
@@ -23,13 +24,16 @@ from ..protocol import (
 
 SourceKind = Literal["text", "fhir_bundle", "fhir_ndjson", "fhir_server", "patients_file", "api"]
 MAX_SOURCE_LABEL = 200
+LABEL_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a label, or each path segment of a server's URL
 _NAMED_BY_FILE = ("text", "fhir_bundle", "fhir_ndjson", "patients_file")  # a file or folder name, not a path
 
 
 class ScreenSource(_Strict):
     """Where the screened patients came from, as the caller states it (recorded with the run). The
     label names the source, never a patient: a FHIR server's base URL (no credentials, query or
-    fragment), an export folder or file name (no path), or an export id."""
+    fragment), an export folder or file name (no path), or an export id. Free text is refused: a
+    label is an identifier (letters, digits, `.`, `_`, `-`; a URL's path segments too), so a name
+    ("Jane Doe") or a sentence cannot be recorded in the audit store as a run's source."""
 
     kind: SourceKind = Field(
         description="text | fhir_bundle | fhir_ndjson | fhir_server | patients_file | api"
@@ -43,9 +47,18 @@ class ScreenSource(_Strict):
 
     @field_validator("label")
     @classmethod
-    def _printable(cls, v: str | None) -> str | None:
-        if v is not None and any(unicodedata.category(c).startswith("C") for c in v):
+    def _an_identifier(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return v
+        if any(unicodedata.category(c).startswith("C") for c in v):
             raise ValueError("the label holds control or format characters")
+        server = info.data.get("kind") == "fhir_server"  # its scheme and host: checked below
+        words = [w for w in urlsplit(v).path.split("/") if w] if server else [v]
+        if not all(LABEL_WORD.fullmatch(w) for w in words) or (not server and len(v) > 100):
+            raise ValueError(
+                "a label is a short identifier (letters, digits, '.', '_', '-'; at most 100), not free "
+                "text: it names the source (a file, folder, export id or FHIR base URL), never a patient"
+            )
         return v
 
     @model_validator(mode="after")

@@ -9,6 +9,9 @@ decision and get no resource.
 
 Two identifiers: the decision id, and the pair (trial, patient), the key a write-back to a FHIR
 server updates on, so that screening the pair again updates its one ResearchSubject.
+
+The links start with the service's URL as configured (`api.public_url`, or the URL the CLI was given);
+with none they are relative references (`/v1/decisions/...`), which `absolute_links` completes.
 """
 
 from __future__ import annotations
@@ -60,6 +63,16 @@ def subject(
             ],
         }
     )
+
+
+def absolute_links(resource: dict, service_url: str) -> dict:
+    """A ResearchSubject (JSON) whose relative links are made absolute on `service_url`."""
+    base = service_url.rstrip("/")
+    for ext in resource.get("extension") or []:
+        url = ext.get("valueUrl")
+        if isinstance(url, str) and url.startswith("/"):
+            ext["valueUrl"] = base + url
+    return resource
 
 
 def research_subject(row: dict, service_url: str) -> ResearchSubject:

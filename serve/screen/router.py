@@ -57,7 +57,7 @@ async def get_screening_subjects(
     screening_id: str, request: Request, _key: KeyEntry = Depends(require("admin"))
 ) -> ScreeningSubjects:
     """A screening run's ranked pairs as FHIR R4 ResearchSubjects, built from its recorded decisions
-    (admin role only: these are what a write-back puts on the site's FHIR server)."""
-    return await asyncio.to_thread(
-        screening_subjects, request.app.state.service, screening_id, str(request.base_url)
-    )
+    (admin role only: these are what a write-back puts on the site's FHIR server). Their links start
+    with `api.public_url`, or are relative when it is unset (never the request's Host header)."""
+    service = request.app.state.service
+    return await asyncio.to_thread(screening_subjects, service, screening_id, service.config.public_url or "")

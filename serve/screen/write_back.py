@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from verdict.core.cli_errors import fail
 
-from .research_subjects import PAIR
+from .research_subjects import PAIR, absolute_links
 
 
 @dataclass
@@ -38,7 +38,8 @@ def fetch_subjects(service_url: str, screening_id: str, key: str, timeout: float
         )
     if r.status_code != 200:
         fail(f"HTTP {r.status_code} asking the service for the ResearchSubjects of screening {screening_id}")
-    return r.json()["research_subjects"]
+    # links the service left relative (no api.public_url): on the URL this command was given
+    return [absolute_links(rs, service_url) for rs in r.json()["research_subjects"]]
 
 
 def write_subjects(fhir_server: str, subjects: list[dict]) -> Written:

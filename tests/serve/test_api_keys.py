@@ -75,3 +75,14 @@ def test_cli_add_list_revoke(tmp_path):
     assert f"{key_id}\trevoked" in run("list").stdout
     bad = run("add", "--name", "x", "--role", "root")
     assert bad.returncode == 2 and "error: unknown role" in bad.stderr
+
+
+def test_keys_add_help_lists_every_role():
+    """Issue 22.13: `keys add --help` listed three of the five roles."""
+    from typer.testing import CliRunner
+    from verdict.serve.api_keys import ROLES
+    from verdict.serve.cli import keys_app
+
+    r = CliRunner().invoke(keys_app, ["add", "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert r.exit_code == 0 and " | ".join(ROLES) in r.output, r.output
+    assert set(ROLES) == {"match", "audit", "review", "trial_owner", "admin"}

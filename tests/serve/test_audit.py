@@ -7,6 +7,7 @@ api` process in front of the project's scripted formalizer server.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import shutil
 import sqlite3
@@ -210,6 +211,40 @@ def test_store_notes_off_keeps_only_the_hash(location):
         from pathlib import Path
 
         assert b"secret note text" not in Path(location).read_bytes()
+
+
+def test_store_notes_off_hashes_are_keyed_and_older_rows_read_as_unkeyed(location, tmp_path):
+    """Issue 22.11a, both backends: new rows carry HMAC references under the store's secret (a file
+    0600, created on first use, the same secret when read again); a row from before stays as it was,
+    read as unkeyed."""
+    from verdict.serve.note_free import note_free
+    from verdict.serve.quote_hash import QuoteHasher, quote_hashing
+
+    note = "A 58-year-old woman, smoker."
+    key_file = tmp_path / "keys" / "audit_hash.key"
+    hasher = QuoteHasher.from_file(key_file)
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert QuoteHasher.from_file(key_file).ref("smoker") == hasher.ref("smoker")  # read, not remade
+    store = open_store(location, store_notes=False)
+    unkeyed = {"patient": {"evidence": "[not kept: sha256:0123456789abcdef, offset 20, 6 chars]"}}
+    old = store.decision(add(store, note=note))
+    old_id = store.add_decision(**{**_fields(old), "artifacts": unkeyed}).decision_id
+    new_id = store.add_decision(
+        **{**_fields(old), "artifacts": note_free({"patient": {"evidence": "smoker"}}, note, hasher)}
+    ).decision_id
+    got_old, got_new = store.decision(old_id), store.decision(new_id)
+    assert got_old.artifacts == unkeyed and quote_hashing(got_old.artifacts) == "unkeyed"
+    assert quote_hashing(got_new.artifacts) == "keyed" and "smoker" not in json.dumps(got_new.artifacts)
+    assert hasher.ref("smoker") in got_new.artifacts["patient"]["evidence"]
+    assert hashlib.sha256(b"smoker").hexdigest()[:16] not in got_new.artifacts["patient"]["evidence"]
+    assert quote_hashing(old.artifacts) is None and store.verify().ok
+    store.close()
+
+
+def _fields(row) -> dict:
+    keep = ("created_by", "trial_id", "program_hash", "patient_id", "note_hash", "patient_hash",
+            "policy_name", "policy_version", "engine_version", "decision", "models", "timings")  # fmt: skip
+    return {k: getattr(row, k) for k in keep} | {"note_text": None}
 
 
 # ---- SQLite: the file can be written with sqlite3 ---------------------------------------------------

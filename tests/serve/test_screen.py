@@ -342,6 +342,31 @@ def test_a_screen_is_recorded_as_one_run_in_the_chain(service, tmp_path):
     )
 
 
+def test_research_subject_links_never_come_from_the_host_header(service):
+    """Issue 22.12: `Host: evil.example` gave `valueUrl: http://evil.example/...`. Without
+    api.public_url the links are relative; with it, they start with it (config checked)."""
+    from verdict.serve.api_config import ApiConfig
+
+    svc, _ = service
+    with svc.client("match") as c, svc.client("admin") as admin:
+        r = c.post(
+            "/v1/screen",
+            json={"patient": {"patient_id": "P60", "note": NOTE_60}, "trial_ids": ["T-ELIGIBLE"]},
+        )
+        assert r.status_code == 200, r.text
+        row = r.json()["rows"][0]
+        got = admin.get(
+            f"/v1/screenings/{r.json()['screening_id']}/research-subjects", headers={"Host": "evil.example"}
+        )
+    assert got.status_code == 200, got.text
+    assert "evil.example" not in got.text
+    (subject,) = got.json()["research_subjects"]
+    assert [e["valueUrl"] for e in subject["extension"]] == [row["links"]["decision"], row["links"]["page"]]
+    assert ApiConfig(public_url="https://verdict.site.example/").public_url == "https://verdict.site.example"
+    with pytest.raises(ValueError, match="scheme"):
+        ApiConfig(public_url="verdict.site.example")
+
+
 @pytest.mark.parametrize(
     "source, field",
     [
@@ -350,6 +375,10 @@ def test_a_screen_is_recorded_as_one_run_in_the_chain(service, tmp_path):
         ({"kind": "patients_file", "label": "/home/site/patients.jsonl"}, "source"),
         ({"kind": "fhir_ndjson", "label": "export\n2024"}, "source.label"),
         ({"kind": "api", "label": "x" * 201}, "source.label"),
+        # issue 22.11b: free text (a name, a sentence) is not a source's label
+        ({"kind": "api", "label": "Zyxwvut Quorlin MRN 99887766"}, "source.label"),
+        ({"kind": "patients_file", "label": "Quorlin, Zyxwvut.jsonl"}, "source.label"),
+        ({"kind": "fhir_server", "label": "https://fhir.example/Patient/Zyxwvut Quorlin"}, "source.label"),
         ({"kind": "email"}, "source.kind"),
     ],
 )
@@ -359,7 +388,7 @@ def test_a_bad_source_is_refused_naming_it(service, source, field):
     with svc.client("match") as c:
         r = c.post("/v1/screen", json={"patient": {"patient_id": "P60", "note": NOTE_60}, "source": source})
         assert r.status_code == 422 and field in {p["field"] for p in r.json()["problems"]}, r.text
-        assert "secret" not in r.text
+        assert "secret" not in r.text and "Quorlin" not in r.text
     assert len(srv.requests) == n
 
 

@@ -7,7 +7,9 @@ formalizer is the project's scripted OpenAI-compatible server (data_gen/scripted
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import re
 import socket
 import stat
 import statistics
@@ -197,6 +199,8 @@ def test_a_slow_upload_check_neither_blocks_health_nor_takes_a_limit_per_criteri
         time.sleep(0.2)
     assert r.status_code == 422, r.text
     assert "1000 ms" in r.text
+    # issue 22.13: a solver limit is not a proof of unsatisfiability
+    assert "is unknown within the solver limit" in r.json()["message"] and "cannot be satisfied" not in r.text
     assert took < 5.0, took  # one limit of 1 s (plus compiling), not 40
     assert len(poll.latencies) > 2 and max(poll.latencies) < 1.0, max(poll.latencies)
 
@@ -272,13 +276,37 @@ def test_store_notes_false_keeps_hashes_and_offsets_only(tmp_path, scripted):
         assert rec.status_code == 200 and rec.json()["note_stored"] is False
         stored = json.dumps(rec.json()["artifacts"])
         assert "40 years old" not in stored and "Single-flight" not in stored
-        assert "[not kept: sha256:" in stored and f"offset {SF_NOTE.index('40 years old')}" in stored
+        assert f"offset {SF_NOTE.index('40 years old')}" in stored
         assert "40 years old" not in page.text and "was not kept" in page.text
         import sqlite3
 
         db = sqlite3.connect(s.folder / "audit.sqlite")
         dump = "\n".join(str(row) for row in db.execute("SELECT * FROM decisions"))
         assert "40 years old" not in dump and "Single-flight" not in dump
+        # issue 22.11a: a keyed hash (HMAC under the store's 0600 secret), not a guessable SHA-256
+        guessable = hashlib.sha256(b"40 years old").hexdigest()[:16]
+        assert guessable not in dump and "[not kept: sha256:" not in stored
+        assert "[not kept: hmac-sha256:" in stored and rec.json()["quote_hashing"] == "keyed"
+        secret = s.folder / "audit_hash.key"
+        assert stat.S_IMODE(secret.stat().st_mode) == 0o600 and secret.read_text().strip() not in dump
+        # a row from before keyed hashing is read as it is, marked unkeyed (not rewritten)
+        from verdict.serve.audit import AuditStore
+
+        old = json.loads(re.sub(r"hmac-sha256:[0-9a-f]{8}:[0-9a-f]{16}", "sha256:" + guessable, stored))
+        row = rec.json()
+        store = AuditStore(s.folder / "audit.sqlite", store_notes=False)
+        fields = ("trial_id", "program_hash", "patient_id", "patient_hash", "engine_version", "decision")
+        before = store.add_decision(
+            created_by="old", **{k: row[k] for k in fields}, note_hash=row["note_sha256"],
+            policy_name=row["policy"]["name"], policy_version=row["policy"]["version"], models=row["models"],
+            timings=row["timings_ms"], artifacts=old, note_text=None,
+        )  # fmt: skip
+        store.close()
+        with s.client("admin") as admin:
+            marked = admin.get(f"/v1/decisions/{before.decision_id}")
+            old_page = admin.get(f"/v1/decisions/{before.decision_id}/page")
+        assert marked.json()["quote_hashing"] == "unkeyed" and marked.json()["artifacts"] == old
+        assert 'id="unkeyed"' in old_page.text and 'id="unkeyed"' not in page.text
     finally:
         s.stop()
 
@@ -358,6 +386,24 @@ def test_a_stranger_naming_a_key_id_from_many_addresses_cannot_lock_that_key_out
 def test_the_service_log_names_patient_ids_so_it_is_private(svc):
     """Issue 22.11c: api.log_file was created world-readable (0644)."""
     assert stat.S_IMODE((svc.folder / "service.log").stat().st_mode) == 0o600
+
+
+def test_a_key_without_the_route_role_is_refused_before_its_body_is_read(svc):
+    """Issue 22 (fuzz): an audit key got 422 on malformed JSON and 403 only on well-formed input; a 413
+    was logged with route `unmatched`; a JSON decode error named the decoder offset as a field."""
+    broken = {"content": b'{"trial_id": "T",\n "patient": ', "headers": {"content-type": "application/json"}}
+    big = {"content": b"x" * 1_000_001, "headers": {"content-type": "application/json"}}
+    with svc.client("audit") as audit, svc.client("match") as c:
+        for body in (broken, {"json": {"trial_id": 5}}, big):
+            r = audit.post("/v1/match", **body)
+            assert r.status_code == 403 and r.json()["error"] == "forbidden", r.text
+        r = c.post("/v1/match", **broken)
+        assert r.status_code == 422, r.text
+        assert r.json()["message"] == "malformed JSON at line 2 column 13", r.text
+        assert [p["field"] for p in r.json()["problems"]] == ["body"]
+        assert c.post("/v1/match", **big).status_code == 413
+    log = svc.log
+    assert "POST /v1/match 413" in log and "POST unmatched 413" not in log
 
 
 def test_keys_can_expire(tmp_path):
