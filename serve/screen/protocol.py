@@ -52,7 +52,10 @@ class ScreenSource(_Strict):
             return v
         if any(unicodedata.category(c).startswith("C") for c in v):
             raise ValueError("the label holds control or format characters")
-        server = info.data.get("kind") == "fhir_server"  # its scheme and host: checked below
+        kind = info.data.get("kind")
+        if kind in _NAMED_BY_FILE and ("/" in v or "\\" in v):
+            raise ValueError(f"a {kind} label is a file or folder name, not a path")
+        server = kind == "fhir_server"  # its scheme and host: checked below
         words = [w for w in urlsplit(v).path.split("/") if w] if server else [v]
         if not all(LABEL_WORD.fullmatch(w) for w in words) or (not server and len(v) > 100):
             raise ValueError(
@@ -71,8 +74,6 @@ class ScreenSource(_Strict):
                 raise ValueError("a fhir_server label is the server's base URL (http or https)")
             if "@" in parts.netloc or parts.query or parts.fragment:
                 raise ValueError("a fhir_server label carries no credentials, query or fragment")
-        elif self.kind in _NAMED_BY_FILE and ("/" in self.label or "\\" in self.label):
-            raise ValueError(f"a {self.kind} label is a file or folder name, not a path")
         return self
 
 

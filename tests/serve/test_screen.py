@@ -372,7 +372,7 @@ def test_research_subject_links_never_come_from_the_host_header(service):
     [
         ({"kind": "fhir_server", "label": "https://user:secret@fhir.example/r4"}, "source"),
         ({"kind": "fhir_server", "label": "https://fhir.example/r4?_token=x"}, "source"),
-        ({"kind": "patients_file", "label": "/home/site/patients.jsonl"}, "source"),
+        ({"kind": "patients_file", "label": "/home/site/patients.jsonl"}, "source.label"),
         ({"kind": "fhir_ndjson", "label": "export\n2024"}, "source.label"),
         ({"kind": "api", "label": "x" * 201}, "source.label"),
         # issue 22.11b: free text (a name, a sentence) is not a source's label
