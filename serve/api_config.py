@@ -13,7 +13,7 @@ from verdict.data_gen.formalizer.reader import ChartReading
 from verdict.data_gen.teacher_config import EgressConfig, StageTokens, TeacherConfig
 
 from .pages.session import SessionConfig
-from .protocol import POLICY_NAME
+from .protocol import POLICY_NAME, base_url_problem
 
 
 class FormalizerConfig(StrictModel):
@@ -300,16 +300,10 @@ class ApiConfig(StrictModel):
     @field_validator("public_url")
     @classmethod
     def _a_base_url(cls, v: str | None) -> str | None:
-        from urllib.parse import urlsplit
-
-        if v is None:
-            return v
-        parts = urlsplit(v)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("give the base URL with its scheme, e.g. https://verdict.site.example")
-        if "@" in parts.netloc or parts.query or parts.fragment:
-            raise ValueError("a base URL carries no credentials, query or fragment")
-        return v.rstrip("/")
+        problem = base_url_problem(v) if v is not None else None
+        if problem:
+            raise ValueError(f"the public URL {problem}")
+        return v.rstrip("/") if v is not None else None
 
     @property
     def audit_hash_key_path(self) -> str:

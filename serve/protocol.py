@@ -430,3 +430,16 @@ class Readiness(BaseModel):
     endpoints: list[EndpointStatus] = Field(
         default_factory=list, description="each formalizer server: ready when at least one is up"
     )
+
+
+def base_url_problem(url: str) -> str | None:
+    """Why `url` is not a plain http(s) base URL (scheme and host; no credentials, query or fragment),
+    or None: a FHIR server's label, the service's own `api.public_url`."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "is not an http or https base URL with a host, e.g. https://host.site.example"
+    if "@" in parts.netloc or parts.query or parts.fragment:
+        return "carries credentials, a query or a fragment"
+    return None

@@ -19,6 +19,7 @@ from ..protocol import (
     ErrorBody,
     PatientInput,
     _Strict,
+    base_url_problem,
     unique_patient_ids,
 )
 
@@ -68,12 +69,9 @@ class ScreenSource(_Strict):
     def _fits_kind(self):
         if self.label is None:
             return self
-        if self.kind == "fhir_server":
-            parts = urlsplit(self.label)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError("a fhir_server label is the server's base URL (http or https)")
-            if "@" in parts.netloc or parts.query or parts.fragment:
-                raise ValueError("a fhir_server label carries no credentials, query or fragment")
+        problem = base_url_problem(self.label) if self.kind == "fhir_server" else None
+        if problem:
+            raise ValueError(f"a fhir_server label is the server's base URL: this one {problem}")
         return self
 
 

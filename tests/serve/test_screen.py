@@ -363,7 +363,7 @@ def test_research_subject_links_never_come_from_the_host_header(service):
     (subject,) = got.json()["research_subjects"]
     assert [e["valueUrl"] for e in subject["extension"]] == [row["links"]["decision"], row["links"]["page"]]
     assert ApiConfig(public_url="https://verdict.site.example/").public_url == "https://verdict.site.example"
-    with pytest.raises(ValueError, match="scheme"):
+    with pytest.raises(ValueError, match="not an http or https base URL"):
         ApiConfig(public_url="verdict.site.example")
 
 
