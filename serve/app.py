@@ -9,7 +9,8 @@ the one error shape is `errors.install_error_handlers`.
 misconfigured service never starts. Every route except /healthz and /readyz needs an API key
 (`Authorization: Bearer vk_...` or `X-API-Key`) with the route's role; the key and the route's role
 are checked at the edge (`auth.Authenticate`, `roles.RoleFirst`), before the body is read.
-`/openapi.json` exists only with `api.docs`, behind a key; there are no Swagger UI or ReDoc pages (they load scripts from a public CDN).
+`/openapi.json` exists only with `api.docs`, behind a key; there are no Swagger UI or ReDoc pages
+(they load scripts from a public CDN).
 """
 
 from __future__ import annotations
