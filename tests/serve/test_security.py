@@ -392,7 +392,9 @@ def test_a_key_without_the_route_role_is_refused_before_its_body_is_read(svc):
     """Issue 22 (fuzz): an audit key got 422 on malformed JSON and 403 only on well-formed input; a 413
     was logged with route `unmatched`; a JSON decode error named the decoder offset as a field."""
     broken = {"content": b'{"trial_id": "T",\n "patient": ', "headers": {"content-type": "application/json"}}
-    big = {"content": b"x" * 1_000_001, "headers": {"content-type": "application/json"}}
+    from verdict.serve.api_config import Limits
+
+    big = {"content": b"x" * (Limits().max_body_bytes + 1), "headers": {"content-type": "application/json"}}
     with svc.client("audit") as audit, svc.client("match") as c:
         for body in (broken, {"json": {"trial_id": 5}}, big):
             r = audit.post("/v1/match", **body)
