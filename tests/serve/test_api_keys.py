@@ -70,7 +70,7 @@ def test_cli_add_list_revoke(tmp_path):
     key = r.stdout.strip()
     listed = run("list")
     key_id = key.split("_")[1]
-    assert f"{key_id}\tactive\tmatch,audit\tehr" in listed.stdout and key not in listed.stdout
+    assert f"{key_id}\tactive\tmatch,audit\texpires never\tehr" in listed.stdout and key not in listed.stdout
     assert run("revoke", key_id).returncode == 0
     assert f"{key_id}\trevoked" in run("list").stdout
     bad = run("add", "--name", "x", "--role", "root")
