@@ -73,7 +73,30 @@ def backup_cmd(
     report = backup(location, out)
     counts = ", ".join(f"{n} {t}" for t, n in report.rows.items())
     typer.echo(f"backup {out.absolute()} (0600): intact, {counts}; head {report.head_text}", err=True)
+    # The quote-hash secret goes with the store: without it, hashes of new rows cannot be compared
+    # with the backed-up ones (store_notes: false keeps only keyed hashes).
+    key = _hash_key(config)
+    if key is None:
+        typer.echo(
+            "note: the quote-hash key (api.audit_hash_key) is not in this backup: give --config to copy "
+            "it, or copy it yourself, mode 0600",
+            err=True,
+        )
+    elif key.exists():
+        copy = out.with_name(out.name + ".hash.key")
+        copy.touch(mode=0o600, exist_ok=False)
+        copy.write_bytes(key.read_bytes())
+        typer.echo(f"quote-hash key {key.absolute()} copied to {copy.absolute()} (0600)", err=True)
     typer.echo(report.head_text)
+
+
+def _hash_key(config: str | None) -> Path | None:
+    """The configured quote-hash key file (None without a serve config)."""
+    if config is None:
+        return None
+    from ..config import load_serve_config
+
+    return Path(load_serve_config(config).require("api").audit_hash_key_path)
 
 
 @audit_app.command("restore")

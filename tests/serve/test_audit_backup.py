@@ -99,3 +99,30 @@ def test_a_schema_upgrade_makes_a_backup_first(tmp_path):
     assert report.ok and report.head == (2, head) and report.rows["screenings"] == 0
     AuditStore(path).close()  # an upgraded store is not backed up again
     assert len(list(tmp_path.glob("v3.sqlite.schema-*"))) == 1
+
+
+def test_the_quote_hash_key_goes_with_a_backup_of_a_configured_store(tmp_path):
+    """With --config the quote-hash secret is copied beside the backup, 0600 (without it, keyed hashes
+    of rows written after a restore cannot be compared with the old ones); with --db a note says so."""
+    import yaml
+
+    db, keys, key = tmp_path / "audit.sqlite", tmp_path / "keys.json", tmp_path / "audit_hash.key"
+    AuditStore(db).close()
+    key.write_bytes(b"k" * 32)
+    key.chmod(0o600)
+    cfg = {
+        "api": {
+            "formalizer": {"base_url": "http://127.0.0.1:9/v1"},
+            "audit_db": str(db),
+            "api_keys": str(keys),
+        }
+    }
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "b" / "backup.sqlite"
+    out.parent.mkdir()
+    r = verdict("serve", "audit", "backup", "--config", str(tmp_path / "serve.yaml"), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    copy = out.with_name("backup.sqlite.hash.key")
+    assert copy.read_bytes() == key.read_bytes() and copy.stat().st_mode & 0o777 == 0o600
+    r = verdict("serve", "audit", "backup", "--db", str(db), "--out", str(tmp_path / "b" / "two.sqlite"))
+    assert r.returncode == 0 and "quote-hash key (api.audit_hash_key) is not in this backup" in r.stderr
