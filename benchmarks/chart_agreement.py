@@ -13,8 +13,9 @@ pieces of the patient's recorded quotes (over all of the patient's pairs) that t
 Usage is counted with the real Qwen2.5 tokenizer.
 
 The long chart: the note among documents that add no fact about the patient, namely the criteria
-text of other trials (`trials.jsonl`, trials of none of the patient's pairs, distinct texts, so
-de-duplication removes none), about `--chart-tokens` in all, the note in the middle.
+text of other trials (`trials.jsonl`, trials of none of the reference pairs, distinct texts, so
+de-duplication removes none, and none holding a piece of any recorded quote), about
+`--chart-tokens` in all, the note in the middle.
 
 Runs, each decision under the same policy: (1) single note, v1, exhaustive: the reference; (2)
 single note, v2, exhaustive; (3) single note, v2, staged; (4) long chart, v1, exhaustive, mined
@@ -89,15 +90,21 @@ def load_pairs() -> list[Pair]:
     return out
 
 
-def filler(exclude: set[str], tokens: int, count) -> list:
-    """Other trials' criteria texts, distinct, about `tokens` tokens in all."""
+def filler(exclude: set[str], tokens: int, count, quotes: set[str]) -> list:
+    """Other trials' criteria texts, distinct, about `tokens` tokens in all; none holds a piece of a
+    recorded quote (`quotes`: it would put the patient's quoted words elsewhere in the chart)."""
+    from verdict.data_gen.formalizer.checks import normalize_ws, split_pieces
     from verdict.data_gen.protocol import NoteDocument
 
+    pieces = {p for q in quotes for p in split_pieces(q)}
     docs, total, seen = [], 0, set()
     for line in (SHARED / "benchmarks" / "trials.jsonl").read_text().splitlines():
         t = json.loads(line)
         text = f"{t['title']}\n\n{t.get('inclusion') or ''}\n\n{t.get('exclusion') or ''}".strip()
         if t["nct_id"] in exclude or text in seen or count(text) > 1500:
+            continue
+        flat = normalize_ws(text)
+        if any(p in flat for p in pieces):
             continue
         seen.add(text)
         docs.append(NoteDocument(id=f"doc-{t['nct_id']}", text=text, kind="other_trial"))
@@ -184,7 +191,8 @@ def main(argv=None) -> None:
     pairs = load_pairs()[: a.limit]
     policy = load_policy(a.policy)
     taken = {p.program.trial_id for p in pairs}
-    docs = filler(taken, a.chart_tokens, qwen.count_text)
+    quotes = {v["evidence"] for p in pairs for v in p.values.values() if v.get("evidence")}
+    docs = filler(taken, a.chart_tokens, qwen.count_text, quotes)
     n_chart = sum(qwen.count_text(d.text) for d in docs)
     print(f"recorded value lines refused by the check (not replayed): {len(REFUSED)}")
     print(
