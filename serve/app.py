@@ -23,6 +23,7 @@ from .api_config import ApiConfig
 from .api_keys import KeyStore
 from .audit.router import router as audit_router
 from .auth import Authenticate, FailedAttempts
+from .contract import with_stream_lines
 from .errors import install_error_handlers
 from .health.router import router as health_router
 from .matching.router import router as matching_router
@@ -63,7 +64,11 @@ def create_app(config: ApiConfig, base_url: str, *, service: MatchingService | N
         docs_url=None,
         redoc_url=None,
         openapi_url="/openapi.json" if config.docs else None,
+        # one schema per model (a program is the same object in a request and a response), so that
+        # components keep their model names (no TrialProgram-Input / -Output pairs)
+        separate_input_output_schemas=False,
     )
+    app.openapi = lambda: with_stream_lines(FastAPI.openapi(app))  # (serve/contract.py)
     app.state.service = service
     app.state.reviews = ReviewService(service)  # reviews, history, revisions, flags (serve/reviews)
 

@@ -2,16 +2,26 @@
 
 Strict (`extra="forbid"`), with limits on every text field, so that a malformed request is a 422
 naming each invalid field, never a 500. Patient text comes in `PatientInput.note`, `.notes` or
-`.fhir` (its documents) only.
+`.fhir` (its documents) only. The rules the models check across fields are in the schema too
+(`serve/contract.py`), so that a request valid by the document is one the service accepts.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from verdict.core.configs import StrictModel
 from verdict.core.decision import Decision
 from verdict.core.patient import PolicyRef, ResolvedPatient
@@ -21,6 +31,7 @@ from verdict.data_gen.formalizer.accounting import PairCost
 from verdict.data_gen.formalizer.miner import PassageConflict
 from verdict.data_gen.protocol import SINGLE_NOTE_ID, NoteDocument
 
+from .contract import all_of, any_given, exactly_one, given, only_with, outline, rules
 from .trial_versions import TrialVersion
 
 # Policy *names* only: a path would let a caller read files of the server.
@@ -37,6 +48,24 @@ MAX_BATCH_TRIALS = 200
 
 
 _Strict = StrictModel  # the project's one strict base, under the name serve/screen imports
+_ID_SCHEMA = TypeAdapter(Id).json_schema()
+ISO_DATE = r"^(?!0000)[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"  # fromisoformat's YYYY-MM-DD
+BIRTH_DATE = r"^(?!0000)[0-9]{4}(-(0[1-9]|1[0-2])(-(0[1-9]|[12][0-9]|3[01]))?)?$"  # FHIR's partial dates
+# a character str.strip() keeps: Python's \s has \x1c-\x1f and \x85, ECMA's (the document's) has not
+NOT_BLANK = r"[^\s\x1c-\x1f\x85]"
+
+
+# A trial program as a plain object, checked by the core's TrialProgram model in the service (422s
+# name `program.<path>`); the document states its outline (TrialProgram's schema down to each
+# formula's operator), so `{}` is not valid by it.
+ProgramObject = Annotated[dict[str, Any], WithJsonSchema(outline(TrialProgram.model_json_schema()))]
+PROGRAM_CHECKS = (
+    "`program`: each formula is one of the formula language (`verdict schema program` writes its full "
+    "JSON Schema; this document states each formula's operator only), and the core's checks: every "
+    "atom used is declared with a fitting domain, atom names and criterion, cohort and definition ids "
+    "are unique, source criteria exist, a stated content_hash matches, formulas are nested at most 64 "
+    "levels",
+)
 
 
 # ---- errors -------------------------------------------------------------------------------------
@@ -52,8 +81,48 @@ class ErrorBody(BaseModel):
 
 
 # ---- trials -------------------------------------------------------------------------------------
+def _path(*keys: str, leaf: dict) -> dict:
+    """An object that has the nested keys, the last holding `leaf`."""
+    schema = leaf
+    for k in reversed(keys):
+        schema = {"type": "object", "required": [k], "properties": {k: schema}}
+    return schema
+
+
+def _study(protocol: str, ident: str, nct: str, elig: str, criteria: str) -> dict:
+    text = {"type": "string", "pattern": NOT_BLANK}
+    return _path(
+        protocol,
+        leaf={
+            "type": "object",
+            "required": [ident, elig],
+            "properties": {
+                ident: _path(nct, leaf=_ID_SCHEMA),  # it becomes the trial id
+                elig: _path(criteria, leaf=text),
+            },
+        },
+    )
+
+
+# What the service's ClinicalTrials.gov reader needs of a study, in the two layouts it reads.
+_CTGOV_V2 = _study(
+    "protocolSection", "identificationModule", "nctId", "eligibilityModule", "eligibilityCriteria"
+)
+_CTGOV_CLASSIC = _path(
+    "FullStudy",
+    "Study",
+    leaf=_study(
+        "ProtocolSection", "IdentificationModule", "NCTId", "EligibilityModule", "EligibilityCriteria"
+    ),
+)
+
+
 class TrialText(_Strict):
     """Eligibility criteria as text: one `criteria` block, or `inclusion` and/or `exclusion`."""
+
+    model_config = ConfigDict(
+        json_schema_extra=rules(exactly_one("criteria", any_given("inclusion", "exclusion")))
+    )
 
     trial_id: Id | None = Field(None, description="e.g. an NCT id; default: derived from the text")
     title: str = Field("", max_length=1000)
@@ -73,14 +142,19 @@ class TrialText(_Strict):
 class TrialRequest(_Strict):
     """Exactly one of: criteria text, a ClinicalTrials.gov study record, a reviewed program."""
 
+    model_config = ConfigDict(
+        json_schema_extra=rules(exactly_one("text", "ctgov_study", "program"), also_checked=PROGRAM_CHECKS)
+    )
+
     text: TrialText | None = None
     ctgov_study: dict[str, Any] | None = Field(
-        None, description="a ClinicalTrials.gov study record (API v2 JSON, or the classic API's layout)"
+        None,
+        description="one ClinicalTrials.gov study record with an NCT id and eligibility criteria: API v2 "
+        "JSON, or the classic API's layout (FullStudy.Study.ProtocolSection; keys are read "
+        "case-insensitively)",
+        json_schema_extra={"anyOf": [_CTGOV_V2, _CTGOV_CLASSIC, {"type": "null"}]},
     )
-    # A plain object here, checked by the core's TrialProgram model in the service (422s name
-    # `program.<path>`): its recursive formula schema is documented by `verdict schema program`, and
-    # inlined in the request schema it makes generated clients and API fuzzers crawl.
-    program: dict[str, Any] | None = Field(
+    program: ProgramObject | None = Field(
         None,
         description="a reviewed trial program (admin role), format verdict.trial_program/v1: see "
         "`verdict schema program`",
@@ -122,7 +196,7 @@ class NoteInput(_Strict):
         min_length=1,
         max_length=MAX_NOTE_CHARS,
         description="the document text (stays on site); not blank",
-        json_schema_extra={"pattern": r"\S"},  # what `_not_blank` enforces, stated in the schema
+        json_schema_extra={"pattern": NOT_BLANK},  # what `_not_blank` enforces, stated in the schema
     )
     date: str | None = Field(
         None, pattern=r"^\d{4}-\d{2}-\d{2}", max_length=40, description="ISO date, if known"
@@ -138,11 +212,55 @@ class NoteInput(_Strict):
 
 
 MAX_FHIR_FACTS = 5000  # coded facts per FHIR patient record
+# The limits `_check_fhir` applies to a FHIR record, stated beside its (shared) schema.
+_FHIR_INPUT = all_of(
+    {
+        "properties": {
+            "patient_id": _ID_SCHEMA,
+            "reference_date": {"type": "string", "pattern": ISO_DATE},
+            "birth_date": {"anyOf": [{"type": "null"}, {"type": "string", "pattern": BIRTH_DATE}]},
+            "documents": {
+                "minItems": 1,
+                "maxItems": MAX_NOTES,
+                "items": {
+                    "properties": {
+                        "id": _ID_SCHEMA,
+                        "text": {"maxLength": MAX_NOTE_CHARS},
+                        "date": {
+                            "anyOf": [{"type": "null"}, {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}"}]
+                        },
+                    }
+                },
+            },
+            "facts": {"maxItems": MAX_FHIR_FACTS},
+        },
+        "required": ["documents"],
+    },
+    only_with("age_years", "birth_date"),
+    only_with("age_range", "birth_date"),
+    {"not": all_of(given("age_years"), given("age_range"))},
+)
 
 
 class PatientInput(_Strict):
     """The patient record: one `note`, several documents in `notes`, or a FHIR patient record in
     `fhir` (exactly one of the three)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            exactly_one("note", "notes", "fhir"),
+            also_checked=(
+                "document ids are unique within `notes` and within `fhir.documents`",
+                f"`notes` and `fhir.documents` hold at most {MAX_RECORD_CHARS} characters in all",
+                "`fhir.patient_id` equals `patient_id`",
+                "`fhir.reference_date` and `fhir.birth_date` are calendar dates (a birth date may be YYYY or "
+                "YYYY-MM); `fhir.age_years` / `fhir.age_range` are the age they give (age_years for an exact "
+                "birth date, age_range for a partial one, neither for a birth date after the reference date)",
+                "`fhir.reference_date` is a plausible reference date (the site's configs/fhir/codes.yaml "
+                "`dates`: by default from 1900-01-01 to 366 days after today)",
+            ),
+        )
+    )
 
     patient_id: Id
     note: str | None = Field(
@@ -159,6 +277,7 @@ class PatientInput(_Strict):
         description="a patient read from FHIR R4 (format verdict.fhir_patient/v1, as `verdict fhir load "
         "--out` writes it): its documents are the miner's; atoms its coded facts decide (coded labs, age "
         "at reference_date) are not asked of the miner and their evidence names the resource",
+        json_schema_extra=_FHIR_INPUT,
     )
 
     @model_validator(mode="after")
@@ -249,6 +368,10 @@ def _check_fhir(patient_id: str, rec: FhirPatientRecord) -> None:
 
 
 class MatchRequest(_Strict):
+    model_config = ConfigDict(
+        json_schema_extra=rules(exactly_one("trial_id", "trial"), only_with("program_hash", "trial_id"))
+    )
+
     trial_id: Id | None = Field(None, description="a trial registered with POST /v1/trials")
     program_hash: str | None = Field(
         None,
@@ -343,6 +466,8 @@ def unique_patient_ids(patients: list[PatientInput] | None) -> list[PatientInput
 
 class BatchRequest(_Strict):
     """Every patient against every trial (registered trial ids)."""
+
+    model_config = ConfigDict(json_schema_extra=rules(also_checked=(f"`patients`: {UNIQUE_PATIENTS}",)))
 
     patients: list[PatientInput] = Field(
         min_length=1, max_length=MAX_BATCH_PATIENTS, description=UNIQUE_PATIENTS

@@ -22,12 +22,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from verdict.core.decision import ENGINE_VERSION, Decision
 from verdict.core.errors import PatientError, PolicyError, ProgramError, VerdictError
 from verdict.core.patient import ResolvedPatient
 from verdict.core.policy import Policy, load_policy, resolve
-from verdict.core.program import Provenance, TrialProgram, check_program, load_program
+from verdict.core.program import Id, Provenance, TrialProgram, check_program, load_program
 from verdict.core.rationale import md, rationale_json, render_markdown
 from verdict.core.settled import settles
 from verdict.core.solver_pool import SolverPool
@@ -110,6 +110,13 @@ def ctgov_doc(study: dict) -> TrialDoc:
             "unreadable ClinicalTrials.gov study",
             [("ctgov_study", m) for m in problems or ["expected exactly one study"]],
         )
+    try:  # the NCT id becomes the trial id: refused here, not by the parser's output check (a 502)
+        TypeAdapter(Id).validate_python(items[0].trial_id)
+    except ValidationError:
+        raise InvalidInput(
+            "unreadable ClinicalTrials.gov study",
+            [("ctgov_study", "the study's nctId is not a valid trial id (letters, digits, _.:/@-)")],
+        ) from None
     return items[0]
 
 

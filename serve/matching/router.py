@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from ..api_keys import KeyEntry
+from ..contract import NDJSON
 from ..errors import documented_errors
 from ..pairs import match_batch as batch_lines
 from ..protocol import BatchLine, BatchRequest, ErrorBody, MatchRequest, MatchResponse
@@ -39,14 +40,21 @@ async def match(
     return await request.app.state.service.match(req, key.id, inactive_use_for(key))
 
 
+class NDJSONResponse(StreamingResponse):
+    """A stream of JSON lines: the media type the document names for the route's 200 schema."""
+
+    media_type = NDJSON
+
+
 @router.post(
     "/v1/match/batch",
-    response_class=StreamingResponse,
+    response_class=NDJSONResponse,
+    # `model` puts BatchLine (and what it uses) under components/schemas, referenced from the stream
     responses={
         **documented_errors(),
         200: {
-            "description": "NDJSON stream of BatchLine objects, in completion order",
-            "content": {"application/x-ndjson": {"schema": BatchLine.model_json_schema()}},
+            "model": BatchLine,
+            "description": "NDJSON stream of BatchLine objects (one per line), in completion order",
         },
     },
 )
@@ -61,4 +69,4 @@ async def match_batch(req: BatchRequest, request: Request, key: KeyEntry = Depen
             async for line in lines:
                 yield line.model_dump_json(by_alias=True) + "\n"
 
-    return StreamingResponse(stream(), media_type="application/x-ndjson")
+    return NDJSONResponse(stream())

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 from verdict.core.configs import StrictModel
 from verdict.core.patient import PolicyRef
 
-from ..protocol import MatchResponse, TrialResponse
+from ..contract import rules
+from ..protocol import PROGRAM_CHECKS, MatchResponse, ProgramObject, TrialResponse
 from ..trial_versions import TrialVersion
 
 MAX_CHANGES = 50
@@ -176,9 +177,11 @@ class ReviewResponse(BaseModel):
 class RevisionRequest(StrictModel):
     """A corrected program for a trial (admin or trial_owner): checked, then the active version."""
 
+    model_config = ConfigDict(json_schema_extra=rules(also_checked=PROGRAM_CHECKS))
+
     # A plain object, checked by the core's TrialProgram model (422s name `program.<path>`), as in
-    # POST /v1/trials.
-    program: dict[str, Any] = Field(description="the corrected program, format verdict.trial_program/v1")
+    # POST /v1/trials; the document states the TrialProgram schema.
+    program: ProgramObject = Field(description="the corrected program, format verdict.trial_program/v1")
     reason: Reason = Field(description="what the revision corrects")
     revises: str | None = Field(
         None,

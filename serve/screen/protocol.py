@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from typing import Literal
+from typing import Literal, get_args
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from verdict.core.program import Id
 from verdict.core.ranking import RankedRow
 
+from ..contract import all_of, given, none_given, rules
 from ..protocol import (
     MAX_BATCH_PATIENTS,
     POLICY_NAME,
@@ -25,8 +26,20 @@ from ..protocol import (
 
 SourceKind = Literal["text", "fhir_bundle", "fhir_ndjson", "fhir_server", "patients_file", "api"]
 MAX_SOURCE_LABEL = 200
-LABEL_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a label, or each path segment of a server's URL
+WORD = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+LABEL_WORD = re.compile(WORD)  # a label, or each path segment of a server's URL
+# What `_an_identifier` and `_fits_kind` accept, stated in the schema (the host's form is looser there)
+_WORD_LABEL = {"pattern": f"^{WORD}$", "maxLength": 100}
+_SERVER_LABEL = f"^[Hh][Tt][Tt][Pp][Ss]?://[A-Za-z0-9.-]+(:[0-9]{{1,5}})?(/+{WORD})*/*$"
 _NAMED_BY_FILE = ("text", "fhir_bundle", "fhir_ndjson", "patients_file")  # a file or folder name, not a path
+
+
+def _label_for(kinds: list[str], label: dict) -> dict:
+    """For a source of one of these kinds, a given label also fits `label`."""
+    return {
+        "if": {"required": ["kind"], "properties": {"kind": {"enum": kinds}}},
+        "then": {"properties": {"label": {"anyOf": [{"type": "null"}, {"type": "string", **label}]}}},
+    }
 
 
 class ScreenSource(_Strict):
@@ -35,6 +48,17 @@ class ScreenSource(_Strict):
     fragment), an export folder or file name (no path), or an export id. Free text is refused: a
     label is an identifier (letters, digits, `.`, `_`, `-`; a URL's path segments too), so a name
     ("Jane Doe") or a sentence cannot be recorded in the audit store as a run's source."""
+
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            _label_for(["fhir_server"], {"pattern": _SERVER_LABEL}),
+            _label_for([k for k in get_args(SourceKind) if k != "fhir_server"], _WORD_LABEL),
+            also_checked=(
+                "a fhir_server `label` is the server's base URL: http or https, a host, no credentials, "
+                "query or fragment",
+            ),
+        )
+    )
 
     kind: SourceKind = Field(
         description="text | fhir_bundle | fhir_ndjson | fhir_server | patients_file | api"
@@ -84,6 +108,18 @@ class ScreenRequest(_Strict):
     """One patient against trials (`patient`, optional `trial_ids`), or one trial against patients
     (`trial_id` + `patients`). Exactly one of the two directions. Without `trial_ids` a patient is
     screened against every registered trial, however many (up to the service's `max_screen_pairs`)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            {
+                "oneOf": [
+                    all_of(given("patient"), none_given("trial_id", "patients")),
+                    all_of(given("trial_id"), given("patients"), none_given("patient", "trial_ids")),
+                ]
+            },
+            also_checked=(f"`patients`: {UNIQUE_PATIENTS}",),
+        )
+    )
 
     patient: PatientInput | None = Field(None, description="the patient to screen against the site's trials")
     trial_ids: list[Id] | None = Field(
