@@ -235,17 +235,12 @@ def recorded_parser_result(
             answer, "stop", c, max_tokens=0, check_satisfiable=_engine().check_satisfiable
         )
         calls.append(
-            StageResult(
+            check.result(
                 stage="parser",
-                status="accepted" if check.ok else "rejected",
-                reason=check.reason,
-                problems=check.messages,
                 teacher=TEACHER,
                 model=MODEL,
                 prompt_version=f"criterion_parser@{prompt_version}",
                 messages=criterion_messages(c, prompt_version),
-                output_json=check.output_json if check.ok else None,
-                output=check.output if check.ok else None,
                 item=c.id,
             )
         )
@@ -453,16 +448,12 @@ def import_recorded(
                 check = check_miner_output(
                     answer, "stop", case.program, names, note.text, max_tokens=0, sparse=sparse
                 )
-                res = StageResult(
+                res = check.result(
                     stage=stage,
-                    status="accepted" if check.ok else "rejected",
-                    reason=check.reason,
-                    problems=check.messages,
                     teacher=TEACHER,
                     model=MODEL,
                     prompt_version=f"miner_{side}@{prompt_version}",
                     messages=miner_messages(case.program, note.text, side, names, prompt_version),
-                    output_json=check.output_json if check.ok else None,
                 )
                 store.put(res, trial_id, patient_id, item=stem)
                 if check.ok:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 from verdict.core.progress import Progress
+from verdict.slurm.local_cluster import pid_alive
 
 from .errors import VLLMServerError
 from .process_reaper import Reaper, parent_death_signal
@@ -342,21 +343,11 @@ def remove_orphaned_tmp_dirs() -> list[Path]:
     removed = []
     for folder in Path(tempfile.gettempdir()).glob(f"{TMP_PREFIX}*"):
         m = _TMP_NAME.match(folder.name)
-        if m is None or not folder.is_dir() or _pid_alive(int(m.group(1))):
+        if m is None or not folder.is_dir() or pid_alive(int(m.group(1))):
             continue
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder)
     return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def stop_process_group(

@@ -211,13 +211,8 @@ class LocalCluster:
         self.pid_file.unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        waited, _ = os.waitpid(pid, os.WNOHANG)  # reap our own children so they do not linger as zombies
-        if waited == pid:
-            return False
-    except ChildProcessError:
-        pass
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (one of another user's counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -225,3 +220,13 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)  # reap our own children so they do not linger as zombies
+        if waited == pid:
+            return False
+    except ChildProcessError:
+        pass
+    return pid_alive(pid)

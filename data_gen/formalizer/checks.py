@@ -14,6 +14,8 @@ from pydantic import BaseModel, ValidationError
 from verdict.core.errors import describe_validation_error
 from verdict.core.schemas import json_schema
 
+from ..protocol import StageResult
+
 # Rejection categories, most fundamental first: a result's reason is its first problem's category.
 REASONS = (
     "empty",
@@ -122,6 +124,25 @@ class Check:
     @property
     def messages(self) -> list[str]:
         return [m for _, m in self.problems]
+
+    def result(
+        self, *, stage: str, teacher: str, model: str, prompt_version: str, messages: list, **more
+    ) -> StageResult:
+        """The stage result this check makes: accepted with the checked output, or rejected with its
+        reason and problems; `more` sets the other fields (item, attempts, usage)."""
+        return StageResult(
+            stage=stage,
+            status="accepted" if self.ok else "rejected",
+            reason=self.reason,
+            problems=self.messages,
+            teacher=teacher,
+            model=model,
+            prompt_version=prompt_version,
+            messages=messages,
+            output_json=self.output_json if self.ok else None,
+            output=self.output if self.ok else None,
+            **more,
+        )
 
 
 def parse_json(

@@ -237,16 +237,8 @@ def recorded_reader_result(note: NoteDocument, quotes: list[str], *, teacher: st
     call = ReaderCall([Passage(note.id, 1, 1, 0, len(note.text), note.text)], reader_messages(note.text))
     answer = compact({"excerpts": recorded_excerpts(note.text, quotes)})
     check = check_reader_output(answer, "stop", call, {note.id: note}, max_tokens=0)
-    return StageResult(
-        stage=STAGE,
-        status="accepted" if check.ok else "rejected",
-        reason=check.reason,
-        problems=check.messages,
-        teacher=teacher,
-        model=model,
-        prompt_version=f"{STAGE}@v1",
-        messages=call.messages,
-        output_json=check.output_json if check.ok else None,
+    return check.result(
+        stage=STAGE, teacher=teacher, model=model, prompt_version=f"{STAGE}@v1", messages=call.messages
     )
 
 

@@ -350,17 +350,12 @@ class Formalizer:
             len(attempts),
             usage.calls_paid,
         )
-        return StageResult(
+        return check.result(
             stage=stage,
-            status=status,
-            reason=check.reason,
-            problems=check.messages,
             teacher=t.name,
             model=t.model,
             prompt_version=self.prompt(stage).ident,
             messages=messages,
-            output_json=check.output_json if check.ok else None,
-            output=check.output if check.ok else None,
             attempts=attempts,
             usage=usage,
         )
