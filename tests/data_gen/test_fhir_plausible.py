@@ -4,7 +4,6 @@ Ranges and date bounds come from the site code map (configs/fhir/codes.yaml)."""
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 
 import pytest
@@ -15,22 +14,13 @@ from verdict.data_gen.fhir.resolve import resolve_coded
 from verdict.data_gen.fhir.sources import load_source
 
 from tests.data_gen.test_fhir_resolve import PROGRAM
-from tests.fixtures.fhir_server.data import AT, observation, write_bundle
+from tests.fixtures.fhir_server.data import AT, document, observation, write_bundle
 
 CREATININE = "2160-0"
 
 
 def note(pid: str) -> dict:
-    return {
-        "resourceType": "DocumentReference",
-        "id": f"doc-{pid}",
-        "status": "current",
-        "subject": {"reference": f"Patient/{pid}"},
-        "date": "2024-04-30T09:00:00Z",
-        "content": [
-            {"attachment": {"contentType": "text/plain", "data": base64.b64encode(b"note").decode()}}
-        ],
-    }
+    return document({"_id": pid, "text": "note"})
 
 
 def resources() -> list[dict]:
