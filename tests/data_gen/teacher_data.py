@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 from verdict.data_gen.protocol import NoteDocument, PatientDoc, TrialDoc
 from verdict.data_gen.scripted_server import Match, Rule, Script, ScriptedResponse
+from verdict.data_gen.teacher_config import TeacherConfig
 
 
 def trial_id(i: int) -> str:
@@ -188,6 +189,21 @@ def parser_script(n_trials: int, latency: float = 0.0, bad_first: set[int] = fro
     for i in range(n_trials):
         rules += parser_rules(i, bad_first=i in bad_first)
     return Script(rules=rules, default=ScriptedResponse(auto="nulls"), default_latency_s=latency)
+
+
+def teacher_config(url: str, **over) -> TeacherConfig:
+    """A teacher on the scripted server at `url`: fast retries, priced (for the cost figures)."""
+    cfg = dict(
+        name="t",
+        base_url=url,
+        model="m",
+        timeout_s=5,
+        backoff_base_s=0.01,
+        max_retries=2,
+        prices={"input_per_million": 1.0, "output_per_million": 2.0},
+    )
+    cfg.update(over)
+    return TeacherConfig(**cfg)
 
 
 def write_teacher(tmp: Path, url: str, name: str = "scripted-test", **over) -> Path:

@@ -11,23 +11,17 @@ from verdict.data_gen.formalizer import Formalizer, quote_in_note, side_atoms
 from verdict.data_gen.protocol import PatientDoc, TrialDoc
 from verdict.data_gen.scripted_server import Match, Rule, Script
 from verdict.data_gen.scripted_server import ScriptedResponse as R
-from verdict.data_gen.teacher_config import TeacherConfig
 
-from .teacher_data import criterion_answers, criterion_prompt, parser_rules, patient, program, trial, trial_id
-
-
-def teacher(url, **over):
-    cfg = dict(
-        name="t",
-        base_url=url,
-        model="m",
-        timeout_s=5,
-        backoff_base_s=0.01,
-        max_retries=2,
-        prices={"input_per_million": 1.0, "output_per_million": 2.0},
-    )
-    cfg.update(over)
-    return TeacherConfig(**cfg)
+from .teacher_data import (
+    criterion_answers,
+    criterion_prompt,
+    parser_rules,
+    patient,
+    program,
+    trial,
+    trial_id,
+)
+from .teacher_data import teacher_config as teacher
 
 
 def run(coro_fn, t, **kw):

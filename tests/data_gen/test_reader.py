@@ -20,9 +20,18 @@ from verdict.data_gen.formalizer.reader import (
 from verdict.data_gen.protocol import NoteDocument, PatientDoc
 from verdict.data_gen.scripted_server import Match, Rule, Script
 from verdict.data_gen.scripted_server import ScriptedResponse as R
-from verdict.data_gen.teacher_config import TeacherConfig
 
-from .teacher_data import AGE, COND_1, COPIED, PREG, READER_MARK, long_chart, program, trial_id
+from .teacher_data import (
+    AGE,
+    COND_1,
+    COPIED,
+    PREG,
+    READER_MARK,
+    long_chart,
+    program,
+    teacher_config,
+    trial_id,
+)
 
 
 def doc(i: int, text: str, date: str | None = None, kind: str | None = None) -> NoteDocument:
@@ -133,23 +142,11 @@ def reader_requests(srv) -> int:
     return sum(READER_MARK in r.body["messages"][0]["content"] for r in srv.requests)
 
 
-def teacher(url) -> TeacherConfig:
-    return TeacherConfig(
-        name="t",
-        base_url=url,
-        model="m",
-        timeout_s=5,
-        backoff_base_s=0.01,
-        max_retries=0,
-        context_tokens=4096,
-    )
-
-
 def match_two_trials(url, record, reading=ChartReading(), cache=None):
     """Both sides of trial 1, then both sides of trial 2, with one formalizer (one process)."""
 
     async def go():
-        fz = Formalizer(teacher(url), reading=reading, cache=cache)
+        fz = Formalizer(teacher_config(url, max_retries=0, context_tokens=4096), reading=reading, cache=cache)
         out = []
         try:
             for i in (1, 2):
