@@ -110,15 +110,10 @@ def test_cli_render_prints_the_scripts(tmp_path):
     import json
     import sys
 
+    cli = [sys.executable, "-c", "from verdict.cli import main; main()"]
+    value_miner_on = [*cli, "slurm", "render", "--train", "value_miner", "--slurm"]
     render = [
-        sys.executable,
-        "-c",
-        "from verdict.cli import main; main()",
-        "slurm",
-        "render",
-        "--train",
-        "value_miner",
-        "--slurm",
+        *value_miner_on,
         "local",
         "--set-train",
         f"output_dir={tmp_path}",
@@ -135,21 +130,5 @@ def test_cli_render_prints_the_scripts(tmp_path):
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
     assert info["eval_shards"] == 2 and re.search(r"eval_report\.sbatch$", info["eval_report"])
-    bad = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from verdict.cli import main; main()",
-            "slurm",
-            "render",
-            "--train",
-            "value_miner",
-            "--slurm",
-            "nope",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+    bad = subprocess.run([*value_miner_on, "nope"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("error: no slurm config named 'nope'")
