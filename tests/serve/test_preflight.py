@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import yaml
+from verdict.serve.gpu_sizing import QWEN25_7B
 from verdict.serve.preflight import PreflightError, check_address, check_vllm, cuda_devices
 from verdict.serve.vllm_config import VLLMConfig
 
@@ -35,16 +36,7 @@ def test_every_missing_input_is_listed_in_one_run(tmp_path):
 
 def qwen_like_model(folder):
     folder.mkdir()
-    mc = {
-        "hidden_size": 3584,
-        "intermediate_size": 18944,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 28,
-        "num_key_value_heads": 4,
-        "vocab_size": 152064,
-        "torch_dtype": "bfloat16",
-    }
-    (folder / "config.json").write_text(json.dumps(mc))
+    (folder / "config.json").write_text(json.dumps(QWEN25_7B))
     return folder
 
 
