@@ -98,24 +98,16 @@ def test_an_excerpt_not_verbatim_in_one_passage_is_rejected_by_id_never_by_text(
     call = ReaderCall(
         [Passage("d1", 1, 1, 0, len(a.text), a.text), Passage("d2", 1, 1, 0, len(b.text), b.text)], []
     )
-    ok = check_reader_output(
-        '{"excerpts": ["She has diabetes.", "Creatinine 1.1 mg/dL."]}',
-        "stop",
-        call,
-        {"d1": a, "d2": b},
-        max_tokens=512,
-    )
+
+    def check(answer: str):
+        return check_reader_output(answer, "stop", call, {"d1": a, "d2": b}, max_tokens=512)
+
+    ok = check('{"excerpts": ["She has diabetes.", "Creatinine 1.1 mg/dL."]}')
     assert ok.ok and [(e.document, e.offset, e.date) for e in ok.output] == [
         ("d1", 0, "2024-01-01"),
         ("d2", 0, None),
     ]
-    bad = check_reader_output(
-        '{"excerpts": ["She has type 2 diabetes.", "asthma. Creatinine"]}',
-        "stop",
-        call,
-        {"d1": a, "d2": b},
-        max_tokens=512,
-    )
+    bad = check('{"excerpts": ["She has type 2 diabetes.", "asthma. Creatinine"]}')
     assert not bad.ok and len(bad.messages) == 2  # a paraphrase, and a span across two documents
     assert all("diabetes" not in m and "asthma" not in m for m in bad.messages)
 
