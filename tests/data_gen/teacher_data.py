@@ -28,6 +28,25 @@ def trial(i: int) -> TrialDoc:
     )
 
 
+def age_atom(definition: str = "Age in years.") -> dict:
+    """The age atom as a teacher declares it (demographic, in years)."""
+    return {
+        "name": "age_years",
+        "domain": "int",
+        "kind": "demographic",
+        "unit": "years",
+        "definition": definition,
+    }
+
+
+# The inclusion criterion "Adults": age_years >= 18.
+ADULTS = {
+    "id": "inc1",
+    "text": "Adults",
+    "formula": {"op": "cmp", "lhs": "age_years", "rel": "ge", "rhs": 18},
+}
+
+
 def program(i: int) -> dict:
     """A valid ParsedTrial answer for trial(i)."""
     return {

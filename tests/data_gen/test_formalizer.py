@@ -13,6 +13,7 @@ from verdict.data_gen.scripted_server import Match, Rule, Script
 from verdict.data_gen.scripted_server import ScriptedResponse as R
 
 from .teacher_data import (
+    age_atom,
     criterion_answers,
     criterion_prompt,
     parser_rules,
@@ -199,15 +200,7 @@ def test_unsatisfiable_assembly_names_the_criteria_in_conflict(scripted_server):
     )
     young = {
         "in_scope": True,
-        "atoms": [
-            {
-                "name": "age_years",
-                "domain": "int",
-                "kind": "demographic",
-                "unit": "years",
-                "definition": "Age.",
-            }
-        ],
+        "atoms": [age_atom("Age.")],
         "formula": {"op": "cmp", "lhs": "age_years", "rel": "lt", "rhs": 10},
     }
     set_parser(

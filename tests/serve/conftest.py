@@ -71,6 +71,13 @@ class RunningService:
         headers = {"Authorization": f"Bearer {self.keys[role]}"} if role else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=timeout, trust_env=False)
 
+    def upload(self, *programs: dict) -> None:
+        """Upload reviewed trial programs (admin role); each must be accepted."""
+        with self.client("admin") as c:
+            for program in programs:
+                r = c.post("/v1/trials", json={"program": program})
+                assert r.status_code == 200, r.text
+
     def stop(self) -> int | None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)

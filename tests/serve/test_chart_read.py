@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.data_gen.teacher_data import AGE, COND_1, PREG, READER_MARK, long_chart
+from tests.data_gen.teacher_data import ADULTS, AGE, COND_1, PREG, READER_MARK, age_atom, long_chart
 from tests.serve.conftest import start_service
 
 
@@ -15,13 +15,7 @@ def program(trial_id: str, condition: str) -> dict:
     return {
         "trial_id": trial_id,
         "atoms": [
-            {
-                "name": "age_years",
-                "domain": "int",
-                "kind": "demographic",
-                "unit": "years",
-                "definition": "Age.",
-            },
+            age_atom("Age."),
             {"name": condition, "domain": "bool", "kind": "diagnosis", "definition": "Has condition 1."},
             {"name": "is_pregnant", "domain": "bool", "kind": "diagnosis", "definition": "Is pregnant."},
         ],
@@ -29,11 +23,7 @@ def program(trial_id: str, condition: str) -> dict:
             {
                 "id": "main",
                 "inclusion": [
-                    {
-                        "id": "inc1",
-                        "text": "Adults",
-                        "formula": {"op": "cmp", "lhs": "age_years", "rel": "ge", "rhs": 18},
-                    },
+                    ADULTS,
                     {"id": "inc2", "text": "Condition 1", "formula": condition},
                 ],
                 "exclusion": [{"id": "exc1", "text": "Pregnancy", "formula": "is_pregnant"}],
@@ -69,10 +59,7 @@ def svc(tmp_path_factory, scripted):
         scripted.url,
         {"formalizer": {"parser_model": "scripted", "value_miner_model": "scripted", "context_tokens": 4096}},
     )
-    with s.client("admin") as c:
-        for trial_id, cond in (("T-READ-A", "has_condition_1"), ("T-READ-B", "condition_one")):
-            r = c.post("/v1/trials", json={"program": program(trial_id, cond)})
-            assert r.status_code == 200, r.text
+    s.upload(program("T-READ-A", "has_condition_1"), program("T-READ-B", "condition_one"))
     yield s
     s.stop()
 

@@ -9,6 +9,7 @@ import json
 import pytest
 from verdict.data_gen.client import quotes_any
 
+from tests.data_gen.teacher_data import ADULTS
 from tests.serve.conftest import start_service
 
 ARBITER = "values it reported contradict definitional"  # the arbiter prompt (arbiter.v1)
@@ -79,13 +80,7 @@ PROGRAM = {
     "cohorts": [
         {
             "id": "main",
-            "inclusion": [
-                {
-                    "id": "inc1",
-                    "text": "Adults",
-                    "formula": {"op": "cmp", "lhs": "age_years", "rel": "ge", "rhs": 18},
-                }
-            ],
+            "inclusion": [ADULTS],
             "exclusion": [{"id": "exc1", "text": "Severe asthma", "formula": "has_asthma@@severe"}],
         }
     ],
@@ -95,9 +90,7 @@ MODELS = {"parser_model": "scripted", "value_miner_model": "scripted"}
 
 def _service(tmp_path_factory, scripted, name: str, formalizer: dict):
     s = start_service(tmp_path_factory.mktemp(name), scripted.url, {"formalizer": {**MODELS, **formalizer}})
-    with s.client("admin") as admin:
-        r = admin.post("/v1/trials", json={"program": PROGRAM})
-        assert r.status_code == 200, r.text
+    s.upload(PROGRAM)
     return s
 
 

@@ -96,13 +96,13 @@ CONFIG = {
 }
 
 
+TRIALS = [program("T-BMI", "bmi"), program("T-AGE", "age_years")]
+
+
 @pytest.fixture(scope="module")
 def svc(tmp_path_factory, scripted):
     s = start_service(tmp_path_factory.mktemp("security"), scripted.url, CONFIG)
-    with s.client("admin") as admin:
-        for tid, inc in (("T-BMI", "bmi"), ("T-AGE", "age_years")):
-            r = admin.post("/v1/trials", json={"program": program(tid, inc)})
-            assert r.status_code == 200, r.text
+    s.upload(*TRIALS)
     yield s
     s.stop()
 
@@ -168,9 +168,7 @@ def test_a_batch_stream_ends_with_a_line_per_pair_when_the_formalizer_fails(tmp_
     srv = ScriptedServer(Script.model_validate(SCRIPT)).start()
     s = start_service(tmp_path / "batch", srv.url, CONFIG)
     try:
-        with s.client("admin") as admin:
-            for tid, inc in (("T-BMI", "bmi"), ("T-AGE", "age_years")):
-                assert admin.post("/v1/trials", json={"program": program(tid, inc)}).status_code == 200
+        s.upload(*TRIALS)
         patients = [{"patient_id": f"B{i}", "note": BATCH_NOTE.format(i=i)} for i in range(6)]
         lines = []
         with s.client() as c:

@@ -9,30 +9,19 @@ import pytest
 from verdict.serve.model_files import folder_digest
 from verdict.serve.protocol import MAX_NOTE_CHARS, MAX_NOTES
 
+from tests.data_gen.teacher_data import ADULTS, age_atom
 from tests.fixtures.vllm import STUDENT_MAX_TOKENS
 from tests.serve.conftest import start_service
 
 PROGRAM = {
     "atoms": [
-        {
-            "name": "age_years",
-            "domain": "int",
-            "kind": "demographic",
-            "unit": "years",
-            "definition": "Age in years.",
-        },
+        age_atom(),
         {"name": "has_chest_pain", "domain": "bool", "kind": "diagnosis", "definition": "Has chest pain."},
     ],
     "cohorts": [
         {
             "id": "main",
-            "inclusion": [
-                {
-                    "id": "inc1",
-                    "text": "Adults",
-                    "formula": {"op": "cmp", "lhs": "age_years", "rel": "ge", "rhs": 18},
-                }
-            ],
+            "inclusion": [ADULTS],
             "exclusion": [{"id": "exc1", "text": "Chest pain", "formula": "has_chest_pain"}],
         }
     ],
@@ -118,9 +107,8 @@ def svc(tmp_path_factory, scripted, miner_files):
             }
         },
     )
-    with s.client("admin") as c:  # a reviewed program: the test is about the value miner, not the parser
-        r = c.post("/v1/trials", json={"program": {"trial_id": "T-NOTES", **PROGRAM}})
-        assert r.status_code == 200, r.text
+    # a reviewed program: the test is about the value miner, not the parser
+    s.upload({"trial_id": "T-NOTES", **PROGRAM})
     yield s
     s.stop()
 
