@@ -12,7 +12,8 @@ from verdict.data_gen.formalizer.value_reuse import ValueReuse
 from verdict.data_gen.protocol import PatientDoc
 from verdict.data_gen.scripted_server import Match, Rule, Script, ScriptedServer
 from verdict.data_gen.scripted_server import ScriptedResponse as R
-from verdict.data_gen.teacher_config import TeacherConfig
+
+from .teacher_data import teacher_config
 
 NOTE = "A 58-year-old man with type 2 diabetes, HbA1c 8.1%, no chest pain."
 VALUES = {
@@ -98,14 +99,8 @@ def asked_atoms(srv) -> list[str]:
 def mine(
     srv, programs, reuse=True, concurrent=False, patient=NOTE, cancel=None, max_tokens=None, prompts=None
 ):
-    t = TeacherConfig(
-        name="t",
-        base_url=srv.url,
-        model="m",
-        timeout_s=10,
-        max_retries=0,
-        backoff_base_s=0.01,
-        **({"max_tokens": max_tokens} if max_tokens else {}),
+    t = teacher_config(
+        srv.url, timeout_s=10, max_retries=0, **({"max_tokens": max_tokens} if max_tokens else {})
     )
 
     async def go():
