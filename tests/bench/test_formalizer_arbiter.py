@@ -7,9 +7,10 @@ import asyncio
 import pytest
 from verdict.bench.backends import backend_config, make_backend
 from verdict.core.program import load_program
-from verdict.data_gen.protocol import PatientDoc, StageResult
+from verdict.data_gen.protocol import PatientDoc
 from verdict.data_gen.scripted_server import Script, ScriptedServer
 
+from tests.data_gen.teacher_data import accepted_result
 from tests.serve.test_optional_stages import ARBITER, FIX, PROGRAM, SCRIPT
 
 from . import scenario
@@ -31,15 +32,7 @@ def run_pair(tmp_path, url, **switches):
     b = make_backend(
         backend_config({"name": "v", "kind": "formalizer", "parser": ep, "miner": ep, **switches}), ctx
     )
-    parsed = StageResult(
-        stage="parser",
-        status="accepted",
-        teacher="t",
-        model="m",
-        prompt_version="v1",
-        messages=[],
-        output=load_program(PROGRAM),
-    )
+    parsed = accepted_result("parser", output=load_program(PROGRAM))
 
     async def go():
         async def _parsed(*_):  # the parse is not what this test is about

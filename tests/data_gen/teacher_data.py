@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import yaml
-from verdict.data_gen.protocol import NoteDocument, PatientDoc, TrialDoc
+from verdict.data_gen.protocol import NoteDocument, PatientDoc, StageResult, TrialDoc
 from verdict.data_gen.scripted_server import Match, Rule, Script, ScriptedResponse
 from verdict.data_gen.teacher_config import TeacherConfig
 
@@ -25,6 +25,13 @@ def trial(i: int) -> TrialDoc:
         title=f"Synthetic trial {i}",
         inclusion=f"Adults aged 18 or older\nDiagnosis of condition {i}",
         exclusion="Pregnancy",
+    )
+
+
+def accepted_result(stage: str, **more) -> StageResult:
+    """An accepted stage result with placeholder provenance (teacher t, model m, no prompt)."""
+    return StageResult(
+        stage=stage, status="accepted", teacher="t", model="m", prompt_version="v", messages=[], **more
     )
 
 

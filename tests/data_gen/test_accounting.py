@@ -3,15 +3,12 @@
 from verdict.data_gen.formalizer.accounting import PairCost, pair_cost, total
 from verdict.data_gen.protocol import ChartRead, StageResult, Usage
 
+from .teacher_data import accepted_result
+
 
 def side(calls: int, hits: int, prompt: int, completion: int, reused_atoms=0, chart_read=None) -> StageResult:
-    return StageResult(
-        stage="miner_inclusion",
-        status="accepted",
-        teacher="t",
-        model="m",
-        prompt_version="v",
-        messages=[],
+    return accepted_result(
+        "miner_inclusion",
         usage=Usage(
             calls_paid=calls,
             cache_hits=hits,
