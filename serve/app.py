@@ -29,7 +29,8 @@ from .health.router import router as health_router
 from .matching.router import router as matching_router
 from .metrics import ServiceMetrics
 from .middleware import AccessLog, BodyLimit, SecurityHeaders
-from .pages.router import page_routes
+from .pages.router import PageContext
+from .pages.router import router as pages_router
 from .pages.session import SessionStore
 from .reviews.router import router as reviews_router
 from .reviews.serving import ReviewService
@@ -78,6 +79,7 @@ def create_app(config: ApiConfig, base_url: str, *, service: MatchingService | N
     sessions = SessionStore(config.sessions)
     app.state.sessions = sessions
     login_attempts = FailedAttempts(config.auth)  # wrong keys pasted at /login, per client address
+    app.state.pages = PageContext(keys, sessions, login_attempts, secure_cookies=config.tls.enabled)
     routers = (
         health_router,  # /healthz, /readyz, /metrics (serve/health)
         trials_router,  # /v1/trials (serve/trials)
@@ -86,7 +88,7 @@ def create_app(config: ApiConfig, base_url: str, *, service: MatchingService | N
         screen_router,  # POST /v1/screen (serve/screen)
         reviews_router,  # reviews, history, revisions, flags (serve/reviews)
         # the HTML pages: login, the clinician page and its review forms (serve/pages)
-        page_routes(keys, sessions, login_attempts, secure_cookies=config.tls.enabled),
+        pages_router,
     )
     for router in routers:
         app.include_router(router)

@@ -125,6 +125,9 @@ def test_the_wheel_holds_only_the_namespace_and_its_package_data(installed):
     assert (site / "verdict" / "data_gen" / "prompts" / "criterion_parser.v1.yaml").is_file()
     assert (site / "verdict" / "examples" / "cases" / "01_t2d_eligible.json").is_file()
     assert list((site / "verdict" / "slurm" / "templates").glob("*.j2"))
+    assert {"base.html", "decision.html", "page.css"} <= {
+        p.name for p in (site / "verdict" / "serve" / "templates").iterdir()
+    }
 
 
 @pytest.mark.slow

@@ -11,7 +11,9 @@ A page is reached with an API key header (as before) or a login session (`sessio
 POST carries the session's CSRF token in a hidden field. A review goes to the review service
 (`app.state.reviews`, serve/reviews), which re-derives the decision; this module only turns a form
 into a `ReviewRequest` and the answer into a redirect to the new decision's page. Every error is an
-HTML page naming the field, never a traceback.
+HTML page naming the field, never a traceback. The routes are module-level; what they need (the key
+store, the sessions, the caller's key and session) comes through FastAPI dependencies, from
+`app.state.pages` (a `PageContext`) and the edge's `request.state`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from html import escape
+from dataclasses import dataclass
 from typing import Annotated
 from urllib.parse import quote
 
@@ -31,7 +33,7 @@ from verdict.core.errors import VerdictError, describe_validation_error
 
 from ..api_keys import KeyEntry, KeyStore
 from ..auth import FailedAttempts
-from ..clinician_page import PAGE_CSP, PageViewer, render_page, shell
+from ..clinician_page import PAGE_CSP, PageViewer, render_page, render_template
 from ..errors import ServiceError
 from ..reviews.protocol import ReviewRequest
 from ..roles import bearer
@@ -57,6 +59,49 @@ CHANGE_FIELDS = {
 PAGE_ROLES = ("audit", "review")
 
 
+@dataclass(frozen=True)
+class PageContext:
+    """What the page routes need besides the services: set once by the app as `app.state.pages`."""
+
+    keys: KeyStore
+    sessions: SessionStore
+    login_attempts: FailedAttempts  # wrong keys pasted at /login, per client address
+    secure_cookies: bool = False  # cookies marked Secure even behind a proxy speaking plain HTTP
+
+
+def page_context(request: Request) -> PageContext:
+    return request.app.state.pages
+
+
+def current_session(request: Request) -> Session | None:
+    """The login session the edge (`auth.Authenticate`) found for the cookie; None for a key header."""
+    return getattr(request.state, "session", None)
+
+
+def key_entry(request: Request) -> KeyEntry:
+    """The caller's key (header or session), as the edge authenticated it."""
+    return request.state.key_entry
+
+
+def page_viewer(
+    entry: Annotated[KeyEntry, Depends(key_entry)],
+    session: Annotated[Session | None, Depends(current_session)],
+) -> PageViewer:
+    return PageViewer(
+        csrf=session.csrf if session is not None else None,
+        can_review=entry.allows("review"),
+        who=entry.name,
+        logout=session is not None,
+    )
+
+
+Pages = Annotated[PageContext, Depends(page_context)]
+CurrentSession = Annotated[Session | None, Depends(current_session)]
+Entry = Annotated[KeyEntry, Depends(key_entry)]
+Viewer = Annotated[PageViewer, Depends(page_viewer)]
+router = APIRouter()
+
+
 def html(body: str, status: int = 200, headers: dict[str, str] | None = None) -> HTMLResponse:
     return HTMLResponse(body, status_code=status, headers={**PAGE_HEADERS, **(headers or {})})
 
@@ -69,15 +114,10 @@ def error_page(
     back: str | None = None,
     viewer: PageViewer | None = None,
 ) -> HTMLResponse:
-    items = "".join(f"<li>{escape(p)}</li>" for p in problems or [])
-    body = (
-        f'<h1>{escape(title)}</h1><div class="error" id="error" data-status="{status}">'
-        f"<p>{escape(message)}</p>"
-        + (f'<ul id="problems">{items}</ul>' if items else "")
-        + "</div>"
-        + (f'<p><a href="{escape(back)}" id="back">Back to the page</a></p>' if back else "")
+    page = render_template(
+        "error.html", title, viewer, status=status, message=message, problems=problems or [], back=back
     )
-    return html(shell(title, body, viewer), status)
+    return html(page, status)
 
 
 def safe_next(target: str | None) -> str:
@@ -87,192 +127,170 @@ def safe_next(target: str | None) -> str:
     return "/login"
 
 
-def page_routes(
-    keys: KeyStore, sessions: SessionStore, login_attempts: FailedAttempts, secure_cookies: bool = False
-) -> APIRouter:
-    router = APIRouter()
+def secure(request: Request, pages: PageContext) -> bool:
+    return pages.secure_cookies or request.url.scheme == "https"
 
-    def secure(request: Request) -> bool:
-        return secure_cookies or request.url.scheme == "https"
 
-    def viewer_of(request: Request, entry: KeyEntry) -> PageViewer:
-        session: Session | None = getattr(request.state, "session", None)
-        return PageViewer(
-            csrf=session.csrf if session is not None else None,
-            can_review=entry.allows("review"),
-            who=entry.name,
-            logout=session is not None,
-        )
-
-    def login_form(request: Request, message: str = "", status: int = 200, next_: str = "/login") -> Response:
-        token = secrets.token_urlsafe(24)
-        signed_in = sessions.from_scope(request.scope)
-        who = ""
-        if signed_in is not None:
-            entry = keys.entry(signed_in[1].key_id)
-            if entry is not None:
-                who = (
-                    f'<p class="banner" id="signed-in">Signed in as <strong>{escape(entry.name)}</strong>. '
-                    "Open a decision's page from its link, or sign in with another key below.</p>"
-                )
-        err = f'<p class="error" id="login-error">{escape(message)}</p>' if message else ""
-        body = f"""<h1>Sign in</h1>{who}{err}
-<form method="post" action="/login" id="login" class="review">
-<input type="hidden" name="login_token" value="{escape(token)}">
-<input type="hidden" name="next" value="{escape(safe_next(next_))}">
-<label>API key <input type="password" name="key" required autocomplete="off"></label>
-<button type="submit">Sign in</button></form>
-<p class="meta">Paste a key made with <code>verdict serve keys add --role audit</code> (to read pages) or
-<code>--role review</code> (to confirm, correct and flag). The key is not stored in the browser: the
-session cookie names a session on this server only.</p>"""
-        cookie = set_cookie_header(LOGIN_COOKIE, token, "/login", LOGIN_FORM_MAX_AGE, secure(request))
-        return html(shell("Sign in", body), status, {"Set-Cookie": cookie})
-
-    @router.get("/login", include_in_schema=False)
-    async def get_login(request: Request, next: str = "/login") -> Response:
-        return login_form(request, next_=next)
-
-    @router.post("/login", include_in_schema=False)
-    async def post_login(request: Request) -> Response:
-        form = await request.form()
-        next_ = safe_next(str(form.get("next") or ""))
-        sent, expected = str(form.get("login_token") or ""), cookie_value(request.scope, LOGIN_COOKIE)
-        if not expected or not secrets.compare_digest(sent, expected):  # login CSRF: not our form
-            return login_form(request, "The sign-in form expired: please try again.", 400, next_)
-        client = request.client.host if request.client else "-"
-        subject = f"login:{client}"
-        left = login_attempts.locked(subject)
-        if left > 0:
-            return login_form(request, f"Too many wrong keys: try again in {left:.0f} s.", 429, next_)
-        entry = keys.authenticate(str(form.get("key") or "").strip())
-        if entry is None:
-            locked = login_attempts.fail(subject)
-            log.warning("failed login client=%s%s", client, " -> locked out" if locked else "")
-            return login_form(request, "That key is not valid (wrong, revoked or expired).", 401, next_)
-        sessions.end(cookie_value(request.scope, SESSION_COOKIE))  # a new session on every login
-        token, _ = sessions.create(entry.id)
-        log.info("login key=%s", entry.id)
-        resp = RedirectResponse(next_, status_code=303, headers=PAGE_HEADERS)
-        https = secure(request)
-        resp.headers.append("Set-Cookie", set_cookie_header(SESSION_COOKIE, token, "/", None, https))
-        resp.headers.append("Set-Cookie", set_cookie_header(LOGIN_COOKIE, "", "/login", 0, https))
-        return resp
-
-    @router.post("/logout", include_in_schema=False)
-    async def post_logout(request: Request) -> Response:
-        form = await request.form()
-        session = getattr(request.state, "session", None)
-        if not csrf_ok(session, str(form.get("csrf") or "")):
-            return error_page(403, "Not signed out", "This form did not come from your session's page.")
-        sessions.end(cookie_value(request.scope, SESSION_COOKIE))
-        resp = RedirectResponse("/login", status_code=303, headers=PAGE_HEADERS)
-        resp.headers.append("Set-Cookie", set_cookie_header(SESSION_COOKIE, "", "/", 0, secure(request)))
-        return resp
-
-    @router.get(
-        "/v1/decisions/{decision_id}/page",
-        response_class=HTMLResponse,
-        tags=["audit"],
-        responses={
-            401: {"description": "missing or invalid API key (JSON error body)"},
-            403: {"description": "the key lacks the audit or review role (HTML page)"},
-            404: {"description": "unknown decision (HTML page)"},
-        },
+def login_form(
+    request: Request, pages: PageContext, message: str = "", status: int = 200, next_: str = "/login"
+) -> Response:
+    token = secrets.token_urlsafe(24)
+    signed_in = pages.sessions.from_scope(request.scope)
+    entry = pages.keys.entry(signed_in[1].key_id) if signed_in is not None else None
+    body = render_template(
+        "login.html",
+        "Sign in",
+        signed_in=entry.name if entry is not None else None,
+        message=message,
+        token=token,
+        next=safe_next(next_),
     )
-    async def decision_page(
-        decision_id: str,
-        request: Request,
-        _creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],  # documents the key
-        reviewed: bool = False,
-    ) -> Response:
-        """The clinician's page of a decision: the deciding criteria first, evidence highlighted in the
-        note, what to confirm at the visit, what would change the decision, the history, and review
-        forms for a signed-in reviewer (audit or review role; an API key header or a `/login` session)."""
-        entry: KeyEntry = request.state.key_entry
-        if not any(entry.allows(r) for r in PAGE_ROLES):
-            return error_page(403, "Not allowed", "Reading a decision's page needs the audit or review role.")
-        viewer = viewer_of(request, entry)
-        service = request.app.state.service
-        notice = "Your review is recorded: this is the re-derived decision." if reviewed else ""
+    cookie = set_cookie_header(LOGIN_COOKIE, token, "/login", LOGIN_FORM_MAX_AGE, secure(request, pages))
+    return html(body, status, {"Set-Cookie": cookie})
 
-        def page() -> str:  # store reads and rendering: in a worker thread, never on the event loop
-            row = service.decision_row(decision_id)
-            program = service.program_version(row.trial_id, row.program_hash)
-            history = _history(request, decision_id)
-            return render_page(row, program, viewer, history=history, notice=notice)
 
-        try:
-            return html(await asyncio.to_thread(page))
-        except ServiceError as e:
-            service.metrics.errors.labels(e.code).inc()
-            return error_page(e.status, "Decision not shown", e.summary, e.problems, viewer=viewer)
+@router.get("/login", include_in_schema=False)
+async def get_login(request: Request, pages: Pages, next: str = "/login") -> Response:
+    return login_form(request, pages, next_=next)
 
-    @router.post("/v1/decisions/{decision_id}/page/review", include_in_schema=False)
-    async def review_form(decision_id: str, request: Request) -> Response:
-        entry: KeyEntry = request.state.key_entry
-        page = f"/v1/decisions/{quote(decision_id, safe='')}/page"
-        viewer = viewer_of(request, entry)
-        form = await request.form()
-        session = getattr(request.state, "session", None)
-        if not csrf_ok(session, str(form.get("csrf") or "")):
-            # an API key header has no CSRF token: the forms are for signed-in browsers only
-            return error_page(
-                403,
-                "Review not recorded",
-                "This form did not come from your session's "
-                "page (sign in at /login and use the page's forms).",
-                back=page,
-                viewer=viewer,
-            )
-        if not entry.allows("review"):
-            return error_page(
-                403, "Review not recorded", "Reviewing needs the review role.", back=page, viewer=viewer
-            )
-        reviews = getattr(request.app.state, "reviews", None)
-        if reviews is None:
-            return error_page(
-                503, "Review not recorded", "The review service is not available.", back=page, viewer=viewer
-            )
-        kind = str(form.get("type") or "")
-        if kind not in CHANGE_FIELDS:
-            return error_page(
-                422,
-                "Review not recorded",
-                "invalid review form",
-                [f"type: one of {', '.join(CHANGE_FIELDS)}"],
-                back=page,
-                viewer=viewer,
-            )
-        change: dict = {"type": kind}
-        for name in CHANGE_FIELDS[kind]:
-            v = form.get(name)
-            if isinstance(v, str) and (v.strip() or name not in ("evidence",)):
-                change[name] = v.strip()
-        if kind == "correct" and change.get("value", "").lower() == "unknown":
-            change["value"] = None  # unknown: left to the policy
-        try:
-            req = ReviewRequest.model_validate({"changes": [change]})
-        except ValidationError as e:
-            problems = [
-                p.removeprefix("changes.0.").removeprefix(f"{kind}.")
-                for p in describe_validation_error(e, "form")
-            ]
-            return error_page(
-                422, "Review not recorded", "invalid review form", problems, back=page, viewer=viewer
-            )
-        try:
-            answer = await reviews.review(decision_id, req, entry)
-        except ServiceError as e:
-            request.app.state.service.metrics.errors.labels(e.code).inc()
-            return error_page(
-                e.status, "Review not recorded", e.summary, e.problems, back=page, viewer=viewer
-            )
-        except VerdictError as e:  # a change the core refuses (a value outside the atom's domain)
-            return error_page(422, "Review not recorded", e.summary, e.problems, back=page, viewer=viewer)
-        target = f"/v1/decisions/{quote(answer.decision_id, safe='')}/page?reviewed=1"
-        return RedirectResponse(target, status_code=303, headers=PAGE_HEADERS)
 
-    return router
+@router.post("/login", include_in_schema=False)
+async def post_login(request: Request, pages: Pages) -> Response:
+    form = await request.form()
+    next_ = safe_next(str(form.get("next") or ""))
+    sent, expected = str(form.get("login_token") or ""), cookie_value(request.scope, LOGIN_COOKIE)
+    if not expected or not secrets.compare_digest(sent, expected):  # login CSRF: not our form
+        return login_form(request, pages, "The sign-in form expired: please try again.", 400, next_)
+    client = request.client.host if request.client else "-"
+    subject = f"login:{client}"
+    left = pages.login_attempts.locked(subject)
+    if left > 0:
+        return login_form(request, pages, f"Too many wrong keys: try again in {left:.0f} s.", 429, next_)
+    entry = pages.keys.authenticate(str(form.get("key") or "").strip())
+    if entry is None:
+        locked = pages.login_attempts.fail(subject)
+        log.warning("failed login client=%s%s", client, " -> locked out" if locked else "")
+        return login_form(request, pages, "That key is not valid (wrong, revoked or expired).", 401, next_)
+    pages.sessions.end(cookie_value(request.scope, SESSION_COOKIE))  # a new session on every login
+    token, _ = pages.sessions.create(entry.id)
+    log.info("login key=%s", entry.id)
+    resp = RedirectResponse(next_, status_code=303, headers=PAGE_HEADERS)
+    https = secure(request, pages)
+    resp.headers.append("Set-Cookie", set_cookie_header(SESSION_COOKIE, token, "/", None, https))
+    resp.headers.append("Set-Cookie", set_cookie_header(LOGIN_COOKIE, "", "/login", 0, https))
+    return resp
+
+
+@router.post("/logout", include_in_schema=False)
+async def post_logout(request: Request, pages: Pages, session: CurrentSession) -> Response:
+    form = await request.form()
+    if not csrf_ok(session, str(form.get("csrf") or "")):
+        return error_page(403, "Not signed out", "This form did not come from your session's page.")
+    pages.sessions.end(cookie_value(request.scope, SESSION_COOKIE))
+    resp = RedirectResponse("/login", status_code=303, headers=PAGE_HEADERS)
+    resp.headers.append("Set-Cookie", set_cookie_header(SESSION_COOKIE, "", "/", 0, secure(request, pages)))
+    return resp
+
+
+@router.get(
+    "/v1/decisions/{decision_id}/page",
+    response_class=HTMLResponse,
+    tags=["audit"],
+    responses={
+        401: {"description": "missing or invalid API key (JSON error body)"},
+        403: {"description": "the key lacks the audit or review role (HTML page)"},
+        404: {"description": "unknown decision (HTML page)"},
+    },
+)
+async def decision_page(
+    decision_id: str,
+    request: Request,
+    _creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],  # documents the key
+    entry: Entry,
+    viewer: Viewer,
+    reviewed: bool = False,
+) -> Response:
+    """The clinician's page of a decision: the deciding criteria first, evidence highlighted in the
+    note, what to confirm at the visit, what would change the decision, the history, and review
+    forms for a signed-in reviewer (audit or review role; an API key header or a `/login` session)."""
+    if not any(entry.allows(r) for r in PAGE_ROLES):
+        return error_page(403, "Not allowed", "Reading a decision's page needs the audit or review role.")
+    service = request.app.state.service
+    notice = "Your review is recorded: this is the re-derived decision." if reviewed else ""
+
+    def page() -> str:  # store reads and rendering: in a worker thread, never on the event loop
+        row = service.decision_row(decision_id)
+        program = service.program_version(row.trial_id, row.program_hash)
+        history = _history(request, decision_id)
+        return render_page(row, program, viewer, history=history, notice=notice)
+
+    try:
+        return html(await asyncio.to_thread(page))
+    except ServiceError as e:
+        service.metrics.errors.labels(e.code).inc()
+        return error_page(e.status, "Decision not shown", e.summary, e.problems, viewer=viewer)
+
+
+@router.post("/v1/decisions/{decision_id}/page/review", include_in_schema=False)
+async def review_form(
+    decision_id: str, request: Request, entry: Entry, viewer: Viewer, session: CurrentSession
+) -> Response:
+    page = f"/v1/decisions/{quote(decision_id, safe='')}/page"
+    form = await request.form()
+    if not csrf_ok(session, str(form.get("csrf") or "")):
+        # an API key header has no CSRF token: the forms are for signed-in browsers only
+        return error_page(
+            403,
+            "Review not recorded",
+            "This form did not come from your session's page (sign in at /login and use the page's forms).",
+            back=page,
+            viewer=viewer,
+        )
+    if not entry.allows("review"):
+        return error_page(
+            403, "Review not recorded", "Reviewing needs the review role.", back=page, viewer=viewer
+        )
+    reviews = getattr(request.app.state, "reviews", None)
+    if reviews is None:
+        return error_page(
+            503, "Review not recorded", "The review service is not available.", back=page, viewer=viewer
+        )
+    kind = str(form.get("type") or "")
+    if kind not in CHANGE_FIELDS:
+        return error_page(
+            422,
+            "Review not recorded",
+            "invalid review form",
+            [f"type: one of {', '.join(CHANGE_FIELDS)}"],
+            back=page,
+            viewer=viewer,
+        )
+    change: dict = {"type": kind}
+    for name in CHANGE_FIELDS[kind]:
+        v = form.get(name)
+        if isinstance(v, str) and (v.strip() or name not in ("evidence",)):
+            change[name] = v.strip()
+    if kind == "correct" and change.get("value", "").lower() == "unknown":
+        change["value"] = None  # unknown: left to the policy
+    try:
+        req = ReviewRequest.model_validate({"changes": [change]})
+    except ValidationError as e:
+        problems = [
+            p.removeprefix("changes.0.").removeprefix(f"{kind}.")
+            for p in describe_validation_error(e, "form")
+        ]
+        return error_page(
+            422, "Review not recorded", "invalid review form", problems, back=page, viewer=viewer
+        )
+    try:
+        answer = await reviews.review(decision_id, req, entry)
+    except ServiceError as e:
+        request.app.state.service.metrics.errors.labels(e.code).inc()
+        return error_page(e.status, "Review not recorded", e.summary, e.problems, back=page, viewer=viewer)
+    except VerdictError as e:  # a change the core refuses (a value outside the atom's domain)
+        return error_page(422, "Review not recorded", e.summary, e.problems, back=page, viewer=viewer)
+    target = f"/v1/decisions/{quote(answer.decision_id, safe='')}/page?reviewed=1"
+    return RedirectResponse(target, status_code=303, headers=PAGE_HEADERS)
 
 
 def _history(request: Request, decision_id: str):

@@ -8,6 +8,7 @@ import base64
 import hashlib
 import json
 import re
+from html import escape
 from html.parser import HTMLParser
 
 import pytest
@@ -202,3 +203,67 @@ def test_the_page_has_no_script_and_its_one_style_matches_the_csp_hash(stem):
     assert f"style-src 'sha256-{digest}'" in PAGE_CSP and "script-src" not in PAGE_CSP
     assert "form-action 'self'" in PAGE_CSP and "default-src 'none'" in PAGE_CSP
     assert parse(html).scripts == 0 and " style=" not in html and "javascript:" not in html
+
+
+class Attrs(HTMLParser):
+    """Every attribute of every tag, as a browser's parser reads it back."""
+
+    def __init__(self):
+        super().__init__()
+        self.attrs: list[tuple[str, str, str | None]] = []  # (tag, name, value)
+        self.quotes: list[str] = []
+        self._in_q = False
+
+    def handle_starttag(self, tag, attrs):
+        self.attrs += [(tag, k, v) for k, v in attrs]
+        self._in_q = self._in_q or tag == "q"
+
+    def handle_endtag(self, tag):
+        self._in_q = self._in_q and tag != "q"
+
+    def handle_data(self, data):
+        if self._in_q:
+            self.quotes.append(data)
+
+
+def attrs_of(html: str) -> Attrs:
+    p = Attrs()
+    p.feed(html)
+    return p
+
+
+def test_an_evidence_quote_with_a_script_tag_renders_as_text():
+    program, patient, decision, note = demo_case()
+    quote = "<script>alert(1)</script> HbA1c 7.9%"
+    atom = next(r.atom for r in patient.resolutions if r.status == "observed" and r.evidence)
+    resolutions = [
+        r.model_copy(update={"evidence": quote}) if r.atom == atom else r for r in patient.resolutions
+    ]
+    patient = patient.model_copy(update={"resolutions": resolutions})
+    html = render_page(decision_row(program, patient, decision, note + " " + quote), program)
+    assert "<script" not in html and parse(html).scripts == 0
+    assert f'<q class="evidence">{escape(quote)}</q>' in html  # the quote, as text
+    assert f'data-atoms="{atom}">{escape(quote)}</mark>' in html  # and highlighted in the note
+    assert quote in attrs_of(html).quotes
+
+
+def test_names_with_quotes_and_angle_brackets_stay_inside_their_attributes():
+    program, patient, decision, note = demo_case()
+    evil = 'x" onmouseover="alert(1)" data-x=\'<b>'
+    docs = [{"id": evil, "text": note}, {"id": "second", "text": "nothing here"}]
+    row = decision_row(program, patient, decision, json.dumps(docs))
+    row.artifacts["documents"] = [{"id": evil, "kind": evil}, {"id": "second"}]
+    finding = {"evidence": "q", "document": evil, "passage": "p"}
+    row.artifacts["extraction_conflicts"] = [
+        {
+            "atom": evil,
+            "side": "inclusion",
+            "findings": [{**finding, "value": True}, {**finding, "value": False}],
+        }
+    ]
+    viewer = PageViewer(csrf=evil, can_review=True, who=evil, logout=True)
+    got = attrs_of(render_page(row, program, viewer))
+    assert not [a for a in got.attrs if a[1].startswith("on") or a[1] == "data-x"]
+    assert ("div", "data-document", evil) in got.attrs  # the document's id (a note's name), whole
+    assert ("li", "data-atom", evil) in got.attrs  # the disagreeing atom's name, whole
+    assert ("input", "value", evil) in got.attrs  # the session's CSRF token, whole
