@@ -9,6 +9,7 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import cached_property
 
 from verdict.core.decision import Decision
 from verdict.core.formula import render
@@ -333,6 +334,146 @@ def history_view(decision_id: str, history, name) -> HistoryView | None:
     )
 
 
+@dataclass(frozen=True)
+class _Record:
+    """One decision's record, read once, with the lookups every part of the page shares."""
+
+    program: TrialProgram
+    decision: Decision
+    patient: ResolvedPatient
+    viewer: PageViewer
+    several: bool  # the patient text is several documents (each shown under its own heading)
+    span_of: dict[str, str]  # atom -> the anchor of its highlighted quote
+
+    @cached_property
+    def atoms(self):
+        return self.program.atom_table()
+
+    @cached_property
+    def resolved(self):
+        return self.patient.by_atom()
+
+    def name(self, a: str) -> str:
+        atoms = self.atoms
+        return atoms[a].definition.rstrip(". ") if a in atoms else a
+
+    def bracketed(self, a: str) -> str:  # an atom inside a rendered formula
+        return f"[{self.name(a)}]" if a in self.atoms else a
+
+    def form(self, kind: str, a: str) -> ReviewForm | None:
+        """A confirm or correct form for atom `a`, for a viewer who may review."""
+        if not self.viewer.forms:
+            return None
+        atom, unknown = self.atoms.get(a), kind == "correct"
+        if atom is not None and atom.domain == "bool":
+            r = self.resolved.get(a)  # a correction starts from the other value
+            value = ValueInput(boolean=True, unknown=unknown, no_selected=r is not None and r.value is True)
+        else:
+            unit = atom.unit if atom is not None and atom.unit else ""
+            value = ValueInput(boolean=False, unknown=unknown, unit=unit)
+        return ReviewForm(kind, {"atom": a}, value)
+
+    def fact(self, a: str) -> Fact:
+        r = self.resolved.get(a)
+        if r is None:
+            return Fact(atom=a, name=self.name(a), known=False)
+        observed = r.status == "observed" and bool(r.evidence)
+        source = r.evidence_source
+        return Fact(
+            atom=a,
+            name=self.name(a),
+            shown=r.bounds.text("value") if r.bounds else _val(r.value),
+            evidence=r.evidence if observed else None,
+            ref=self.span_of.get(a) if observed else None,
+            where=f"in {source}" if self.several and source else "in the note",
+            reviewed=REVIEWED_TEXT.get(source or ""),
+            imputed=(r.imputation.rule, r.imputation.reason)
+            if r.status == "imputed" and r.imputation
+            else None,
+            correct=self.form("correct", a) if r.status == "observed" else None,
+        )
+
+
+def _documents(
+    row: DecisionRow, art: DecisionArtifacts, patient: ResolvedPatient
+) -> tuple[list[Document], bool]:
+    """The patient text as documents with each quote highlighted in the document it came from (a
+    record without sources: the one note); and whether it is several documents."""
+    docs = stored_documents(row)
+    first = docs[0]["id"] if docs else None
+    quotes: dict[str, dict[str, str]] = {doc["id"]: {} for doc in docs}
+    for r in patient.resolutions:
+        if r.status == "observed" and r.evidence and (r.evidence_source or first) in quotes:
+            quotes[r.evidence_source or first][r.atom] = r.evidence
+    several = len(docs) > 1 or art.documents is not None
+    meta = {m["id"]: m for m in art.documents or []}
+    out = []
+    for k, doc in enumerate(docs):
+        m = meta.get(doc["id"], {})
+        spans = evidence_spans(doc["text"], quotes[doc["id"]])
+        segments = note_segments(doc["text"], spans, f"ev-{k}-" if several else "ev-")
+        info = ", ".join(str(m[x]) for x in ("kind", "date") if m.get(x))
+        out.append(Document(id=doc["id"], index=k, info=info, segments=segments))
+    return out, several
+
+
+def _criteria(rec: _Record, rj: dict) -> dict[bool, list[CriterionRow]]:
+    """The criteria rows: those that decide the pair (True) and the rest (False), each in order."""
+    formulas = {(co.id, c.id): c.formula for co, _, c in rec.program.criteria()}
+    decisive = decisive_criteria(rec.decision, rec.patient)
+    rows: dict[bool, list[CriterionRow]] = {True: [], False: []}
+    for c in rj["criteria"]:
+        key = (c["cohort"], c["criterion"])
+        formula = formulas.get(key)
+        formal = Formal(render(formula, rec.bracketed), c["criterion"], render(formula)) if formula else None
+        rows[key in decisive].append(
+            CriterionRow(
+                criterion=c["criterion"],
+                side=c["side"],
+                text=c["text"],
+                label=c["label"],
+                label_text=LABEL_TEXT[c["side"]].get(c["label"], c["label"]),
+                decisive=key in decisive,
+                facts=[rec.fact(e["atom"]) for e in c["evidence"]],
+                open=[(rec.name(a), a) for a in c["open"]],
+                formal=formal,
+                flag=ReviewForm("flag", {"criterion": c["criterion"]}) if rec.viewer.forms else None,
+            )
+        )
+    return rows
+
+
+def _to_confirm(rec: _Record, rj: dict) -> tuple[list[ToConfirm], list[ToConfirm]]:
+    """What to confirm at the visit, and the atoms the chart leaves open that a criterion waits on."""
+    items = [
+        ToConfirm(
+            x["atom"], rec.name(x["atom"]), x["requirement"] or "", x["class"], rec.form("confirm", x["atom"])
+        )
+        for x in rj["to_confirm"]
+    ]
+    seen = {x["atom"] for x in rj["to_confirm"]}
+    waiting: list[ToConfirm] = []
+    for lb in rec.decision.labels:
+        for a in lb.open_atoms:
+            if a not in seen and a in rec.atoms:
+                seen.add(a)
+                meta = f"not in the chart; criterion {lb.criterion} waits on it"
+                waiting.append(ToConfirm(a, rec.name(a), "", meta, rec.form("confirm", a)))
+    return items, waiting
+
+
+def _what_would_change(decision: Decision, rj: dict) -> tuple[str, list[tuple[str, str]]]:
+    change = [("", x["text"]) for x in rj["would_change"]]
+    if decision.pivotal is None:
+        return "What would change the decision", [("", "Not computed for this decision.")]
+    target = "eligible" if decision.pivotal.direction == "to_eligible" else "ineligible"
+    if not change:
+        change = [("", decision.pivotal.note or "No change of the modelled conditions.")]
+    if decision.pivotal.alternatives:
+        change.append(("meta", f"{len(decision.pivotal.alternatives)} other minimal way(s) exist."))
+    return f"What would make the patient {target}", change
+
+
 def decision_page(
     row: DecisionRow, program: TrialProgram, viewer: PageViewer | None = None, history=None, notice: str = ""
 ) -> DecisionPage:
@@ -346,135 +487,21 @@ def decision_page(
     art = DecisionArtifacts.model_construct(**row.artifacts)
     decision = Decision.model_validate(art.decision)
     patient = ResolvedPatient.model_validate(art.patient)
+    documents, several = _documents(row, art, patient)
+    span_of = {a: s.mark for doc in documents for s in doc.segments if s.mark for a in s.atoms.split()}
+    rec = _Record(program, decision, patient, viewer, several, span_of)
     rj = rationale_json(program, patient, decision)
-    res = patient.by_atom()
-    docs = stored_documents(row)
-    first = docs[0]["id"] if docs else None
-    # each quote is highlighted in the document it came from (a record without sources: the one note)
-    quotes: dict[str, dict[str, str]] = {doc["id"]: {} for doc in docs}
-    for r in patient.resolutions:
-        if r.status == "observed" and r.evidence and (r.evidence_source or first) in quotes:
-            quotes[r.evidence_source or first][r.atom] = r.evidence
-    several = len(docs) > 1 or art.documents is not None
-    anchors = {doc["id"]: f"ev-{k}-" if several else "ev-" for k, doc in enumerate(docs)}
-    spans = {doc["id"]: evidence_spans(doc["text"], quotes[doc["id"]]) for doc in docs}
-    span_of = {
-        a: f"{anchors[doc]}{i}"
-        for doc, sp in spans.items()
-        for i, (_, _, atoms) in enumerate(sp)
-        for a in atoms
-    }
-    source_of = {r.atom: r.evidence_source for r in patient.resolutions if r.evidence_source}
-    atoms = program.atom_table()
-    formulas = {(co.id, c.id): c.formula for co, _, c in program.criteria()}
-    d = decision.decision
-
-    def name(a: str) -> str:
-        return atoms[a].definition.rstrip(". ") if a in atoms else a
-
-    def bracketed(a: str) -> str:  # an atom inside a rendered formula
-        return f"[{atoms[a].definition.rstrip('. ')}]" if a in atoms else a
-
-    def value_input(a: str, unknown: bool) -> ValueInput:
-        atom = atoms.get(a)
-        if atom is not None and atom.domain == "bool":
-            now = res[a].value if a in res else None  # a correction starts from the other value
-            return ValueInput(boolean=True, unknown=unknown, no_selected=now is True)
-        return ValueInput(
-            boolean=False, unknown=unknown, unit=atom.unit if atom is not None and atom.unit else ""
-        )
-
-    def confirm_form(a: str) -> ReviewForm | None:
-        return ReviewForm("confirm", {"atom": a}, value_input(a, unknown=False)) if viewer.forms else None
-
-    def fact(a: str) -> Fact:
-        r = res.get(a)
-        if r is None:
-            return Fact(atom=a, name=name(a), known=False)
-        observed = r.status == "observed" and bool(r.evidence)
-        return Fact(
-            atom=a,
-            name=name(a),
-            shown=r.bounds.text("value") if r.bounds else _val(r.value),
-            evidence=r.evidence if observed else None,
-            ref=span_of.get(a) if observed else None,
-            where=f"in {source_of[a]}" if several and a in source_of else "in the note",
-            reviewed=REVIEWED_TEXT.get(r.evidence_source or ""),
-            imputed=(r.imputation.rule, r.imputation.reason)
-            if r.status == "imputed" and r.imputation
-            else None,
-            correct=ReviewForm("correct", {"atom": a}, value_input(a, unknown=True))
-            if r.status == "observed" and viewer.forms
-            else None,
-        )
-
-    decisive = decisive_criteria(decision, patient)
-    rows: dict[bool, list[CriterionRow]] = {True: [], False: []}
-    for c in rj["criteria"]:
-        key = (c["cohort"], c["criterion"])
-        formula = formulas.get(key)
-        rows[key in decisive].append(
-            CriterionRow(
-                criterion=c["criterion"],
-                side=c["side"],
-                text=c["text"],
-                label=c["label"],
-                label_text=LABEL_TEXT[c["side"]].get(c["label"], c["label"]),
-                decisive=key in decisive,
-                facts=[fact(e["atom"]) for e in c["evidence"]],
-                open=[(name(a), a) for a in c["open"]],
-                formal=Formal(render(formula, bracketed), c["criterion"], render(formula))
-                if formula is not None
-                else None,
-                flag=ReviewForm("flag", {"criterion": c["criterion"]}) if viewer.forms else None,
-            )
-        )
+    rows = _criteria(rec, rj)
     lead = (
         {
             "ineligible": "The criteria the patient fails:",
             "eligible": "The criteria that rest on assumptions (to confirm at the visit):",
-        }.get(d, "The criteria still open:")
+        }.get(decision.decision, "The criteria still open:")
         if rows[True]
         else "Every criterion is settled by the chart:"
     )
-
-    to_confirm = [
-        ToConfirm(x["atom"], name(x["atom"]), x["requirement"] or "", x["class"], confirm_form(x["atom"]))
-        for x in rj["to_confirm"]
-    ]
-    seen = {x["atom"] for x in rj["to_confirm"]}
-    waiting: list[ToConfirm] = []  # atoms the chart leaves open that a criterion waits on
-    for lb in decision.labels:
-        for a in lb.open_atoms:
-            if a not in seen and a in atoms:
-                seen.add(a)
-                meta = f"not in the chart; criterion {lb.criterion} waits on it"
-                waiting.append(ToConfirm(a, name(a), "", meta, confirm_form(a)))
-
-    change = [("", x["text"]) for x in rj["would_change"]]
-    if decision.pivotal is not None:
-        target = "eligible" if decision.pivotal.direction == "to_eligible" else "ineligible"
-        change_title = f"What would make the patient {target}"
-        if not change:
-            change = [("", decision.pivotal.note or "No change of the modelled conditions.")]
-        if decision.pivotal.alternatives:
-            change.append(("meta", f"{len(decision.pivotal.alternatives)} other minimal way(s) exist."))
-    else:
-        change_title = "What would change the decision"
-        change = [("", "Not computed for this decision.")]
-
-    meta = {m["id"]: m for m in art.documents or []}
-    documents = [
-        Document(
-            id=doc["id"],
-            index=k,
-            info=", ".join(
-                str(meta.get(doc["id"], {})[x]) for x in ("kind", "date") if meta.get(doc["id"], {}).get(x)
-            ),
-            segments=note_segments(doc["text"], spans[doc["id"]], anchors[doc["id"]]),
-        )
-        for k, doc in enumerate(docs)
-    ]
+    to_confirm, waiting = _to_confirm(rec, rj)
+    change_title, change = _what_would_change(decision, rj)
     conflicts = [
         ConflictView(c.atom, [(f.document, f.shown(c.atom), f.evidence) for f in c.findings])
         for c in (PassageConflict.model_validate(x) for x in art.extraction_conflicts or [])
@@ -487,17 +514,17 @@ def decision_page(
     read = getattr(art, "chart_read", None)  # an extra key of the record (issue 23)
     models = row.models
     return DecisionPage(
-        title=f"{row.trial_id} / {row.patient_id}: {d}",
+        title=f"{row.trial_id} / {row.patient_id}: {decision.decision}",
         heading=program.title or row.trial_id,
         viewer=viewer,
         decision_id=row.decision_id,
         patient_id=row.patient_id,
         trial_id=row.trial_id,
-        decision=d,
+        decision=decision.decision,
         summary=decision.trace.summary,
         reason=decision.reason or "",
         notices=notices,
-        history=history_view(row.decision_id, history, name),
+        history=history_view(row.decision_id, history, rec.name),
         forms_note=None if viewer.forms else viewer.why_no_forms(),
         decisive=rows[True],
         other=rows[False],
