@@ -15,12 +15,14 @@ from verdict.core.decision import Decision
 from verdict.core.formula import render
 from verdict.core.patient import ResolvedPatient
 from verdict.core.program import TrialProgram
+from verdict.core.ranking import rests_on_unasked
 from verdict.core.rationale import rationale_json
 from verdict.data_gen.formalizer.miner import PassageConflict
 from verdict.data_gen.protocol import ChartRead
 
 from .audit import DecisionRow
 from .audit.artifacts import DecisionArtifacts
+from .quote_hash import quote_hashing
 from .trial_versions import TrialVersion
 
 # Worded per side: an exclusion criterion "met" would read as "the patient has the excluding condition".
@@ -233,6 +235,15 @@ class HistoryView:
     superseded_by: str | None
 
 
+@dataclass(frozen=True)
+class ChangeLine:
+    """A line of "What would change the decision"; `meta`: a remark, not a change."""
+
+    text: str
+    meta: bool = False
+    id: str = ""
+
+
 @dataclass
 class DecisionPage:
     """Everything the decision page shows, in plain data."""
@@ -261,7 +272,8 @@ class DecisionPage:
     waiting: list[ToConfirm]
     waiting_folded: bool
     change_title: str
-    change: list[tuple[str, str]]  # (css class, text)
+    change: list[ChangeLine]
+    unkeyed: bool  # the quote hashes were recorded before keyed hashing
     record: dict[str, str] = field(default_factory=dict)
     action: str = ""
 
@@ -462,15 +474,18 @@ def _to_confirm(rec: _Record, rj: dict) -> tuple[list[ToConfirm], list[ToConfirm
     return items, waiting
 
 
-def _what_would_change(decision: Decision, rj: dict) -> tuple[str, list[tuple[str, str]]]:
-    change = [("", x["text"]) for x in rj["would_change"]]
+def _what_would_change(decision: Decision, rj: dict) -> tuple[str, list[ChangeLine]]:
+    change = [ChangeLine(x["text"]) for x in rj["would_change"]]
     if decision.pivotal is None:
-        return "What would change the decision", [("", "Not computed for this decision.")]
+        return "What would change the decision", [ChangeLine("Not computed for this decision.")]
     target = "eligible" if decision.pivotal.direction == "to_eligible" else "ineligible"
-    if not change:
-        change = [("", decision.pivotal.note or "No change of the modelled conditions.")]
+    noted = not change  # the note stands in for an empty δ
+    if noted:
+        change = [ChangeLine(decision.pivotal.note or "No change of the modelled conditions.")]
     if decision.pivotal.alternatives:
-        change.append(("meta", f"{len(decision.pivotal.alternatives)} other minimal way(s) exist."))
+        change.append(ChangeLine(f"{len(decision.pivotal.alternatives)} other minimal way(s) exist.", True))
+    if not noted and rests_on_unasked(decision):  # staged mining: some atoms were never asked
+        change.append(ChangeLine(decision.pivotal.note or "", True, "not-asked"))
     return f"What would make the patient {target}", change
 
 
@@ -539,6 +554,7 @@ def decision_page(
         waiting_folded=len(waiting) > COLLAPSE_OVER,  # a long tail of open conditions: folded
         change_title=change_title,
         change=change,
+        unkeyed=quote_hashing(row.artifacts) == "unkeyed",
         record={
             "when": _when(row.created_at),
             "policy": f"{row.policy_name} v{row.policy_version}",
