@@ -28,7 +28,6 @@ from .page_view import (
     decisive_criteria,
     evidence_spans,
     note_segments,
-    stored_documents,
 )
 
 __all__ = [
@@ -39,7 +38,6 @@ __all__ = [
     "highlighted_note",
     "render_page",
     "render_template",
-    "stored_documents",
 ]
 
 TEMPLATES = Path(__file__).parent / "templates"
