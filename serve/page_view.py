@@ -526,7 +526,7 @@ def decision_page(
     inactive = version.banner(row.trial_id) if version is not None else None
     if inactive:
         notices.append(("inactive-version", inactive))
-    read = getattr(art, "chart_read", None)  # an extra key of the record (issue 23)
+    read = art.chart_read  # raw (the record is read with model_construct: old rows are never refused)
     models = row.models
     return DecisionPage(
         title=f"{row.trial_id} / {row.patient_id}: {decision.decision}",

@@ -3,8 +3,7 @@
 Two writers build it: `MatchingService._record` (a match) and `reviews.serving.superseding_decision`
 (a review or a re-screening). `schema_version` says which shape a row has: rows written before the
 type existed have none and load as version 0. Unknown keys are kept as they are (`extra="allow"`):
-a newer writer may add a field (e.g. what the chart reading cost) without breaking older readers,
-and a row is never rewritten.
+a newer writer may add a field without breaking older readers, and a row is never rewritten.
 """
 
 from __future__ import annotations
@@ -12,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from verdict.data_gen.formalizer.accounting import PairCost
+from verdict.data_gen.protocol import ChartRead
 
 from ..trial_versions import TrialVersion
 
@@ -37,6 +38,12 @@ class DecisionArtifacts(BaseModel):
     verbalizer: Any = Field(None, description="the verbalizer's output, when it ran")
     trial_origin: str | None = Field(None, description="parser, upload or revision")
     trial_version: TrialVersion | None = Field(None, description="the trial version decided against")
+    chart_read: ChartRead | None = Field(
+        None, description="how the chart was read once for every trial (null: mined whole, or an older row)"
+    )
+    cost: PairCost | None = Field(
+        None, description="what the match cost the formalizer (null for a review: it calls no model)"
+    )
 
     @classmethod
     def of(cls, raw: dict[str, Any]) -> DecisionArtifacts:

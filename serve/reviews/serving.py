@@ -430,7 +430,10 @@ def superseding_decision(
     artifacts = typed_artifacts(
         {
             **{
-                k: v for k, v in parent.artifacts.items() if k in ("value_miner", "documents", "trial_origin")
+                k: v
+                for k, v in parent.artifacts.items()
+                # the same record, read the same way: its documents, FHIR sources and chart reading
+                if k in ("value_miner", "documents", "fhir", "chart_read", "trial_origin")
             },
             "decision": decision.model_dump(mode="json", by_alias=True),
             "patient": patient.model_dump(mode="json"),

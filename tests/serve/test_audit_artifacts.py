@@ -50,7 +50,9 @@ def test_rows_written_before_the_type_load_keep_every_key_and_render(old_store):
         assert {k: stored[k] for k in OLD[kind]} == OLD[kind]  # nothing lost, extra keys included
         page = render_page(row, load_program(program()))
         assert row.decision_id in page and 'id="decision"' in page
-    assert DecisionArtifacts.of(OLD["match"]).model_extra.keys() >= {"cost"}  # a newer writer's field, kept
+    assert DecisionArtifacts.of(OLD["match"]).cost.mining.calls >= 0  # typed since it was written
+    later = DecisionArtifacts.of({**OLD["match"], "a_later_field": [1]})
+    assert later.model_extra == {"a_later_field": [1]} and later.stored()["a_later_field"] == [1]  # kept
     older = {k: v for k, v in OLD["match"].items() if k not in ("trial_version", "cost", "chart_read")}
     assert DecisionArtifacts.of(older).trial_version is None  # a row from before issue 22.5
 

@@ -93,3 +93,12 @@ def test_a_long_chart_is_read_once_for_two_trials_and_the_page_names_the_evidenc
     assert reads[1]["evidence_documents"] == ["d3", "d7"] and reads[1]["trimmed"][0]["id"] == "d2"
     assert "read once: 12 documents -&gt; 2 passages kept" in html
     assert "evidence from d3, d7" in html
+    # a review supersedes the decision on the same chart: it keeps how the chart was read (and costs nothing)
+    flag = {"type": "flag", "criterion": "inc2", "note": "check the condition", "reason": "protocol 5.1"}
+    with svc.client("admin") as c:
+        r = c.post(f"/v1/decisions/{bodies[1]['decision_id']}/reviews", json={"changes": [flag]})
+        assert r.status_code == 200, r.text
+        reviewed = c.get(r.json()["links"]["decision"]).json()
+        page = c.get(r.json()["links"]["page"]).text
+    assert reviewed["artifacts"]["chart_read"] == reads[1] and reviewed["artifacts"]["cost"] is None
+    assert "read once: 12 documents -&gt; 2 passages kept" in page
