@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from verdict.data_gen.client import quotes_any
+from verdict.serve.api_config import Limits
 
 from tests.fixtures.vllm import teacher_programs, teacher_values, trial_text
 from tests.serve.conftest import CHROMIUM, RunningService, launch_chromium, start_service
@@ -223,11 +224,13 @@ def test_uploaded_reviewed_program_supersedes_the_parsed_one(svc, trials, studen
         assert old.json()["origin"] == "parser"
         m = c.post("/v1/match", json=match_body(t["trial_id"], p1)).json()
         assert m["program_hash"] == new_hash and m["decision"]["decision"] == "ineligible"  # 58 < 60
-        pinned = c.post(
-            "/v1/match",
-            json=match_body(t["trial_id"], p1, program_hash=trials[t["trial_id"]]["program_hash"]),
-        ).json()
-        assert pinned["decision"]["decision"] == "eligible"
+        # the superseded (parsed) version: refused to a match key, naming the active one (issue 22.5);
+        # a trial owner may still match against it, as a preview marked on the decision
+        body = match_body(t["trial_id"], p1, program_hash=trials[t["trial_id"]]["program_hash"])
+        refused = c.post("/v1/match", json=body)
+        assert refused.status_code == 409 and new_hash in refused.text, refused.text
+        pinned = admin.post("/v1/match", json=body).json()
+        assert pinned["decision"]["decision"] == "eligible" and pinned["trial_version"]["use"] == "preview"
         # an invalid program is refused naming every problem
         bad = json.loads(json.dumps(program))
         bad["cohorts"][0]["exclusion"][0]["formula"] = "not_declared_atom"
@@ -270,7 +273,11 @@ def test_other_bad_input(svc, trials, student_records):
         )
         assert r.status_code == 422
         r = record_errors(
-            c.post("/v1/match", content=b"x" * 1_000_001, headers={"content-type": "application/json"})
+            c.post(
+                "/v1/match",
+                content=b"x" * (Limits().max_body_bytes + 1),
+                headers={"content-type": "application/json"},
+            )
         )
         assert r.status_code == 413 and r.json()["error"] == "payload_too_large"
         r = record_errors(c.post("/v1/match", json=match_body("NCT-NOPE", p)))
@@ -286,7 +293,9 @@ def test_clinician_page_in_headless_chromium(svc, trials, student_records):
     need(CHROMIUM.exists(), "Chromium missing: apt-get install -y chromium")
     playwright = pytest.importorskip("playwright.sync_api")
     t, p = student_records["trials"][0], student_records["patients"][0]  # P1 eligible for the diabetes trial
-    with svc.client() as c:  # the parsed version (a reviewer's upload may have superseded it)
+    # the parsed version (a reviewer's upload may have superseded it: then matched as a preview,
+    # which a trial owner may do)
+    with svc.client("admin") as c:
         m = c.post(
             "/v1/match", json=match_body(t["trial_id"], p, program_hash=trials[t["trial_id"]]["program_hash"])
         ).json()
