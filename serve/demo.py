@@ -48,9 +48,9 @@ def prepare_students(work: Path, records: dict) -> None:
     )
     export = students.write_student_export(records, work / "export")
     for i, task in enumerate(students.TASKS):
-        adapter = work / f"tiny-{task}" / "adapter"
-        if (adapter / "adapter_config.json").exists():
-            say("3/6", f"{task} adapter already trained ({adapter})")
+        run = work / f"tiny-{task}"
+        if run_completed(run):  # what `vllm.adapters` will serve: a completed training run
+            say("3/6", f"{task} adapter already trained ({run / 'adapter'})")
             continue
         say(
             "3/6",
@@ -60,6 +60,17 @@ def prepare_students(work: Path, records: dict) -> None:
         t0 = time.monotonic()
         students.train_student(base, export / task, task, work, progress=lambda m: say("3/6", f"  {m}"))
         say("3/6", f"  {task} adapter trained in {time.monotonic() - t0:.0f} s")
+
+
+def run_completed(run: Path) -> bool:
+    """A training run folder that `vllm.adapters` accepts (completed, with its adapter)."""
+    from .errors import ServeConfigError
+    from .site_paths import adapter_folder
+
+    try:
+        return run.exists() and adapter_folder(run) == (run / "adapter").resolve()
+    except ServeConfigError:
+        return False
 
 
 def student_overrides(work: Path) -> list[str]:

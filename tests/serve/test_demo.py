@@ -20,9 +20,8 @@ def test_demo_runs_the_whole_story(tmp_path, student_base_dir, student_adapters)
     work = tmp_path / "demo"
     work.mkdir()
     (work / "student-base").symlink_to(student_base_dir)
-    for task, adapter in student_adapters.items():
-        (work / f"tiny-{task}").mkdir()
-        (work / f"tiny-{task}" / "adapter").symlink_to(adapter)
+    for task, adapter in student_adapters.items():  # the fixture's completed training runs
+        (work / f"tiny-{task}").symlink_to(adapter.parent)
     r = subprocess.run(
         [sys.executable, "-m", "verdict", "demo", "--work", str(work)],
         capture_output=True,

@@ -218,7 +218,9 @@ def test_no_stage_call_exceeds_its_budget(student, path):
     counter = counter_for(str(student["base"]))  # the student's tokenizer: what vLLM counts
     parser_calls = path["parsed"].calls
     miner_calls = [c for m in path["miners"] for c in (m.calls or [m])]
-    assert len(miner_calls) > 2  # the trial's atoms do not fit one call per side: the miner works in chunks
+    # one call per side at least; with the sparse miner (prompt v2) a chunk is bounded by the prompt,
+    # not by a completion line per atom, so this trial's atoms may fit one call per side
+    assert len(miner_calls) >= 2 and {c.stage for c in miner_calls} == {"miner_inclusion", "miner_exclusion"}
     assert all(
         c.usage.prompt_tokens >= counter.count_messages(c.messages) for c in parser_calls + miner_calls
     )

@@ -61,12 +61,13 @@ def miner_values(audit_db, decision_id: str, side: str) -> dict[str, dict]:
         row = audit.decision(decision_id)
     finally:
         audit.close()
-    output = row.artifacts["value_miner"][f"miner_{side}"]["output"]
-    return {v["atom"]: v for v in output["values"]}
+    return answer(json.dumps(row.artifacts["value_miner"][f"miner_{side}"]["output"]))
 
 
 def answer(content: str) -> dict[str, dict]:
-    return {v["atom"]: v for v in json.loads(content)["values"]}
+    """atom -> its value line; the sparse miner (prompt v2) leaves null atoms out: they read as null."""
+    found = {v["atom"]: v for v in json.loads(content)["values"]}
+    return {ATOM: {"atom": ATOM, "value": None}, **found}
 
 
 def test_the_site_fine_tune_learns_a_reviewed_correction(
