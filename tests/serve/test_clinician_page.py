@@ -119,8 +119,9 @@ class Forms(HTMLParser):
             self.scripts += 1
 
 
-def parse(html: str) -> Forms:
-    p = Forms()
+def parse(html: str, parser=None):
+    """`html` fed to a parser (the forms one by default), which is returned."""
+    p = parser if parser is not None else Forms()
     p.feed(html)
     return p
 
@@ -227,9 +228,7 @@ class Attrs(HTMLParser):
 
 
 def attrs_of(html: str) -> Attrs:
-    p = Attrs()
-    p.feed(html)
-    return p
+    return parse(html, Attrs())
 
 
 def test_an_evidence_quote_with_a_script_tag_renders_as_text():
