@@ -28,6 +28,7 @@ from verdict.serve.vllm_config import VLLMConfig
 from .backends import BackendConfig, backend_config
 from .datasets import DatasetConfig
 from .protocol import BenchError
+from .ranking import RankingConfig
 
 
 class ScoringConfig(StrictModel):
@@ -53,6 +54,11 @@ class ReferencePoint(StrictModel):
 class BenchConfig(StrictModel):
     name: Id
     description: str = ""
+    purpose: Literal["result", "machinery_check"] = Field(
+        "result",
+        description="machinery_check: a run against a scripted server; the report labels its figures "
+        "as such and sets no published figure beside them",
+    )
     out_dir: str = Field("runs/bench", description="the run is written to OUT_DIR/NAME/")
     cache: str = Field(
         "runs/teacher-cache.sqlite",
@@ -77,6 +83,7 @@ class BenchConfig(StrictModel):
         "local_vllm: true send their calls to it)",
     )
     scoring: ScoringConfig = Field(default_factory=ScoringConfig)
+    ranking: RankingConfig = Field(default_factory=RankingConfig)
     reference_points: list[ReferencePoint] = Field(default_factory=list)
 
     @field_validator("backends", mode="before")

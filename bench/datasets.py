@@ -3,7 +3,8 @@
 Kinds (a registry, like the backends):
 - ``trec2021``: TREC 2021 Clinical Trials judgments (`pairs_trec2021.jsonl`: patient_id, nct_id,
   score). As in the paper, score 2 -> eligible, 1 -> ineligible (excluded), 0 (not relevant) is
-  dropped and counted;
+  dropped and counted, or (``not_relevant: rank``) kept for the ranking metrics only: decided by
+  the backends, never scored as a decision;
 - ``sigir``: the 552 SIGIR 2016 pairs with the paper's eligibility labels
   (`gold_5sys_freeform_balanced.json`: {"gold": {"<patient>__<trial>": true|false}});
 - ``jsonl``: a site's own pairs, one JSON object a line:
@@ -62,6 +63,11 @@ class DatasetConfig(StrictModel):
     require_text: bool = Field(
         True, description="skip (and report) pairs whose note or criteria text is missing"
     )
+    not_relevant: Literal["drop", "rank"] = Field(
+        "drop",
+        description="trec2021 score-0 (not relevant) pairs: dropped and counted, or kept for the "
+        "ranking metrics only (decided, never scored as decisions; their trials must be in 'trials')",
+    )
     patient_ids: list[str] | None = Field(None, description="keep only these patients (e.g. held-out topics)")
     sample: SampleConfig | None = None
 
@@ -75,13 +81,19 @@ class DatasetConfig(StrictModel):
 @dataclass
 class BenchDataset:
     kind: str
-    pairs: list[LabeledPair]
+    pairs: list[LabeledPair]  # scored as decisions
     patients: dict[str, PatientDoc] = field(default_factory=dict)
     trials: dict[str, TrialDoc] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # malformed rows and pairs skipped, with why
     dropped: dict[str, int] = field(default_factory=dict)  # by design (e.g. TREC score 0), not problems
     before_sampling: int | None = None
     data_class: str = "private"
+    ranking_pairs: list[LabeledPair] = field(default_factory=list)  # decided for the ranking only
+
+    @property
+    def all_pairs(self) -> list[LabeledPair]:
+        """What the backends decide: the scored pairs, then the ranking-only ones."""
+        return self.pairs + self.ranking_pairs
 
     def counts(self) -> dict[str, int]:
         out = {"eligible": 0, "ineligible": 0}
@@ -101,6 +113,7 @@ class BenchDataset:
             "problems": list(self.problems),
             "patients": len({p.patient_id for p in self.pairs}),
             "trials": len({p.trial_id for p in self.pairs}),
+            "ranking_only_pairs": len(self.ranking_pairs),
         }
 
 
@@ -158,13 +171,27 @@ def _json_rows(path: Path, problems: list[str]):
 
 @register_dataset("trec2021")
 def _trec(cfg: DatasetConfig, problems: list[str], dropped: dict[str, int]) -> list[LabeledPair]:
-    """The track's official scores: 2 eligible, 1 excluded (ineligible), 0 not relevant (dropped)."""
+    """The track's official scores: 2 eligible, 1 excluded (ineligible), 0 not relevant (dropped, or
+    kept for the ranking only)."""
     path = Path(cfg.pairs)
     out = []
     for where, row, pid, tid in _json_rows(path, problems):
         score = row.get("score")
         if score == 0 and not isinstance(score, bool):
-            dropped["score 0 (not relevant)"] = dropped.get("score 0 (not relevant)", 0) + 1
+            if cfg.not_relevant == "rank":
+                out.append(
+                    LabeledPair(
+                        pair_id=pair_id(pid, tid),
+                        patient_id=pid,
+                        trial_id=tid,
+                        label="ineligible",
+                        grade=0,
+                        ranking_only=True,
+                        source=where,
+                    )
+                )
+            else:
+                dropped["score 0 (not relevant)"] = dropped.get("score 0 (not relevant)", 0) + 1
             continue
         if isinstance(score, bool) or score not in (1, 2):
             problems.append(f"{where}: 'score' must be 0, 1 or 2 (got {json.dumps(score)[:20]})")
@@ -175,6 +202,7 @@ def _trec(cfg: DatasetConfig, problems: list[str], dropped: dict[str, int]) -> l
                 patient_id=pid,
                 trial_id=tid,
                 label="eligible" if score == 2 else "ineligible",
+                grade=score,
                 source=where,
             )
         )
@@ -270,7 +298,13 @@ def load_dataset(cfg: DatasetConfig) -> BenchDataset:
         for t in loaded.items:
             if t.trial_id in wanted:
                 trials.setdefault(t.trial_id, t)
+    ranking = [p for p in pairs if p.ranking_only]
+    pairs = [p for p in pairs if not p.ranking_only]
     if cfg.require_text:
+        n0 = len(ranking)
+        ranking = [p for p in ranking if p.patient_id in patients and p.trial_id in trials]
+        if n0 > len(ranking):
+            dropped["score 0 without note or criteria text"] = n0 - len(ranking)
         kept = []
         for p in pairs:
             if p.patient_id not in patients:
@@ -296,7 +330,8 @@ def load_dataset(cfg: DatasetConfig) -> BenchDataset:
             + (": " + "; ".join(problems[:5]) if problems else "")
         )
     used_p = {p.patient_id for p in pairs}
-    used_t = {p.trial_id for p in pairs}
+    ranking = [p for p in ranking if p.patient_id in used_p]  # the topics scored (after sampling)
+    used_t = {p.trial_id for p in pairs + ranking}
     return BenchDataset(
         kind=cfg.kind,
         pairs=pairs,
@@ -306,4 +341,5 @@ def load_dataset(cfg: DatasetConfig) -> BenchDataset:
         dropped=dropped,
         before_sampling=before,
         data_class=cfg.data_class,
+        ranking_pairs=ranking,
     )

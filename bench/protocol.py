@@ -34,6 +34,12 @@ class LabeledPair(StrictModel):
     trial_id: str
     label: Label
     source: str = Field("", description="where the label came from (file:line or file#key)")
+    grade: int | None = Field(
+        None, ge=0, le=2, description="the official graded judgment when the dataset has one (TREC: 2, 1, 0)"
+    )
+    ranking_only: bool = Field(
+        False, description="decided for the ranking metrics only, never scored as a decision (TREC score 0)"
+    )
 
 
 class StageStat(StrictModel):
@@ -67,6 +73,15 @@ class Flip(StrictModel):
     flipped: bool
 
 
+class Placement(StrictModel):
+    """Where the screen puts a formal decision (`verdict.core.ranking.placement`): its tier, its
+    distance and whether the pivotal search was complete. The ranking metrics order by it."""
+
+    tier: Literal["eligible", "eligible_to_confirm", "near_miss", "ineligible", "undetermined"]
+    distance: int = 0
+    complete: bool = True
+
+
 class PairResult(StrictModel):
     backend: str
     repeat: int = 0
@@ -74,6 +89,8 @@ class PairResult(StrictModel):
     patient_id: str
     trial_id: str
     label: Label
+    grade: int | None = None
+    ranking_only: bool = False
     status: Literal["decided", "failed", "unavailable"]
     decision: DecisionValue | None = None
     reason: str | None = Field(None, description="why failed or unavailable (ids and categories only)")
@@ -89,6 +106,8 @@ class PairResult(StrictModel):
     patient_hash: str | None = None
     variants: int | None = Field(None, description="recorded backend: formalizations OR-ed into the decision")
     rationale: str | None = None
+    placement: Placement | None = Field(None, description="formal backends: the screen's tier and distance")
+    score: float | None = Field(None, description="llm_match: its own stated score of eligibility (0-100)")
 
     @property
     def key(self) -> tuple[str, int, str]:

@@ -26,6 +26,10 @@ from . import metrics as M
 from .protocol import BenchError, PairResult
 
 FORMAT = "verdict.bench/v1"
+MACHINERY_CHECK = (
+    "**Machinery check** (`purpose: machinery_check`): the figures below come from a scripted server "
+    "and test the bench's machinery; they are not results, and no published figure is set beside them."
+)
 PAIRS_FILE = "pairs.jsonl"
 
 
@@ -204,9 +208,12 @@ def compare_backends(a: list[PairResult], b: list[PairResult], scoring) -> dict:
 def summarize(
     config, dataset, results: list[PairResult], problems: list[str], status: str = "complete"
 ) -> dict:
+    from .ranking_report import ranking_section
+
     by_backend: dict[str, list[PairResult]] = defaultdict(list)
     for r in results:
-        by_backend[r.backend].append(r)
+        if not r.ranking_only:  # decided for the ranking metrics only, never scored as a decision
+            by_backend[r.backend].append(r)
     n = len(dataset.pairs)
     scoring = config.scoring
     backends = {
@@ -242,11 +249,17 @@ def summarize(
                 for nm in names
             },
         }
-    complete = status == "complete" and all(s["coverage"]["missing"] == 0 for s in backends.values())
+    ranking = ranking_section(config, dataset, results)
+    complete = (
+        status == "complete"
+        and all(s["coverage"]["missing"] == 0 for s in backends.values())
+        and not (ranking and ranking["ranking_only_missing"])
+    )
     return {
         "format": FORMAT,
         "name": config.name,
         "description": config.description,
+        "purpose": config.purpose,
         "status": status if status != "complete" or complete else "incomplete",
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "config": config.model_dump(mode="json"),
@@ -259,6 +272,7 @@ def summarize(
         "common_pairs": common,
         "comparisons": comparisons,
         "reference_points": [p.model_dump() for p in config.reference_points],
+        "ranking": ranking,
     }
 
 
@@ -291,7 +305,12 @@ def _usd(x) -> str:
 
 def render_markdown(s: dict) -> str:
     ds = s["dataset"]
+    from .ranking_report import render_ranking
+
+    check = s.get("purpose") == "machinery_check"
     lines = [f"# Benchmark `{s['name']}`", ""]
+    if check:
+        lines += [MACHINERY_CHECK, ""]
     if s.get("description"):
         lines += [s["description"], ""]
     lines += [
@@ -337,7 +356,7 @@ def render_markdown(s: dict) -> str:
         ]
         for name, m in cp["metrics"].items():
             lines.append(f"| {name} | {_ci(m['f1'])} | {_ci(m['accuracy'])} |")
-    if s.get("reference_points"):
+    if s.get("reference_points") and not check:
         lines += [
             "",
             "Reference points (published; not measured here):",
@@ -429,6 +448,7 @@ def render_markdown(s: dict) -> str:
             f"{_rate(cons.get('same_decision')) if cons else 'n/a (1 run)'} | "
             f"{_rate(same_facts) if same_facts else 'n/a'} |"
         )
+    lines += render_ranking(s, check)
     fails = [(name, reason, k) for name, b in s["backends"].items() for reason, k in b["failures"].items()]
     if fails:
         lines += ["", "## Failed pairs by reason", "", "| backend | reason | pairs |", "|---|---|---|"]
@@ -462,12 +482,20 @@ def compare_runs(path_a: str | Path, path_b: str | Path) -> str:
     """Markdown: both runs' backends side by side, then agreement and McNemar's tests between
     every backend of A and every backend of B on the pairs both scored."""
     from .bench_config import ScoringConfig
+    from .ranking_report import compare_ranking
 
     dir_a, a, ra = load_run(path_a)
     dir_b, b, rb = load_run(path_b)
     lines = [
         f"# `{a['name']}` vs `{b['name']}`",
         "",
+        *(
+            [
+                f"- {tag}: {MACHINERY_CHECK}"
+                for tag, x in (("A", a), ("B", b))
+                if x.get("purpose") == "machinery_check"
+            ]
+        ),
         f"- A: {dir_a} ({a['dataset']['kind']}, {a['dataset']['pairs']} pairs, policy `{a['policy']}`)",
         f"- B: {dir_b} ({b['dataset']['kind']}, {b['dataset']['pairs']} pairs, policy `{b['policy']}`)",
         "",
@@ -513,4 +541,5 @@ def compare_runs(path_a: str | Path, path_b: str | Path) -> str:
                 f"{_f(d['mcnemar_p'], 4)} | {_f(c['f1']['a'])} / {_f(c['f1']['b'])} | "
                 f"{_f(c['correctness']['mcnemar_p'], 4)} |"
             )
+    lines += compare_ranking(a, b)
     return "\n".join(lines) + "\n"

@@ -141,7 +141,7 @@ class BenchRun:
                 ledger_cache = ctx.cache(0)
                 ctx.ledger = Ledger(ledger_cache, f"bench:{cfg.name}", cfg.budget_usd)
             problems = [p for b in backends for p in b.problems()] + store.problems
-            n = len(dataset.pairs)
+            n = len(dataset.all_pairs)
             c = dataset.counts()
             self.progress(
                 f"bench {cfg.name}: {dataset.kind}: {n} pairs ({c['eligible']} eligible, {c['ineligible']} "
@@ -149,6 +149,11 @@ class BenchRun:
                 + (
                     f", dropped {', '.join(f'{v} {k}' for k, v in dataset.dropped.items())}"
                     if dataset.dropped
+                    else ""
+                )
+                + (
+                    f"; {len(dataset.ranking_pairs)} not-relevant pairs for the ranking only"
+                    if dataset.ranking_pairs
                     else ""
                 )
                 + f"; {len(backends)} backend(s) x {cfg.repeats} repeat(s)"
@@ -203,12 +208,13 @@ class BenchRun:
         """Decide the backend's pending pairs; True if the run must stop (budget, fatal error)."""
         from verdict.data_gen.errors import BudgetExhausted, EgressRefused, EndpointError
 
-        pending = [p for p in dataset.pairs if (backend.name, repeat, p.pair_id) not in done]
+        todo = dataset.all_pairs
+        pending = [p for p in todo if (backend.name, repeat, p.pair_id) not in done]
         label = f"{backend.name} r{repeat}"
         if not pending:
-            self.progress(f"{label}: all {len(dataset.pairs)} pairs done before")
+            self.progress(f"{label}: all {len(todo)} pairs done before")
             return False
-        self.progress(f"{label}: {len(pending)} of {len(dataset.pairs)} pairs to go")
+        self.progress(f"{label}: {len(pending)} of {len(todo)} pairs to go")
         bar = _progress(len(pending), self.progress_bar, label)
         sem = asyncio.Semaphore(self.config.concurrency)
         state = {"stop": None, "fatal": None, "failed": 0, "paid": 0.0}

@@ -21,7 +21,7 @@ from pydantic import Field, ValidationError
 from verdict.core.configs import StrictModel, describe
 
 from ..datasets import BenchDataset
-from ..protocol import BenchError, Flip, LabeledPair, PairResult
+from ..protocol import BenchError, Flip, LabeledPair, PairResult, Placement
 
 
 class BackendConfig(StrictModel):
@@ -122,6 +122,8 @@ class Backend:
             patient_id=pair.patient_id,
             trial_id=pair.trial_id,
             label=pair.label,
+            grade=pair.grade,
+            ranking_only=pair.ranking_only,
             **kw,
         )
 
@@ -173,6 +175,14 @@ def decide_formal(engine, program, patient, case: str) -> tuple[object, list[Fli
             )
         )
     return d, flips, solve_ms
+
+
+def placement_of(d) -> Placement:
+    """Where `verdict screen` puts the decision (`verdict.core.ranking.placement`, one implementation)."""
+    from verdict.core.ranking import placement
+
+    tier, distance, _, _, complete = placement(d)
+    return Placement(tier=tier, distance=distance, complete=complete)
 
 
 def make_backend(config: BackendConfig, ctx: RunContext) -> Backend:

@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..protocol import LabeledPair, PairResult, StageStat
-from .base import Backend, BackendConfig, decide_formal, register_backend
+from .base import Backend, BackendConfig, decide_formal, placement_of, register_backend
 from .endpoints import EndpointPlacement, EndpointRef, resolve_endpoint
 
 
@@ -218,6 +218,7 @@ class FormalizerBackend(Backend):
             decision=d.decision,
             stages=stages,
             flips=flips,
+            placement=placement_of(d),
             solve_ms=round(resolve_ms + solve_ms, 3),
             latency_ms=round(miners_ms + resolve_ms + solve_ms, 3),
             program_hash=program.content_hash,

@@ -1,6 +1,8 @@
 """`llm_match`: the direct LLM matcher baseline, in the style of the paper's LlmMatch (appendix
 B.1): one prompt with the whole note and the whole criteria listing, a per-criterion assessment,
-then one verdict and a short rationale as JSON - no program, no solver. It runs on the same
+then one verdict, a short rationale and (prompt v2) its own score of how likely the patient is
+eligible, as JSON - no program, no solver. The ranking metrics order a topic's trials by that
+stated score. It runs on the same
 endpoint configs as the formalizer backends, for context.
 
 Adapter: `verdict.data_gen.formalizer.Formalizer` knows the paper's formalizer stages only, so
@@ -36,12 +38,17 @@ class LlmMatchOutput(BaseModel):
     criteria: list[CriterionAssessment]
     verdict: Literal["eligible", "ineligible"]
     rationale: str = Field(min_length=1)
+    score: int | None = Field(
+        None, ge=0, le=100, description="how likely eligible, 0-100 (prompt v2; the bench ranks by it)"
+    )
 
 
 class LlmMatchConfig(BackendConfig, EndpointPlacement):
     kind: Literal["llm_match"] = "llm_match"
     endpoint: EndpointRef = Field(description="teacher config name, path or inline mapping")
-    prompt: str = Field("v1", description="version of data_gen/prompts/llm_match")
+    prompt: str = Field(
+        "v2", description="version of data_gen/prompts/llm_match (v2 adds the score the ranking uses)"
+    )
     max_tokens: int = Field(2048, gt=0, description="output limit of the one call")
 
 
@@ -166,6 +173,7 @@ class LlmMatchBackend(Backend):
             stages={STAGE: stat},
             latency_ms=stat.model_ms,
             rationale=res.output.rationale,
+            score=res.output.score,
         )
 
     async def aclose(self) -> None:

@@ -4,7 +4,8 @@ decided by this project's core.
 A file ``<patient>/<NCT id>[variant]__full.json`` is one formalization of the trial for that
 patient (variants a, b, ... are separate formalizations or sub-cohorts). As the authors did, a
 pair is eligible iff some variant is; it is undetermined if none is eligible and some variant hit
-a solver limit. Pairs without a file are unavailable (not scored for this backend).
+a solver limit; it ranks where its best variant ranks in the screen's order. Pairs without a
+file are unavailable (not scored for this backend).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Literal
 from pydantic import Field
 
 from ..protocol import PAIR_SEP, BenchError, LabeledPair, PairResult
-from .base import Backend, BackendConfig, decide_formal, register_backend
+from ..ranking import best_placement
+from .base import Backend, BackendConfig, decide_formal, placement_of, register_backend
 
 _STEM = re.compile(r"^(NCT\d+)")
 
@@ -57,7 +59,7 @@ class RecordedBackend(Backend):
         from verdict.core.cases import load_case
         from verdict.core.errors import VerdictError
 
-        decisions, flips, hashes, patients = [], [], [], []
+        decisions, flips, hashes, patients, places = [], [], [], [], []
         solve = 0.0
         for f in self.files[pair.pair_id]:
             try:
@@ -69,6 +71,7 @@ class RecordedBackend(Backend):
                 self.ctx.engine, case.program, patient, case=f"{f.parent.name}/{f.name}"
             )
             decisions.append(d.decision)
+            places.append(placement_of(d))
             flips += fl
             solve += ms
             hashes.append(d.program_hash)
@@ -89,6 +92,7 @@ class RecordedBackend(Backend):
             solve_ms=solve,
             latency_ms=solve,
             variants=len(decisions),
+            placement=best_placement(places),
             program_hash="+".join(hashes),
             patient_hash="+".join(patients),
         )

@@ -63,6 +63,16 @@ LLM_MATCH = {
     ("P3", "NCT-CKD-02"): "ineligible",
     ("P1", "NCT-BAD-03"): "eligible",
 }
+# the direct matcher's stated scores (prompt v2), by which the ranking orders its trials
+LLM_SCORE = {
+    ("P1", "NCT-DM-01"): 90,
+    ("P1", "NCT-CKD-02"): 20,
+    ("P1", "NCT-BAD-03"): 60,
+    ("P2", "NCT-DM-01"): 10,
+    ("P2", "NCT-CKD-02"): 30,
+    ("P3", "NCT-DM-01"): 40,
+    ("P3", "NCT-CKD-02"): 5,
+}
 BAD_TRIAL = {
     "trial_id": "NCT-BAD-03",
     "title": "Anemia study",
@@ -172,6 +182,7 @@ def script(latency: float = 0.0) -> Script:
             ],
             "verdict": verdict,
             "rationale": f"scripted {verdict}",
+            "score": LLM_SCORE[(pid, tid)],
         }
         rules.append(
             Rule(
@@ -270,6 +281,7 @@ def write_config(
         "repeats": repeats,
         "concurrency": concurrency,
         "scoring": {"bootstrap_b": 500, "seed": 0},
+        "purpose": "machinery_check",  # a scripted server: the report labels its figures so
         **extra,
     }
     path = root / f"{name}.yaml"
