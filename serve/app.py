@@ -1,7 +1,8 @@
 """The matching API: the service, keys and state, the routers, and the middleware. Routes are one
 router per endpoint group (health/, trials/, matching/, audit/, screen/, reviews/, pages/:
-`router.py`, reading the service from `app.state`); models are `protocol.py`, logic `serving.py`;
-the one error shape is `errors.install_error_handlers`.
+`router.py`, naming what it needs through serve/dependencies.py); models are `protocol.py`, logic
+`serving.py`, the parts they share are built once by serve/services.py; the one error shape is
+`error_mapping.install_error_handlers`.
 
     app = create_app(api_config, base_url="http://127.0.0.1:8011/v1")
 
@@ -24,37 +25,37 @@ from .api_keys import KeyStore
 from .audit.router import router as audit_router
 from .auth import Authenticate, FailedAttempts
 from .contract import with_stream_lines
-from .errors import install_error_handlers
+from .dependencies import PageContext
+from .error_mapping import install_error_handlers
 from .health.router import router as health_router
 from .matching.router import router as matching_router
 from .metrics import ServiceMetrics
 from .middleware import AccessLog, BodyLimit, SecurityHeaders
-from .pages.router import PageContext
 from .pages.router import router as pages_router
 from .pages.session import SessionStore
 from .reviews.router import router as reviews_router
 from .reviews.serving import ReviewService
 from .roles import Forbidden, RoleFirst, Unauthorized  # noqa: F401 - importable from here as before
 from .screen.router import router as screen_router
-from .serving import MatchingService
+from .services import Services
 from .trials.router import router as trials_router
 
 
-def create_app(config: ApiConfig, base_url: str, *, service: MatchingService | None = None) -> FastAPI:
+def create_app(config: ApiConfig, base_url: str, *, services: Services | None = None) -> FastAPI:
     metrics = ServiceMetrics()
-    service = service or MatchingService(config, base_url, metrics=metrics)
-    metrics = service.metrics
-    metrics.watch_formalizers(service.client.members)  # verdict_formalizer_up{endpoint}
+    services = services or Services(config, base_url, metrics=metrics)
+    metrics = services.metrics
+    metrics.watch_formalizers(services.formalizers.pool.members)  # verdict_formalizer_up{endpoint}
     keys = KeyStore(config.api_keys)
     keys.load()  # a broken key file stops the start, not the first request
     keys.count()  # the good copy kept if the file breaks at run time
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
-        service.warm_up()
+        services.warm_up()
         yield
-        await service.aclose()
-        service.audit.close()
+        await services.aclose()
+        services.audit.close()
 
     app = FastAPI(
         title="Verdict matching service",
@@ -70,12 +71,13 @@ def create_app(config: ApiConfig, base_url: str, *, service: MatchingService | N
         separate_input_output_schemas=False,
     )
     app.openapi = lambda: with_stream_lines(FastAPI.openapi(app))  # (serve/contract.py)
-    app.state.service = service
-    app.state.reviews = ReviewService(service)  # reviews, history, revisions, flags (serve/reviews)
+    # What the routes reach through serve/dependencies.py:
+    app.state.services = services
+    app.state.reviews = ReviewService(services)  # reviews, history, revisions, flags (serve/reviews)
 
-    install_error_handlers(app, metrics)  # one error shape everywhere (serve/errors.py)
+    install_error_handlers(app, metrics)  # one error shape everywhere (serve/error_mapping.py)
 
-    # Each endpoint group's routes; each reads the service from app.state.
+    # Each endpoint group's routes; each names what it needs (serve/dependencies.py).
     sessions = SessionStore(config.sessions)
     app.state.sessions = sessions
     login_attempts = FailedAttempts(config.auth)  # wrong keys pasted at /login, per client address

@@ -242,15 +242,13 @@ async def _match_pairs(
 ) -> dict[str, int]:
     from .audit import AuditStore
     from .errors import ServiceError
-    from .protocol import MatchRequest
-    from .serving import MatchingService
+    from .matching.protocol import MatchRequest
+    from .services import Services
 
     shard_dir = out / "shards" / str(shard)
     shard_dir.mkdir(parents=True, exist_ok=True)
     api = api.model_copy(update={"audit_db": str(shard_dir / "audit.sqlite")})
-    service = MatchingService(
-        api, formalizer_url, audit=AuditStore(api.audit_db, store_notes=api.store_notes)
-    )
+    service = Services(api, formalizer_url, audit=AuditStore(api.audit_db, store_notes=api.store_notes))
     caller = f"batch:{plan.name}:{shard}"
     counts = {"pairs": len(mine), "done_before": len(mine) - len(todo), "matched": 0, "failed": 0}
     t0 = time.monotonic()
@@ -267,12 +265,12 @@ async def _match_pairs(
                     raise parse_failed[tid]
                 if tid not in program_hash:  # a trial is parsed once (concurrent waiters share the parse)
                     try:
-                        row, _ = await service.parsed_trial(trs[tid], caller)
+                        row, _ = await service.trials.parsed_trial(trs[tid], caller)
                     except ServiceError as e:
                         parse_failed[tid] = e
                         raise
                     program_hash[tid] = row.program_hash
-                res = await service.match(
+                res = await service.matching.match(
                     MatchRequest(
                         trial_id=tid,
                         program_hash=program_hash[tid],

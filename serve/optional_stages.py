@@ -17,54 +17,88 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from verdict.core.decision import Decision
 from verdict.core.patient import ResolvedPatient
 from verdict.core.program import TrialProgram
 from verdict.core.rationale import md
+from verdict.core.solver_pool import SolverPool
+from verdict.data_gen.formalizer import Formalizer
 from verdict.data_gen.formalizer.optional_stages import definition_conflicts, redecide
 from verdict.data_gen.protocol import PatientDoc
 
+from .api_config import FormalizerConfig
 from .errors import FormalizerFailed, FormalizerUnavailable
-
-if TYPE_CHECKING:
-    from .serving import MatchingService
+from .stage_runner import StageRunner
 
 log = logging.getLogger("verdict.serve")
 
 
-async def arbitrate(
-    svc: MatchingService,
-    program: TrialProgram,
-    record: PatientDoc,
-    patient: ResolvedPatient,
-    decision: Decision,
-    timings: dict[str, float],
-) -> tuple[Decision, dict | None]:
-    """The decision after the arbiter (or the same one), and what the arbiter did: None when it was
-    not asked (off, or no fact contradicts a definition)."""
-    conflicts = definition_conflicts(decision)
-    if not svc.config.formalizer.arbiter or not conflicts:
-        return decision, None
-    t0 = time.perf_counter()
-    try:
-        res = await svc._stage(
-            svc.miner.arbitrate(program, record, patient, conflicts), "arbiter", record.text
-        )
-    except (FormalizerFailed, FormalizerUnavailable) as e:
+class OptionalStages:
+    """Both stages, asked of the value miner through the service's stage runner."""
+
+    def __init__(self, config: FormalizerConfig, miner: Formalizer, engine: SolverPool, stages: StageRunner):
+        self.config = config
+        self.miner = miner
+        self.engine = engine
+        self.stages = stages
+
+    async def arbitrate(
+        self,
+        program: TrialProgram,
+        record: PatientDoc,
+        patient: ResolvedPatient,
+        decision: Decision,
+        timings: dict[str, float],
+    ) -> tuple[Decision, dict | None]:
+        """The decision after the arbiter (or the same one), and what the arbiter did: None when it was
+        not asked (off, or no fact contradicts a definition)."""
+        conflicts = definition_conflicts(decision)
+        if not self.config.arbiter or not conflicts:
+            return decision, None
+        t0 = time.perf_counter()
+        try:
+            res = await self.stages.run(
+                self.miner.arbitrate(program, record, patient, conflicts), "arbiter", record.text
+            )
+        except (FormalizerFailed, FormalizerUnavailable) as e:
+            timings["arbiter"] = _ms(t0)
+            log.warning("arbiter failed (%s); the solver result is kept", e.code)
+            return decision, {"status": "failed", "overrides": [], "problem": e.summary}
         timings["arbiter"] = _ms(t0)
-        log.warning("arbiter failed (%s); the solver result is kept", e.code)
-        return decision, {"status": "failed", "overrides": [], "problem": e.summary}
-    timings["arbiter"] = _ms(t0)
-    stage = {"prompt": res.prompt_version, "attempts": len(res.attempts)}
-    if not res.output:  # no faithful correction: the solver result stands (appendix A.5)
-        return decision, {"status": "no_override", "overrides": [], **stage}
-    t0 = time.perf_counter()
-    # The engine applies the overrides itself (its arbiter hook), as any caller of decide would.
-    again, applied = await redecide(svc.engine.adecide, program, patient, res)
-    timings["solve"] = round(timings.get("solve", 0.0) + _ms(t0), 3)
-    return again, {"status": "applied", "overrides": applied, **stage}
+        stage = {"prompt": res.prompt_version, "attempts": len(res.attempts)}
+        if not res.output:  # no faithful correction: the solver result stands (appendix A.5)
+            return decision, {"status": "no_override", "overrides": [], **stage}
+        t0 = time.perf_counter()
+        # The engine applies the overrides itself (its arbiter hook), as any caller of decide would.
+        again, applied = await redecide(self.engine.adecide, program, patient, res)
+        timings["solve"] = round(timings.get("solve", 0.0) + _ms(t0), 3)
+        return again, {"status": "applied", "overrides": applied, **stage}
+
+    async def verbalize(
+        self,
+        program: TrialProgram,
+        record: PatientDoc,
+        patient: ResolvedPatient,
+        decision: Decision,
+        timings: dict[str, float],
+    ) -> tuple[str | None, dict | None]:
+        """The verbalizer's rationale text (None when off or rejected) and its record (None when off)."""
+        if not self.config.verbalizer:
+            return None, None
+        t0 = time.perf_counter()
+        try:
+            res = await self.stages.run(
+                self.miner.verbalize(program, patient, decision, data_class=record.data_class),
+                "verbalizer",
+                record.text,
+            )
+        except (FormalizerFailed, FormalizerUnavailable) as e:
+            timings["verbalizer"] = _ms(t0)
+            log.warning("verbalizer failed (%s); no rationale text", e.code)
+            return None, {"status": "failed", "problem": e.summary}
+        timings["verbalizer"] = _ms(t0)
+        return res.output, {"status": "accepted", "prompt": res.prompt_version, "attempts": len(res.attempts)}
 
 
 def arbiter_markdown(arbiter: dict | None) -> str:
@@ -82,32 +116,6 @@ def arbiter_markdown(arbiter: dict | None) -> str:
         quote = f' ("{md(o["evidence"])}")' if o["evidence"] else ""
         out.append(f"- {o['atom']} {value}{quote}: {md(o['reason'])}")
     return "\n".join(out)
-
-
-async def verbalize(
-    svc: MatchingService,
-    program: TrialProgram,
-    record: PatientDoc,
-    patient: ResolvedPatient,
-    decision: Decision,
-    timings: dict[str, float],
-) -> tuple[str | None, dict | None]:
-    """The verbalizer's rationale text (None when off or rejected) and its record (None when off)."""
-    if not svc.config.formalizer.verbalizer:
-        return None, None
-    t0 = time.perf_counter()
-    try:
-        res = await svc._stage(
-            svc.miner.verbalize(program, patient, decision, data_class=record.data_class),
-            "verbalizer",
-            record.text,
-        )
-    except (FormalizerFailed, FormalizerUnavailable) as e:
-        timings["verbalizer"] = _ms(t0)
-        log.warning("verbalizer failed (%s); no rationale text", e.code)
-        return None, {"status": "failed", "problem": e.summary}
-    timings["verbalizer"] = _ms(t0)
-    return res.output, {"status": "accepted", "prompt": res.prompt_version, "attempts": len(res.attempts)}
 
 
 def _ms(t0: float) -> float:

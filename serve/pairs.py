@@ -16,9 +16,11 @@ import itertools
 from collections.abc import AsyncIterator, Iterable, Sequence
 
 from .audit import AuditStore
+from .error_mapping import error_body, internal_error
 from .errors import InvalidInput, ServiceError
-from .protocol import BatchLine, BatchRequest, MatchRequest, PatientInput
-from .serving import MatchingService, error_body, internal_error
+from .matching.protocol import BatchLine, BatchRequest, MatchRequest
+from .matching.serving import MatchingService
+from .protocol import PatientInput
 
 Pair = tuple[int, PatientInput, str]  # (index in the caller's order, patient, trial id)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -23,16 +23,11 @@ from pydantic import (
     model_validator,
 )
 from verdict.core.configs import StrictModel
-from verdict.core.decision import Decision
-from verdict.core.patient import PolicyRef, ResolvedPatient
 from verdict.core.program import Id, TrialProgram
 from verdict.data_gen.fhir.models import FhirPatientRecord
-from verdict.data_gen.formalizer.accounting import PairCost
-from verdict.data_gen.formalizer.miner import PassageConflict
 from verdict.data_gen.protocol import SINGLE_NOTE_ID, NoteDocument
 
-from .contract import all_of, any_given, exactly_one, given, only_with, outline, rules
-from .trial_versions import TrialVersion
+from .contract import all_of, exactly_one, given, only_with, outline, rules
 
 # Policy *names* only: a path would let a caller read files of the server.
 POLICY_NAME = r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$"
@@ -47,8 +42,7 @@ MAX_BATCH_PATIENTS = 1000
 MAX_BATCH_TRIALS = 200
 
 
-_Strict = StrictModel  # the project's one strict base, under the name serve/screen imports
-_ID_SCHEMA = TypeAdapter(Id).json_schema()
+ID_SCHEMA = TypeAdapter(Id).json_schema()
 ISO_DATE = r"^(?!0000)[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"  # fromisoformat's YYYY-MM-DD
 BIRTH_DATE = r"^(?!0000)[0-9]{4}(-(0[1-9]|1[0-2])(-(0[1-9]|[12][0-9]|3[01]))?)?$"  # FHIR's partial dates
 # a character str.strip() keeps: Python's \s has \x1c-\x1f and \x85, ECMA's (the document's) has not
@@ -80,115 +74,8 @@ class ErrorBody(BaseModel):
     problems: list[Problem] = Field(default_factory=list)
 
 
-# ---- trials -------------------------------------------------------------------------------------
-def _path(*keys: str, leaf: dict) -> dict:
-    """An object that has the nested keys, the last holding `leaf`."""
-    schema = leaf
-    for k in reversed(keys):
-        schema = {"type": "object", "required": [k], "properties": {k: schema}}
-    return schema
-
-
-def _study(protocol: str, ident: str, nct: str, elig: str, criteria: str) -> dict:
-    text = {"type": "string", "pattern": NOT_BLANK}
-    return _path(
-        protocol,
-        leaf={
-            "type": "object",
-            "required": [ident, elig],
-            "properties": {
-                ident: _path(nct, leaf=_ID_SCHEMA),  # it becomes the trial id
-                elig: _path(criteria, leaf=text),
-            },
-        },
-    )
-
-
-# What the service's ClinicalTrials.gov reader needs of a study, in the two layouts it reads.
-_CTGOV_V2 = _study(
-    "protocolSection", "identificationModule", "nctId", "eligibilityModule", "eligibilityCriteria"
-)
-_CTGOV_CLASSIC = _path(
-    "FullStudy",
-    "Study",
-    leaf=_study(
-        "ProtocolSection", "IdentificationModule", "NCTId", "EligibilityModule", "EligibilityCriteria"
-    ),
-)
-
-
-class TrialText(_Strict):
-    """Eligibility criteria as text: one `criteria` block, or `inclusion` and/or `exclusion`."""
-
-    model_config = ConfigDict(
-        json_schema_extra=rules(exactly_one("criteria", any_given("inclusion", "exclusion")))
-    )
-
-    trial_id: Id | None = Field(None, description="e.g. an NCT id; default: derived from the text")
-    title: str = Field("", max_length=1000)
-    criteria: str | None = Field(None, min_length=1, max_length=MAX_CRITERIA_CHARS)
-    inclusion: str | None = Field(None, min_length=1, max_length=MAX_CRITERIA_CHARS)
-    exclusion: str | None = Field(None, min_length=1, max_length=MAX_CRITERIA_CHARS)
-
-    @model_validator(mode="after")
-    def _some_text(self):
-        if self.criteria is None and self.inclusion is None and self.exclusion is None:
-            raise ValueError("give `criteria`, or `inclusion` and/or `exclusion`")
-        if self.criteria is not None and (self.inclusion is not None or self.exclusion is not None):
-            raise ValueError("give either `criteria` or `inclusion`/`exclusion`, not both")
-        return self
-
-
-class TrialRequest(_Strict):
-    """Exactly one of: criteria text, a ClinicalTrials.gov study record, a reviewed program."""
-
-    model_config = ConfigDict(
-        json_schema_extra=rules(exactly_one("text", "ctgov_study", "program"), also_checked=PROGRAM_CHECKS)
-    )
-
-    text: TrialText | None = None
-    ctgov_study: dict[str, Any] | None = Field(
-        None,
-        description="one ClinicalTrials.gov study record with an NCT id and eligibility criteria: API v2 "
-        "JSON, or the classic API's layout (FullStudy.Study.ProtocolSection; keys are read "
-        "case-insensitively)",
-        json_schema_extra={"anyOf": [_CTGOV_V2, _CTGOV_CLASSIC, {"type": "null"}]},
-    )
-    program: ProgramObject | None = Field(
-        None,
-        description="a reviewed trial program (admin role), format verdict.trial_program/v1: see "
-        "`verdict schema program`",
-    )
-
-    @model_validator(mode="after")
-    def _exactly_one(self):
-        given = [k for k in ("text", "ctgov_study", "program") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of `text`, `ctgov_study`, `program` (got {given or 'none'})")
-        return self
-
-
-class TrialResponse(BaseModel):
-    trial_id: str
-    program_hash: str
-    origin: Literal["parser", "upload", "revision"] = Field(
-        description="parser: the trial parser's output (match role); upload: a reviewed program "
-        "(admin role); revision: a corrected program (trial_owner or admin, POST /v1/trials/{id}/revisions)"
-    )
-    active: bool = Field(
-        description="whether matches on trial_id use this version: the newest reviewed version is active, "
-        "else the newest parser version; a parser run never supersedes a reviewed one"
-    )
-    active_program_hash: str = Field(description="the version matches on trial_id use now")
-    cached: bool = Field(description="true when the program came from the parse cache (no model call)")
-    parser_model: str | None = None
-    prompt_version: str | None = None
-    created_at: float
-    program: TrialProgram
-
-
-# ---- matching -----------------------------------------------------------------------------------
-class NoteInput(_Strict):
+# ---- the patient (matching, batches, screening) ----------------------------------------------
+class NoteInput(StrictModel):
     """One document of the patient record."""
 
     id: Id = Field(description="the document's id: each evidence quote names the document it is from")
@@ -216,7 +103,7 @@ MAX_FHIR_FACTS = 5000  # coded facts per FHIR patient record
 _FHIR_INPUT = all_of(
     {
         "properties": {
-            "patient_id": _ID_SCHEMA,
+            "patient_id": ID_SCHEMA,
             "reference_date": {"type": "string", "pattern": ISO_DATE},
             "birth_date": {"anyOf": [{"type": "null"}, {"type": "string", "pattern": BIRTH_DATE}]},
             "documents": {
@@ -224,7 +111,7 @@ _FHIR_INPUT = all_of(
                 "maxItems": MAX_NOTES,
                 "items": {
                     "properties": {
-                        "id": _ID_SCHEMA,
+                        "id": ID_SCHEMA,
                         "text": {"maxLength": MAX_NOTE_CHARS},
                         "date": {
                             "anyOf": [{"type": "null"}, {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}"}]
@@ -242,7 +129,7 @@ _FHIR_INPUT = all_of(
 )
 
 
-class PatientInput(_Strict):
+class PatientInput(StrictModel):
     """The patient record: one `note`, several documents in `notes`, or a FHIR patient record in
     `fhir` (exactly one of the three)."""
 
@@ -367,91 +254,6 @@ def _check_fhir(patient_id: str, rec: FhirPatientRecord) -> None:
         )
 
 
-class MatchRequest(_Strict):
-    model_config = ConfigDict(
-        json_schema_extra=rules(exactly_one("trial_id", "trial"), only_with("program_hash", "trial_id"))
-    )
-
-    trial_id: Id | None = Field(None, description="a trial registered with POST /v1/trials")
-    program_hash: str | None = Field(
-        None,
-        pattern=r"^sha256:[0-9a-f]{64}$",
-        description="pin a version of `trial_id` (default: its active version, see TrialResponse.active)",
-    )
-    trial: TrialText | None = Field(
-        None, description="or the criteria text inline (parsed once, then cached)"
-    )
-    patient: PatientInput
-    policy: str | None = Field(None, pattern=POLICY_NAME, description="policy name; default from the config")
-
-    @model_validator(mode="after")
-    def _one_trial(self):
-        if (self.trial_id is None) == (self.trial is None):
-            raise ValueError("give exactly one of `trial_id` and `trial`")
-        if self.program_hash is not None and self.trial_id is None:
-            raise ValueError("`program_hash` pins a version of `trial_id`")
-        return self
-
-
-class ModelIds(BaseModel):
-    parser: str | None = Field(
-        description="parser adapter that wrote the program; null for an uploaded program"
-    )
-    value_miner: str
-    base_model: str | None = Field(description="the adapters' base model as the server lists it")
-    endpoint: str = Field(description="formalizer servers of the pool (scheme://host:port, comma-separated)")
-    prompts: dict[str, str] = Field(description="prompt template version per stage")
-    files: dict[str, str] = Field(
-        default_factory=dict,
-        description="content hash of each served model's files (the base model and each adapter, by served "
-        "name): which weights answered. Empty when the service was not told their folders "
-        "(api.formalizer.model_files)",
-    )
-
-
-class Links(BaseModel):
-    decision: str
-    page: str
-
-
-class MatchResponse(BaseModel):
-    decision_id: str
-    trial_id: str
-    program_hash: str
-    patient_id: str
-    policy: PolicyRef
-    decision: Decision
-    patient: ResolvedPatient = Field(description="resolved values with evidence quotes and imputations")
-    rationale: dict[str, Any] = Field(description="structured rationale (criteria, to confirm, would change)")
-    rationale_markdown: str
-    rationale_text: str | None = Field(
-        None,
-        description="the verbalizer's prose restatement of the decision (api.formalizer.verbalizer); null "
-        "when it is off or its output was rejected (rationale.verbalizer says why). The structured rationale "
-        "and rationale_markdown are the source of truth",
-    )
-    extraction_conflicts: list[PassageConflict] = Field(
-        default_factory=list,
-        description="atoms whose documents or passages give values that cannot both hold: each value "
-        "with its quote and document; the atom is left unresolved (no policy imputes over it)",
-    )
-    models: ModelIds
-    timings_ms: dict[str, float]
-    cost: PairCost = Field(
-        default_factory=PairCost,
-        description="what this pair cost the formalizer: model calls, prompt and completion tokens "
-        "(cache hits and atoms reused from another trial are free), and the patient's one-time chart "
-        "reading",
-    )
-    trial_cached: bool
-    trial_version: TrialVersion | None = Field(
-        None,
-        description="the trial version decided against and whether it was the active one; a decision "
-        "against an inactive version (a preview) is not the trial's decision",
-    )
-    links: Links
-
-
 UNIQUE_PATIENTS = "each patient_id at most once (a pair's results are keyed by it)"
 
 
@@ -462,99 +264,6 @@ def unique_patient_ids(patients: list[PatientInput] | None) -> list[PatientInput
         if dup:
             raise ValueError(f"duplicate patient_id(s): {', '.join(dup[:10])}")
     return patients
-
-
-class BatchRequest(_Strict):
-    """Every patient against every trial (registered trial ids)."""
-
-    model_config = ConfigDict(json_schema_extra=rules(also_checked=(f"`patients`: {UNIQUE_PATIENTS}",)))
-
-    patients: list[PatientInput] = Field(
-        min_length=1, max_length=MAX_BATCH_PATIENTS, description=UNIQUE_PATIENTS
-    )
-    trial_ids: list[Id] = Field(min_length=1, max_length=MAX_BATCH_TRIALS)
-    policy: str | None = Field(None, pattern=POLICY_NAME)
-
-    _unique = field_validator("patients")(unique_patient_ids)
-
-
-class BatchLine(BaseModel):
-    """One line of the NDJSON stream of /v1/match/batch, in completion order."""
-
-    index: int = Field(description="position in patients x trial_ids (row-major)")
-    patient_id: str
-    trial_id: str
-    status: int = Field(description="the HTTP status this pair would have had alone")
-    result: MatchResponse | None = None
-    error: ErrorBody | None = None
-
-
-# ---- audit --------------------------------------------------------------------------------------
-class DecisionRecord(BaseModel):
-    decision_id: str
-    created_at: float
-    created_by: str = Field(description="API key id of the caller")
-    trial_id: str
-    program_hash: str
-    patient_id: str
-    note_sha256: str
-    patient_hash: str
-    policy: PolicyRef
-    engine_version: str
-    decision: str
-    models: dict[str, Any]
-    timings_ms: dict[str, float]
-    artifacts: dict[str, Any] = Field(
-        description="decision, resolved patient, value-miner outputs, rationale"
-    )
-    note_stored: bool
-    trial_version: TrialVersion | None = Field(
-        None,
-        description="artifacts.trial_version: the version decided against (null: recorded before it was)",
-    )
-    quote_hashing: Literal["keyed", "unkeyed"] | None = Field(
-        None,
-        description="how the note text this record does not keep is hashed: keyed (HMAC under the "
-        "store's secret), unkeyed (plain SHA-256: recorded before keyed hashing, never rewritten; a short "
-        "quote can be guessed from it), or null when the note is kept",
-    )
-    parent_id: str | None = Field(
-        None, description="the decision this one supersedes (a review or a re-screening)"
-    )
-    lineage: dict[str, Any] | None = Field(
-        None,
-        description="why it superseded its parent: kind (review, rescreen), the changes with reviewer role, "
-        "time and reason, program and policy versions; the whole chain: GET /v1/decisions/{id}/history",
-    )
-
-
-# ---- health -------------------------------------------------------------------------------------
-class Health(BaseModel):
-    status: Literal["ok"] = "ok"
-
-
-class EndpointStatus(BaseModel):
-    endpoint: str = Field(description="formalizer server (scheme://host:port)")
-    state: Literal["unknown", "up", "down"] = Field(
-        description="up: lists both adapters; down: skipped until a health check finds it up again"
-    )
-    reason: str | None = Field(None, description="why it is down (or what it lacks)")
-    models: list[str] = Field(default_factory=list, description="models it lists")
-    in_flight: int = Field(0, description="requests this replica has in flight towards it")
-    failures: int = Field(0, description="failed calls since the replica started")
-
-
-class Readiness(BaseModel):
-    ready: bool
-    formalizer: str = Field(description="formalizer servers (scheme://host:port, comma-separated)")
-    models: list[str] = Field(default_factory=list, description="models the formalizer server lists")
-    missing: list[str] = Field(
-        default_factory=list, description="adapters the service needs but the server lacks"
-    )
-    reason: str | None = None
-    endpoints: list[EndpointStatus] = Field(
-        default_factory=list, description="each formalizer server: ready when at least one is up"
-    )
 
 
 def base_url_problem(url: str) -> str | None:

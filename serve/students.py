@@ -72,7 +72,7 @@ def teacher_values(program, patient: dict, side: str) -> list:
 
 
 def trial_text(trial: dict):
-    from .protocol import TrialText
+    from .trials.protocol import TrialText
 
     return TrialText(
         trial_id=trial["trial_id"],
@@ -103,7 +103,7 @@ def parser_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[
     from verdict.data_gen.formalizer.criteria import normalize_criterion
 
     from .api_config import FormalizerConfig
-    from .serving import trial_doc
+    from .trials.serving import trial_doc
 
     limits = limits or FormalizerConfig(max_tokens=STUDENT_MAX_TOKENS)
     fz = Formalizer(limits.endpoint(limits.parser_model, "http://127.0.0.1:9/v1"))

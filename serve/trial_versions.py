@@ -9,7 +9,7 @@ upload or revision wins over parser output, then the newest). Pinning another ve
 - a batch pins each trial's active version when it starts, and a review re-derives against its
   decision's version (`pinned`): a version made inactive meanwhile still decides those;
 - criteria text given inline is decided against its own parse (`inline`) when the trial id has no
-  reviewed version (a reviewed one always wins, verdict.serve.serving).
+  reviewed version (a reviewed one always wins, verdict.serve.trials.serving).
 
 Every decision records its `TrialVersion` (artifacts `trial_version`), and the JSON response, the
 decision record, the history and the clinician page show it.

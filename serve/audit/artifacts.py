@@ -1,9 +1,10 @@
 """The decision record's artifacts as a type: what each audit row keeps besides its columns.
 
-Two writers build it: `MatchingService._record` (a match) and `reviews.serving.superseding_decision`
-(a review or a re-screening). `schema_version` says which shape a row has: rows written before the
-type existed have none and load as version 0. Unknown keys are kept as they are (`extra="allow"`):
-a newer writer may add a field without breaking older readers, and a row is never rewritten.
+Two writers build it: `MatchingService._record` (serve/matching/serving.py: a match) and
+`reviews.serving.superseding_decision` (a review or a re-screening). `schema_version` says which
+shape a row has: rows written before the type existed have none and load as version 0. Unknown keys
+are kept as they are (`extra="allow"`): a newer writer may add a field without breaking older
+readers, and a row is never rewritten.
 """
 
 from __future__ import annotations

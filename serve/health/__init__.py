@@ -1,1 +1,2 @@
-"""`/healthz`, `/readyz` (no key) and `/metrics` (audit role): `router.py`."""
+"""`/healthz`, `/readyz` (no key) and `/metrics` (audit role): models `protocol.py`, readiness
+`serving.py` (`HealthService`), routes `router.py`."""

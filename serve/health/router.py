@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 
 from ..api_keys import KeyEntry
-from ..errors import documented_errors
-from ..protocol import Health, Readiness
+from ..dependencies import Metrics, Probes
+from ..error_mapping import documented_errors
 from ..roles import require
+from .protocol import Health, Readiness
 
 router = APIRouter(tags=["health"])
 
@@ -20,9 +21,9 @@ async def healthz() -> Health:
 
 
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
-async def readyz(request: Request):
+async def readyz(health: Probes):
     """The formalizer server answers and serves both adapters (no key needed)."""
-    r = await request.app.state.service.readiness()
+    r = await health.readiness()
     return JSONResponse(r.model_dump(), status_code=200 if r.ready else 503)
 
 
@@ -34,7 +35,6 @@ async def readyz(request: Request):
         200: {"description": "Prometheus text format", "content": {"text/plain": {}}},
     },
 )
-async def metrics_endpoint(request: Request, _key: KeyEntry = Depends(require("audit"))):
+async def metrics_endpoint(metrics: Metrics, _key: KeyEntry = Depends(require("audit"))):
     """Prometheus metrics (audit role)."""
-    metrics = request.app.state.service.metrics
     return Response(metrics.exposition(), media_type=metrics.content_type)

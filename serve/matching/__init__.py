@@ -1,2 +1,2 @@
-"""`POST /v1/match` and `POST /v1/match/batch`: `router.py`; the logic is `MatchingService.match` /
-`match_batch` (serve/serving.py)."""
+"""`POST /v1/match` and `POST /v1/match/batch`: models `protocol.py`, logic `serving.py`
+(`MatchingService`; the batch's stream: serve/pairs.py), routes `router.py`."""

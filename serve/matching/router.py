@@ -1,19 +1,21 @@
 """`POST /v1/match` (one trial, one patient) and `POST /v1/match/batch` (NDJSON, every patient
-against every trial), role match. The logic is `request.app.state.service` (serve/serving.py; the
-batch's stream: serve/pairs.py)."""
+against every trial), role match. The logic is `MatchingService` (serving.py; the batch's stream:
+serve/pairs.py)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 
 from ..api_keys import KeyEntry
 from ..contract import NDJSON
-from ..errors import documented_errors
+from ..dependencies import Matching
+from ..error_mapping import documented_errors
 from ..pairs import match_batch as batch_lines
-from ..protocol import BatchLine, BatchRequest, ErrorBody, MatchRequest, MatchResponse
+from ..protocol import ErrorBody
 from ..roles import require
 from ..trial_versions import inactive_use_for
+from .protocol import BatchLine, BatchRequest, MatchRequest, MatchResponse
 
 router = APIRouter(tags=["matching"])
 
@@ -31,13 +33,13 @@ _INACTIVE = {
     "/v1/match", response_model=MatchResponse, responses={**documented_errors(formalizer=True), **_INACTIVE}
 )
 async def match(
-    req: MatchRequest, request: Request, key: KeyEntry = Depends(require("match"))
+    req: MatchRequest, matching: Matching, key: KeyEntry = Depends(require("match"))
 ) -> MatchResponse:
     """A trial and a patient note -> value miner (inclusion and exclusion passes) -> policy -> core:
     the full Decision, the resolved patient with evidence, and the rationale. Recorded for audit.
     `program_hash` pinning a version that is not the trial's active one: a preview for a trial_owner
     (or admin) key, marked as such in `trial_version`; 409 `inactive_version` for any other key."""
-    return await request.app.state.service.match(req, key.id, inactive_use_for(key))
+    return await matching.match(req, key.id, inactive_use_for(key))
 
 
 class NDJSONResponse(StreamingResponse):
@@ -58,9 +60,9 @@ class NDJSONResponse(StreamingResponse):
         },
     },
 )
-async def match_batch(req: BatchRequest, request: Request, key: KeyEntry = Depends(require("match"))):
+async def match_batch(req: BatchRequest, matching: Matching, key: KeyEntry = Depends(require("match"))):
     """Every patient against every trial; one JSON line per pair as it finishes."""
-    lines = batch_lines(request.app.state.service, req, key.id)
+    lines = batch_lines(matching, req, key.id)
     first = await anext(lines, None)  # validation errors surface as a status, before streaming
 
     async def stream():

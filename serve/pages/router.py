@@ -9,11 +9,11 @@
 A page is reached with an API key header (as before) or a login session (`session.py`; the edge,
 `auth.Authenticate`, turns the cookie into the key's entry). The forms work without script; each
 POST carries the session's CSRF token in a hidden field. A review goes to the review service
-(`app.state.reviews`, serve/reviews), which re-derives the decision; this module only turns a form
+(serve/reviews), which re-derives the decision; this module only turns a form
 into a `ReviewRequest` and the answer into a redirect to the new decision's page. Every error is an
 HTML page naming the field, never a traceback. The routes are module-level; what they need (the key
-store, the sessions, the caller's key and session) comes through FastAPI dependencies, from
-`app.state.pages` (a `PageContext`) and the edge's `request.state`.
+store, the sessions, the review service, the caller's key and session) comes through the typed
+dependencies of serve/dependencies.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from dataclasses import dataclass
 from typing import Annotated
 from urllib.parse import quote
 
@@ -31,17 +30,15 @@ from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import ValidationError
 from verdict.core.errors import VerdictError, describe_validation_error
 
-from ..api_keys import KeyEntry, KeyStore
-from ..auth import FailedAttempts
+from ..audit.serving import decision_row
 from ..clinician_page import PAGE_CSP, PageViewer, render_page, render_template
+from ..dependencies import AllServices, CurrentSession, Entry, Metrics, PageContext, Pages, Reviews
 from ..errors import ServiceError
 from ..reviews.protocol import ReviewRequest
 from ..roles import bearer
 from .session import (
     LOGIN_COOKIE,
     SESSION_COOKIE,
-    Session,
-    SessionStore,
     cookie_value,
     csrf_ok,
     set_cookie_header,
@@ -59,33 +56,9 @@ CHANGE_FIELDS = {
 PAGE_ROLES = ("audit", "review")
 
 
-@dataclass(frozen=True)
-class PageContext:
-    """What the page routes need besides the services: set once by the app as `app.state.pages`."""
-
-    keys: KeyStore
-    sessions: SessionStore
-    login_attempts: FailedAttempts  # wrong keys pasted at /login, per client address
-    secure_cookies: bool = False  # cookies marked Secure even behind a proxy speaking plain HTTP
-
-
-def page_context(request: Request) -> PageContext:
-    return request.app.state.pages
-
-
-def current_session(request: Request) -> Session | None:
-    """The login session the edge (`auth.Authenticate`) found for the cookie; None for a key header."""
-    return getattr(request.state, "session", None)
-
-
-def key_entry(request: Request) -> KeyEntry:
-    """The caller's key (header or session), as the edge authenticated it."""
-    return request.state.key_entry
-
-
 def page_viewer(
-    entry: Annotated[KeyEntry, Depends(key_entry)],
-    session: Annotated[Session | None, Depends(current_session)],
+    entry: Entry,
+    session: CurrentSession,
 ) -> PageViewer:
     return PageViewer(
         csrf=session.csrf if session is not None else None,
@@ -95,9 +68,6 @@ def page_viewer(
     )
 
 
-Pages = Annotated[PageContext, Depends(page_context)]
-CurrentSession = Annotated[Session | None, Depends(current_session)]
-Entry = Annotated[KeyEntry, Depends(key_entry)]
 Viewer = Annotated[PageViewer, Depends(page_viewer)]
 router = APIRouter()
 
@@ -208,6 +178,8 @@ async def decision_page(
     _creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],  # documents the key
     entry: Entry,
     viewer: Viewer,
+    services: AllServices,
+    reviews: Reviews,
     reviewed: bool = False,
 ) -> Response:
     """The clinician's page of a decision: the deciding criteria first, evidence highlighted in the
@@ -215,25 +187,30 @@ async def decision_page(
     forms for a signed-in reviewer (audit or review role; an API key header or a `/login` session)."""
     if not any(entry.allows(r) for r in PAGE_ROLES):
         return error_page(403, "Not allowed", "Reading a decision's page needs the audit or review role.")
-    service = request.app.state.service
     notice = "Your review is recorded: this is the re-derived decision." if reviewed else ""
 
     def page() -> str:  # store reads and rendering: in a worker thread, never on the event loop
-        row = service.decision_row(decision_id)
-        program = service.program_version(row.trial_id, row.program_hash)
-        history = _history(request, decision_id)
+        row = decision_row(services.audit, decision_id)
+        program = services.trials.program_version(row.trial_id, row.program_hash)
+        history = reviews.history(decision_id, latest=True)
         return render_page(row, program, viewer, history=history, notice=notice)
 
     try:
         return html(await asyncio.to_thread(page))
     except ServiceError as e:
-        service.metrics.errors.labels(e.code).inc()
+        services.metrics.errors.labels(e.code).inc()
         return error_page(e.status, "Decision not shown", e.summary, e.problems, viewer=viewer)
 
 
 @router.post("/v1/decisions/{decision_id}/page/review", include_in_schema=False)
 async def review_form(
-    decision_id: str, request: Request, entry: Entry, viewer: Viewer, session: CurrentSession
+    decision_id: str,
+    request: Request,
+    entry: Entry,
+    viewer: Viewer,
+    session: CurrentSession,
+    reviews: Reviews,
+    metrics: Metrics,
 ) -> Response:
     page = f"/v1/decisions/{quote(decision_id, safe='')}/page"
     form = await request.form()
@@ -249,11 +226,6 @@ async def review_form(
     if not entry.allows("review"):
         return error_page(
             403, "Review not recorded", "Reviewing needs the review role.", back=page, viewer=viewer
-        )
-    reviews = getattr(request.app.state, "reviews", None)
-    if reviews is None:
-        return error_page(
-            503, "Review not recorded", "The review service is not available.", back=page, viewer=viewer
         )
     kind = str(form.get("type") or "")
     if kind not in CHANGE_FIELDS:
@@ -285,15 +257,9 @@ async def review_form(
     try:
         answer = await reviews.review(decision_id, req, entry)
     except ServiceError as e:
-        request.app.state.service.metrics.errors.labels(e.code).inc()
+        metrics.errors.labels(e.code).inc()
         return error_page(e.status, "Review not recorded", e.summary, e.problems, back=page, viewer=viewer)
     except VerdictError as e:  # a change the core refuses (a value outside the atom's domain)
         return error_page(422, "Review not recorded", e.summary, e.problems, back=page, viewer=viewer)
     target = f"/v1/decisions/{quote(answer.decision_id, safe='')}/page?reviewed=1"
     return RedirectResponse(target, status_code=303, headers=PAGE_HEADERS)
-
-
-def _history(request: Request, decision_id: str):
-    """The last page of the decision's lineage from the review service, or None where there is none."""
-    reviews = getattr(request.app.state, "reviews", None)
-    return reviews.history(decision_id, latest=True) if reviews is not None else None

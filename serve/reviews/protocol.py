@@ -16,8 +16,10 @@ from verdict.core.configs import StrictModel
 from verdict.core.patient import PolicyRef
 
 from ..contract import rules
-from ..protocol import PROGRAM_CHECKS, MatchResponse, ProgramObject, TrialResponse
+from ..matching.protocol import MatchResponse
+from ..protocol import PROGRAM_CHECKS, ProgramObject
 from ..trial_versions import TrialVersion
+from ..trials.protocol import TrialResponse
 
 MAX_CHANGES = 50
 MAX_REASON_CHARS = 2000

@@ -1,4 +1,5 @@
-"""HTTP routes of the review loop; the logic is in `serving.py` (`request.app.state.reviews`).
+"""HTTP routes of the review loop; the logic is in `serving.py` (`ReviewService`, through
+serve/dependencies.py).
 
 POST /v1/decisions/{id}/reviews    review            confirm / correct / flag -> a new decision
 GET  /v1/decisions/{id}/history    audit or review   the chain from the first decision to this one (paged)
@@ -12,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query
 
 from ..api_keys import KeyEntry
+from ..dependencies import Reviews
 from ..protocol import ErrorBody
 from ..roles import require
 from .protocol import (
@@ -45,11 +47,11 @@ router = APIRouter(tags=["reviews"])
 
 @router.post("/v1/decisions/{decision_id}/reviews", response_model=ReviewResponse, responses=_ERRORS)
 async def post_review(
-    decision_id: str, req: ReviewRequest, request: Request, key: KeyEntry = Depends(require("review"))
+    decision_id: str, req: ReviewRequest, reviews: Reviews, key: KeyEntry = Depends(require("review"))
 ) -> ReviewResponse:
     """Confirm assumptions or open atoms, correct extracted facts, flag criteria: the core re-derives
     the decision (no language-model call) and a new decision supersedes this one (review role)."""
-    return await request.app.state.reviews.review(decision_id, req, key)
+    return await reviews.review(decision_id, req, key)
 
 
 Cursor = Query(None, max_length=200, description="`next_cursor` of the previous page")
@@ -59,33 +61,33 @@ Limit = Query(None, ge=1, le=500, description="entries per page (default api.rev
 @router.get("/v1/decisions/{decision_id}/history", response_model=DecisionHistory, responses=_ERRORS)
 async def get_history(
     decision_id: str,
-    request: Request,
+    reviews: Reviews,
     _key: KeyEntry = Depends(require("audit", "review")),
     cursor: str | None = Cursor,
     limit: int | None = Limit,
 ) -> DecisionHistory:
     """The decision's lineage: from the first decision to this one, with each change's reviewer,
     time and reason (audit or review role). One page, oldest first: follow `next_cursor`."""
-    return await asyncio.to_thread(request.app.state.reviews.history, decision_id, cursor, limit)
+    return await asyncio.to_thread(reviews.history, decision_id, cursor, limit)
 
 
 @router.post("/v1/trials/{trial_id}/revisions", response_model=RevisionResponse, responses=_ERRORS)
 async def post_revision(
-    trial_id: str, req: RevisionRequest, request: Request, key: KeyEntry = Depends(require("trial_owner"))
+    trial_id: str, req: RevisionRequest, reviews: Reviews, key: KeyEntry = Depends(require("trial_owner"))
 ) -> RevisionResponse:
     """A corrected program for the trial: checked like an upload, stored as a new version (origin
     `revision`) that becomes active; the old version stays readable by hash (trial_owner or admin)."""
-    return await request.app.state.reviews.revise(trial_id, req, key)
+    return await reviews.revise(trial_id, req, key)
 
 
 @router.get("/v1/trials/{trial_id}/flags", response_model=TrialFlags, responses=_ERRORS)
 async def get_flags(
     trial_id: str,
-    request: Request,
+    reviews: Reviews,
     _key: KeyEntry = Depends(require("trial_owner", "audit", "review")),
     cursor: str | None = Cursor,
     limit: int | None = Limit,
 ) -> TrialFlags:
     """Criteria reviewers flagged as mis-formalized, newest first (trial_owner, audit or review).
     One page: follow `next_cursor`."""
-    return await asyncio.to_thread(request.app.state.reviews.flags, trial_id, cursor, limit)
+    return await asyncio.to_thread(reviews.flags, trial_id, cursor, limit)

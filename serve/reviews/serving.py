@@ -1,6 +1,6 @@
 """The review loop's logic, apart from HTTP: `ReviewService` (`app.state.reviews`).
 
-    reviews = ReviewService(matching_service)
+    reviews = ReviewService(services)                               # serve/services.py
     await reviews.review(decision_id, ReviewRequest(...), key)    # -> ReviewResponse (a new decision)
     reviews.history(decision_id, cursor, limit)                    # -> DecisionHistory (a page)
     await reviews.revise(trial_id, RevisionRequest(...), key)      # -> RevisionResponse (a new version)
@@ -35,12 +35,14 @@ from verdict.data_gen.formalizer.miner import PassageConflict
 from ..api_keys import KeyEntry
 from ..audit import DecisionRow
 from ..audit.artifacts import typed_artifacts
+from ..audit.serving import decision_row
 from ..audit.store import _ACTIVE_ORDER, Guard, Superseded
 from ..errors import InvalidInput, NotFound, ServiceError
+from ..matching.protocol import Links, MatchResponse, ModelIds
+from ..matching.serving import conflicts_markdown
 from ..note_free import hidden
-from ..protocol import Links, MatchResponse, ModelIds
 from ..roles import Forbidden
-from ..serving import MatchingService, conflicts_markdown
+from ..services import Services
 from ..trial_versions import TrialVersion
 from .protocol import (
     ConfirmChange,
@@ -107,12 +109,12 @@ def kind_of(row: DecisionRow) -> str:
 
 
 class ReviewService:
-    def __init__(self, service: MatchingService):
-        self.service = service
+    def __init__(self, services: Services):
+        self.services = services
 
     @property
     def audit(self):
-        return self.service.audit
+        return self.services.audit
 
     # -- reviews ---------------------------------------------------------------------------------
     async def review(self, decision_id: str, req: ReviewRequest, key: KeyEntry) -> ReviewResponse:
@@ -156,7 +158,7 @@ class ReviewService:
 
     def _check_size(self, req: ReviewRequest) -> None:
         """The review's texts within `api.reviews` (413 for the whole, 422 naming a long note)."""
-        limits = self.service.config.reviews
+        limits = self.services.config.reviews
         texts = [
             getattr(ch, name) or ""
             for ch in req.changes
@@ -181,14 +183,14 @@ class ReviewService:
     def _reviewable(self, decision_id: str) -> tuple[DecisionRow, TrialProgram]:
         """The decision and its program, if it may be reviewed: current (409 otherwise) and with room
         in its lineage (422 otherwise). Reads the store: call it in a thread."""
-        row = self.service.decision_row(decision_id)
+        row = decision_row(self.audit, decision_id)
         if self.audit.successor(decision_id) is not None:
             current = self.current_id(decision_id)
             raise Superseded(
                 f"decision '{decision_id}' was superseded by '{current}': review the current one",
                 [("decision_id", f"superseded by {current}")],
             )
-        limit = self.service.config.reviews.max_reviews_per_lineage
+        limit = self.services.config.reviews.max_reviews_per_lineage
         depth = len(self.audit.lineage_ids(decision_id)) - 1
         if depth >= limit:
             raise InvalidInput(
@@ -196,7 +198,7 @@ class ReviewService:
                 f"the limit is {limit} (api.reviews.max_reviews_per_lineage): nothing was stored",
                 [("decision_id", f"its lineage holds {depth} superseding decisions, the limit")],
             )
-        return row, self.service.program_version(row.trial_id, row.program_hash)
+        return row, self.services.trials.program_version(row.trial_id, row.program_hash)
 
     def _changes(
         self, program: TrialProgram, stored: ResolvedPatient, req: ReviewRequest, key: KeyEntry, now: float
@@ -206,7 +208,7 @@ class ReviewService:
         table = program.atom_table()
         criteria = {c.id for _, _, c in program.criteria()}
         have = stored.by_atom()
-        keep = self.service.config.store_notes
+        keep = self.services.config.store_notes
         problems: list[tuple[str, str]] = []
         overrides: dict[str, Resolution | None] = {}
         seen: dict[str, int] = {}
@@ -244,7 +246,7 @@ class ReviewService:
                     continue
             source = ch.established if isinstance(ch, ConfirmChange) else REVIEWER_SOURCE
             evidence = (
-                ch.evidence if keep or not ch.evidence else hidden(ch.evidence, self.service.quote_hasher)
+                ch.evidence if keep or not ch.evidence else hidden(ch.evidence, self.services.quote_hasher)
             )
             overrides[ch.atom] = (
                 None if value is None
@@ -277,7 +279,7 @@ class ReviewService:
         """Decide (in the solver pool, under the solver limit), render, and append as the parent's
         successor."""
         t0 = time.perf_counter()
-        decision = await self.service.engine.adecide(program, patient)
+        decision = await self.services.engine.adecide(program, patient)
         timings["solve"] = _ms(t0)
         row, response = superseding_decision(
             self.audit,
@@ -293,7 +295,7 @@ class ReviewService:
             t_start,
         )
         stored = await asyncio.to_thread(row)
-        self.service.metrics.decisions.labels(decision.decision).inc()
+        self.services.metrics.decisions.labels(decision.decision).inc()
         return stored, response(stored)
 
     # -- history ---------------------------------------------------------------------------------
@@ -301,7 +303,7 @@ class ReviewService:
         return self.audit.lineage_head(decision_id)
 
     def _limit(self, limit: int | None) -> int:
-        return limit or self.service.config.reviews.history_page
+        return limit or self.services.config.reviews.history_page
 
     def history(
         self, decision_id: str, cursor: str | None = None, limit: int | None = None, latest: bool = False
@@ -357,7 +359,7 @@ class ReviewService:
                 [("revises", f"the active version is {active.program_hash}")],
             )
         # In the solver pool: a hard revision never makes another request's decision wait.
-        program = await self.service.checked_program(req.program, key.id, "revision")
+        program = await self.services.trials.checked_program(req.program, key.id, "revision")
         if program.trial_id != trial_id:
             raise InvalidInput(
                 "the program is for another trial",
@@ -365,7 +367,10 @@ class ReviewService:
             )
         if program.content_hash == active.program_hash:
             return RevisionResponse(
-                trial=self.service.get_trial(trial_id), revises=revises, reason=req.reason, unchanged=True
+                trial=self.services.trials.get_trial(trial_id),
+                revises=revises,
+                reason=req.reason,
+                unchanged=True,
             )
         # Refused in the append's transaction if another version became active meanwhile.
         guard = active_version_guard(trial_id, revises)
@@ -375,7 +380,7 @@ class ReviewService:
             details={"revises": revises, "reason": req.reason, "roles": list(key.roles)}, refuse_if=guard,
         ))  # fmt: skip
         return RevisionResponse(
-            trial=self.service._trial_response(row, cached=False), revises=revises, reason=req.reason
+            trial=self.services.trials.trial_response(row, cached=False), revises=revises, reason=req.reason
         )
 
     def flags(self, trial_id: str, cursor: str | None = None, limit: int | None = None) -> TrialFlags:

@@ -9,6 +9,7 @@ from typing import Literal, get_args
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from verdict.core.configs import StrictModel
 from verdict.core.program import Id
 from verdict.core.ranking import RankedRow
 
@@ -19,7 +20,6 @@ from ..protocol import (
     UNIQUE_PATIENTS,
     ErrorBody,
     PatientInput,
-    _Strict,
     base_url_problem,
     unique_patient_ids,
 )
@@ -42,7 +42,7 @@ def _label_for(kinds: list[str], label: dict) -> dict:
     }
 
 
-class ScreenSource(_Strict):
+class ScreenSource(StrictModel):
     """Where the screened patients came from, as the caller states it (recorded with the run). The
     label names the source, never a patient: a FHIR server's base URL (no credentials, query or
     fragment), an export folder or file name (no path), or an export id. Free text is refused: a
@@ -104,7 +104,7 @@ class ScreenSource(_Strict):
 MAX_SCREEN_TRIALS = 10_000
 
 
-class ScreenRequest(_Strict):
+class ScreenRequest(StrictModel):
     """One patient against trials (`patient`, optional `trial_ids`), or one trial against patients
     (`trial_id` + `patients`). Exactly one of the two directions. Without `trial_ids` a patient is
     screened against every registered trial, however many (up to the service's `max_screen_pairs`)."""

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 
 from ..api_keys import KeyEntry
+from ..dependencies import Matching
 from ..protocol import ErrorBody
 from ..roles import require
 from .protocol import ScreeningRecord, ScreeningSubjects, ScreenRequest, ScreenResponse
@@ -23,14 +24,14 @@ router = APIRouter(tags=["matching"])
     responses={code: {"model": ErrorBody} for code in (401, 403, 413, 422)},
 )
 async def post_screen(
-    req: ScreenRequest, request: Request, key: KeyEntry = Depends(require("match"))
+    req: ScreenRequest, matching: Matching, key: KeyEntry = Depends(require("match"))
 ) -> ScreenResponse:
     """One patient against every registered trial (or `trial_ids`), or one trial against `patients`:
     each pair decided and recorded as in /v1/match/batch, then ranked by formal distance (eligible
     with nothing to confirm; eligible with k assumptions to confirm; ineligible with |δ_E| = 1, 2, ...;
     ties by id). A pair that fails is listed in `failures` with its own error; the others are ranked.
     The run is recorded after its pairs (source, counts, decision ids): `screening_id`."""
-    return await screen(request.app.state.service, req, key.id)
+    return await screen(matching, req, key.id)
 
 
 @router.get(
@@ -40,11 +41,11 @@ async def post_screen(
     responses={code: {"model": ErrorBody} for code in (401, 403, 404)},
 )
 async def get_screening(
-    screening_id: str, request: Request, _key: KeyEntry = Depends(require("audit"))
+    screening_id: str, matching: Matching, _key: KeyEntry = Depends(require("audit"))
 ) -> ScreeningRecord:
     """A screening run from the append-only audit store: its source as the caller stated it, its
     counts, the decisions it made and the policy (audit role)."""
-    return screening_record(request.app.state.service, screening_id)
+    return screening_record(matching, screening_id)
 
 
 @router.get(
@@ -54,10 +55,10 @@ async def get_screening(
     responses={code: {"model": ErrorBody} for code in (401, 403, 404)},
 )
 async def get_screening_subjects(
-    screening_id: str, request: Request, _key: KeyEntry = Depends(require("admin"))
+    screening_id: str, matching: Matching, _key: KeyEntry = Depends(require("admin"))
 ) -> ScreeningSubjects:
     """A screening run's ranked pairs as FHIR R4 ResearchSubjects, built from its recorded decisions
     (admin role only: these are what a write-back puts on the site's FHIR server). Their links start
     with `api.public_url`, or are relative when it is unset (never the request's Host header)."""
-    service = request.app.state.service
-    return await asyncio.to_thread(screening_subjects, service, screening_id, service.config.public_url or "")
+    url = matching.config.public_url or ""
+    return await asyncio.to_thread(screening_subjects, matching, screening_id, url)

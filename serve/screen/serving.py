@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from verdict.core.ranking import rank, rerank
 
 from ..errors import InvalidInput, NotFound
+from ..matching.serving import MatchingService
 from ..pairs import Pair, match_pairs, pin_trials
-from ..serving import MatchingService
 from .protocol import (
     ScreenFailure,
     ScreeningCounts,

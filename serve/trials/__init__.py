@@ -1,2 +1,2 @@
-"""`POST /v1/trials` (parse or upload a trial program) and `GET /v1/trials/{id}`: `router.py`; the
-logic is `MatchingService.register_trial` / `get_trial` (serve/serving.py)."""
+"""`POST /v1/trials` (parse or upload a trial program) and `GET /v1/trials/{id}`: models
+`protocol.py`, logic `serving.py` (`TrialService`), routes `router.py`."""

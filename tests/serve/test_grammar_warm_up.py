@@ -10,10 +10,10 @@ import json
 from verdict.data_gen.scripted_server import Script, ScriptedServer
 from verdict.data_gen.scripted_server import ScriptedResponse as R
 from verdict.serve.api_config import ApiConfig
-from verdict.serve.serving import MatchingService
+from verdict.serve.services import Services
 
 
-def _service(tmp_path, url: str, warm: bool = True) -> MatchingService:
+def _service(tmp_path, url: str, warm: bool = True) -> Services:
     cfg = ApiConfig.model_validate(
         {
             "formalizer": {
@@ -26,7 +26,7 @@ def _service(tmp_path, url: str, warm: bool = True) -> MatchingService:
             "api_keys": str(tmp_path / "keys.json"),
         }
     )
-    return MatchingService(cfg, url)
+    return Services(cfg, url)
 
 
 def _schemas(srv: ScriptedServer) -> list[str]:
@@ -43,18 +43,18 @@ def test_not_ready_until_both_stage_grammars_are_warm_and_a_failure_is_retried(t
         with ScriptedServer(Script(default=R(fault="status", status=500))) as srv:
             svc = _service(tmp_path, srv.url)
             try:
-                r = await svc.readiness()  # the server is up, but the warm-up request fails
+                r = await svc.health.readiness()  # the server is up, but the warm-up request fails
                 assert r.ready is False and "warming up" in r.reason and "HTTP 500" in r.reason
                 assert len(srv.requests) >= 1
                 srv.set_script(Script(default=R(content={"in_scope": False})))
                 srv.reset()
-                r = await svc.readiness()  # retried: now warm
+                r = await svc.health.readiness()  # retried: now warm
                 assert r.ready is True and r.reason is None
                 assert sorted(_schemas(srv)) == ["miner", "parser"]
                 body = srv.requests[0].body
                 assert body["max_tokens"] == 1 and "Patient note" not in json.dumps(body)
                 before = len(srv.requests)
-                assert (await svc.readiness()).ready is True
+                assert (await svc.health.readiness()).ready is True
                 assert len(srv.requests) == before  # warmed once per server
             finally:
                 await svc.aclose()
@@ -67,13 +67,13 @@ def test_a_readiness_check_during_the_warm_up_does_not_wait_for_it(tmp_path):
         with ScriptedServer(Script(default=R(content={"in_scope": False}, latency_s=1.0))) as srv:
             svc = _service(tmp_path, srv.url)
             try:
-                await svc.client.check_all()
-                warming = asyncio.create_task(svc.warm_grammars())
+                await svc.formalizers.pool.check_all()
+                warming = asyncio.create_task(svc.grammars.warm())
                 await asyncio.sleep(0.2)
-                r = await svc.readiness()
+                r = await svc.health.readiness()
                 assert r.ready is False and r.reason == "warming up the structured-output grammars"
                 assert await warming is None
-                assert (await svc.readiness()).ready is True
+                assert (await svc.health.readiness()).ready is True
             finally:
                 await svc.aclose()
 
@@ -85,7 +85,7 @@ def test_without_the_setting_nothing_is_sent_before_ready(tmp_path):
         with ScriptedServer(Script(default=R(fault="status", status=500))) as srv:
             svc = _service(tmp_path, srv.url, warm=False)
             try:
-                assert (await svc.readiness()).ready is True and srv.requests == []
+                assert (await svc.health.readiness()).ready is True and srv.requests == []
             finally:
                 await svc.aclose()
 

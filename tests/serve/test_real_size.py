@@ -58,8 +58,8 @@ def teacher_records(limits) -> dict:
     from verdict.data_gen.formalizer import Formalizer
     from verdict.data_gen.formalizer.assembly import assemble
     from verdict.data_gen.sources import load_patients, load_trials
-    from verdict.serve.protocol import TrialText
-    from verdict.serve.serving import trial_doc
+    from verdict.serve.trials.protocol import TrialText
+    from verdict.serve.trials.serving import trial_doc
 
     doc = load_trials(TRIALS, ids=[TRIAL]).items[0]
     note = load_patients(PATIENTS, ids=[PATIENT], data_class="public").items[0]
@@ -138,8 +138,8 @@ def path(student):
     from verdict.core.rationale import render_markdown
     from verdict.data_gen.formalizer import Formalizer, merge_sides
     from verdict.data_gen.protocol import PatientDoc
-    from verdict.serve.serving import trial_doc
     from verdict.serve.students import trial_text
+    from verdict.serve.trials.serving import trial_doc
 
     limits, url = student["limits"], student["server"].base_url
     trial, patient = student["records"]["trials"][0], student["records"]["patients"][0]

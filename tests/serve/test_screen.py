@@ -431,7 +431,7 @@ SITE_SHAPES = [
 
 def register_site(store_path, n: int) -> None:
     """`n` registered trials, four small programs (SITE_SHAPES) under `n` ids, written to the store
-    the way an upload writes them (`MatchingService.upload_program`; uploading through the API is
+    the way an upload writes them (`TrialService.upload_program`; uploading through the API is
     tested above and would spend its Z3 check `n` times). Before the service starts."""
     from verdict.core.program import TrialProgram, check_program
     from verdict.serve.audit import AuditStore

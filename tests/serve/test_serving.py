@@ -252,8 +252,11 @@ def test_parsed_programs_are_checked_by_the_services_own_solver_pool(tmp_path, s
     import verdict.core.engine as core_engine
     from verdict.serve.api_config import ApiConfig
     from verdict.serve.audit import AuditStore
-    from verdict.serve.protocol import MatchRequest, PatientInput, TrialText
-    from verdict.serve.serving import MatchingService, trial_doc
+    from verdict.serve.matching.protocol import MatchRequest
+    from verdict.serve.protocol import PatientInput
+    from verdict.serve.services import Services
+    from verdict.serve.trials.protocol import TrialText
+    from verdict.serve.trials.serving import trial_doc
 
     default = core_engine._default_engine
     default_cached = set(default._cache) if default is not None else None
@@ -264,15 +267,15 @@ def test_parsed_programs_are_checked_by_the_services_own_solver_pool(tmp_path, s
             "audit_db": str(tmp_path / "audit.sqlite"),
         }
     )
-    service = MatchingService(api, scripted.url, audit=AuditStore(api.audit_db, store_notes=False))
+    service = Services(api, scripted.url, audit=AuditStore(api.audit_db, store_notes=False))
 
     async def parse_and_match():
         try:
             text = TrialText(trial_id="T-ENGINE", inclusion="Adults (engine test)", exclusion="Chest pain")
-            row, _ = await service.parsed_trial(trial_doc(text), "test")
+            row, _ = await service.trials.parsed_trial(trial_doc(text), "test")
             checked = service.engine.stats().answered
             patient = PatientInput(patient_id="P1", note="40 years old.")
-            res = await service.match(
+            res = await service.matching.match(
                 MatchRequest(trial_id="T-ENGINE", program_hash=row.program_hash, patient=patient), "test"
             )
             return checked, res
@@ -281,7 +284,8 @@ def test_parsed_programs_are_checked_by_the_services_own_solver_pool(tmp_path, s
             service.audit.close()
 
     checked, res = asyncio.run(parse_and_match())
-    assert service.parser.engine is service.engine and service.miner.engine is service.engine
+    f = service.formalizers
+    assert f.parser.engine is service.engine and f.miner.engine is service.engine
     assert service.engine.timeout_ms == 321
     assert checked >= 2  # the criterion and the assembled program, checked in the pool at parse time
     assert service.engine.stats().answered == checked + 1  # ... and the decision made there too

@@ -105,7 +105,7 @@ def test_chat_template_and_prompt_tokens_equal_our_count(real_vocab_server):
 
 def test_warm_up_precedes_readiness_and_the_first_request_is_cheap(real_vocab_server, tmp_path):
     from verdict.serve.api_config import ApiConfig
-    from verdict.serve.serving import MatchingService
+    from verdict.serve.services import Services
 
     cfg = ApiConfig.model_validate(
         {
@@ -122,10 +122,10 @@ def test_warm_up_precedes_readiness_and_the_first_request_is_cheap(real_vocab_se
     )
 
     async def go():
-        svc = MatchingService(cfg, real_vocab_server.base_url)
+        svc = Services(cfg, real_vocab_server.base_url)
         try:
             t0 = time.perf_counter()
-            ready = await svc.readiness()
+            ready = await svc.health.readiness()
             warm_s = time.perf_counter() - t0
             t = _endpoint(real_vocab_server)
             c = EndpointClient(t)
