@@ -9,6 +9,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 pytest_plugins = [
     "tests.fixtures.fhir_server",
     "tests.fixtures.models",
+    "tests.fixtures.oauth_server",
     "tests.fixtures.postgres",
     "tests.fixtures.scripted_api",
     "tests.fixtures.sft",

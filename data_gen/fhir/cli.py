@@ -30,26 +30,23 @@ def load(
     out: Path | None = typer.Option(None, "--out", help="write the records as JSONL here"),
     codes: str = typer.Option("codes", "--codes", help="code map: name in configs/fhir or a YAML path"),
     config: Path | None = typer.Option(
-        None, "--config", help="REST client config YAML (FhirRestConfig); its base_url is SOURCE"
+        None,
+        "--config",
+        help="REST client config YAML (FhirRestConfig: paging, timeouts, `smart:` SMART Backend "
+        "Services); its base_url is SOURCE",
     ),
 ) -> None:
     """Read patients from FHIR and print, per patient: documents, facts, conversions, problems."""
 
     from .code_map import load_code_map
-    from .rest import FhirRestConfig
+    from .rest import load_rest_config
     from .sources import load_source
 
     try:
         day = dt.date.fromisoformat(at)
     except ValueError:
         fail(f"--at: '{at}' is not a date YYYY-MM-DD")
-    rest = None
-    if config is not None:
-        from verdict.core import configs
-
-        data = configs.read_yaml(config)
-        data["base_url"] = source
-        rest = configs.build(FhirRestConfig, data, where=f"FHIR REST config {config.name}")
+    rest = load_rest_config(config, source) if config is not None else None
     result = load_source(source, day, patient=patient, code_map=load_code_map(codes), rest=rest)
     for rec in result.records:
         age = (
@@ -96,3 +93,19 @@ def load(
             for rec in result.records:
                 fh.write(rec.model_dump_json() + "\n")
         typer.echo(f"wrote {len(result.records)} records to {out}")
+
+
+@app.command("smart-jwks")
+def smart_jwks(
+    key: Path = typer.Option(..., "--key", help="the client's PEM private key file (mode 0600)"),
+    key_id: str = typer.Option(..., "--kid", help="the key id the assertions name (smart.key_id)"),
+    algorithm: str = typer.Option("RS384", "--alg", help="RS384 (RSA key) or ES384 (EC P-384 key)"),
+) -> None:
+    """Print the public JWKS to register for this SMART Backend Services client (no private part)."""
+    import json
+
+    from .smart import public_jwks
+
+    if algorithm not in ("RS384", "ES384"):
+        fail(f"--alg: '{algorithm}' is not RS384 or ES384")
+    typer.echo(json.dumps(public_jwks(key, key_id, algorithm), indent=2))  # a refused key: `error: ...`

@@ -3,8 +3,12 @@
 Every URL (the base, each `link[next]` page, each attachment URL) goes through the project's egress
 allowlist (`verdict.data_gen.egress.EgressPolicy`) before a connection is opened: a host that is not
 loopback or on `egress.allow_hosts` / $VERDICT_EGRESS_ALLOW is refused with EgressRefused and
-nothing is sent. Redirects are not followed (a redirect could leave the allowlist). The bearer
-token is read from the environment variable the config names, at request time; it is never logged.
+nothing is sent. Redirects are not followed (a redirect could leave the allowlist).
+
+Authorization: with `smart` configured, SMART Backend Services (`smart.py`: a signed JWT assertion
+traded for an access token, kept until it nears expiry; on a 401 the token is renewed once and the
+request sent again, then a second 401 is an error). Without it, for development, the bearer token is
+read from the environment variable `token_env` names, at request time. Neither is ever logged.
 
 Per patient: `Patient/{id}/$everything` (paged), and when the server does not offer it (404, 400,
 405, 501), `Patient/{id}` plus one search `TYPE?patient={id}` per resource type read (paged).
@@ -19,7 +23,10 @@ import base64
 import binascii
 import logging
 import os
-from typing import Any
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -27,7 +34,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..egress import EgressPolicy
 from ..teacher_config import EgressConfig
 from .errors import FhirServerError, FhirSourceError
+from .smart import SmartBackendAuth, SmartBackendConfig
 from .validate import MAX_ATTACHMENT_BYTES, READ_TYPES, parse_json
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("verdict.data_gen.fhir")
 NO_EVERYTHING = (400, 404, 405, 501)  # statuses meaning "this server has no $everything"
@@ -39,8 +50,11 @@ class FhirRestConfig(BaseModel):
     base_url: str = Field(description="FHIR base URL, e.g. https://fhir.hospital.example/r4")
     token_env: str | None = Field(
         "VERDICT_FHIR_TOKEN",
-        description="environment variable holding the bearer "
-        "token (unset variable: no Authorization header); null: never send one",
+        description="for development: environment variable holding a bearer token (unset variable: no "
+        "Authorization header; null: never send one); not read when `smart` is set",
+    )
+    smart: SmartBackendConfig | None = Field(
+        None, description="SMART Backend Services: client credentials with a signed JWT assertion"
     )
     timeout_s: float = Field(30.0, gt=0, description="seconds per HTTP request")
     page_size: int = Field(100, ge=1, le=1000, description="_count asked for on searches")
@@ -63,16 +77,41 @@ class FhirRestConfig(BaseModel):
         return v.rstrip("/")
 
 
+def load_rest_config(path: Path, base_url: str) -> FhirRestConfig:
+    """A REST client config YAML (`FhirRestConfig`, `--config` / `--fhir-config`); `base_url` is the
+    server named on the command line."""
+    from verdict.core import configs
+
+    data = configs.read_yaml(path)
+    data["base_url"] = base_url
+    return configs.build(FhirRestConfig, data, where=f"FHIR REST config {path.name}")
+
+
 class FhirRestClient:
     """Reads one patient's resources (or the server's patient ids) from a FHIR server."""
 
-    def __init__(self, cfg: FhirRestConfig, *, policy: EgressPolicy | None = None):
+    def __init__(
+        self,
+        cfg: FhirRestConfig,
+        *,
+        policy: EgressPolicy | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
         self.cfg = cfg
         self.policy = policy or EgressPolicy.from_config(cfg.egress)
         self._check(cfg.base_url)  # refused before the client exists, so before any request
         import httpx
 
         self._http = httpx.Client(timeout=cfg.timeout_s, follow_redirects=False)
+        self.smart: SmartBackendAuth | None = None
+        if cfg.smart is not None:
+            try:  # key file and a configured token URL checked here, before any request
+                self.smart = SmartBackendAuth(
+                    cfg.smart, cfg.base_url, http=self._http, policy=self.policy, clock=clock
+                )
+            except BaseException:
+                self._http.close()
+                raise
         self.requests = 0
         self._has_everything: bool | None = None
 
@@ -89,9 +128,18 @@ class FhirRestClient:
     def _check(self, url: str) -> None:
         self.policy.check(url, carries_patient_text=True, what="a FHIR request")
 
-    def _headers(self) -> dict[str, str]:
+    def _own(self, url: str) -> bool:
+        """Whether `url` is on the FHIR server itself: only there does its token go."""
+        a, b = urlsplit(url), urlsplit(self.cfg.base_url)
+        return (a.scheme, a.netloc.lower()) == (b.scheme, b.netloc.lower())
+
+    def _headers(self, url: str) -> dict[str, str]:
         headers = {"Accept": "application/fhir+json"}
-        if self.cfg.token_env:
+        if not self._own(url):  # an attachment or page elsewhere (allowlisted) never gets the token
+            return headers
+        if self.smart is not None:
+            headers["Authorization"] = self.smart.authorization()
+        elif self.cfg.token_env:
             token = os.environ.get(self.cfg.token_env)
             if token:
                 headers["Authorization"] = f"Bearer {token}"
@@ -104,17 +152,30 @@ class FhirRestClient:
 
     def get(self, path_or_url: str, params: dict | None = None) -> tuple[int, bytes, str | None]:
         """(status, body, content type); the URL is checked against the allowlist first."""
-        import httpx
-
         url = self._url(path_or_url)
         self._check(url)
         what = urlsplit(url).path  # ids only: no query (never patient text), no host credentials
-        try:
-            r = self._http.get(url, params=params, headers=self._headers())
-        except httpx.HTTPError as e:
-            raise FhirServerError(f"FHIR server unreachable for GET {what} ({type(e).__name__})") from None
-        self.requests += 1
+        r = self._send("GET", url, what, params=params)
         return r.status_code, r.content, r.headers.get("content-type")
+
+    def _send(self, method: str, url: str, what: str, **kw: Any) -> httpx.Response:
+        """One request; under SMART, a 401 renews the token and sends it once more."""
+        import httpx
+
+        extra = kw.pop("headers", {})
+        for attempt in (1, 2):
+            try:
+                r = self._http.request(method, url, headers={**self._headers(url), **extra}, **kw)
+            except httpx.HTTPError as e:
+                raise FhirServerError(
+                    f"FHIR server unreachable for {method} {what} ({type(e).__name__})"
+                ) from None
+            self.requests += 1
+            if r.status_code != 401 or self.smart is None or attempt == 2 or not self._own(url):
+                return r
+            log.info("FHIR server answered 401 to %s %s: renewing the SMART access token", method, what)
+            self.smart.invalidate()
+        return r
 
     def get_json(self, path_or_url: str, params: dict | None = None, *, allow: tuple[int, ...] = ()) -> Any:
         status, body, _ = self.get(path_or_url, params)
@@ -123,6 +184,13 @@ class FhirRestClient:
         return self._answer("GET", urlsplit(self._url(path_or_url)).path, status, body)
 
     def _answer(self, method: str, what: str, status: int, body: bytes) -> Any:
+        if (status == 401 or status == 403) and self.smart is not None:
+            smart = self.cfg.smart
+            raise FhirServerError(
+                f"FHIR server refused {method} {what} with HTTP {status}"
+                + (" again with a new SMART access token" if status == 401 else "")
+                + f": check that client '{smart.client_id}' is registered and granted scope '{smart.scope}'"
+            )
         if status == 401 or status == 403:
             raise FhirServerError(
                 f"FHIR server refused {method} {what} with HTTP {status}: check the bearer token "
@@ -136,19 +204,17 @@ class FhirRestClient:
     def put_conditional(self, resource: dict, system: str, value: str) -> tuple[bool, Any]:
         """(created, stored resource): `PUT TYPE?identifier=system|value` with `resource` (no `id`:
         the server assigns it on create). The URL is checked against the allowlist first."""
-        import httpx
-
         rtype = resource["resourceType"]
         url = self._url(rtype)
         self._check(url)
-        headers = {**self._headers(), "Content-Type": "application/fhir+json"}
-        try:
-            r = self._http.put(
-                url, params={"identifier": f"{system}|{value}"}, json=resource, headers=headers
-            )
-        except httpx.HTTPError as e:
-            raise FhirServerError(f"FHIR server unreachable for PUT {rtype} ({type(e).__name__})") from None
-        self.requests += 1
+        r = self._send(
+            "PUT",
+            url,
+            rtype,
+            params={"identifier": f"{system}|{value}"},
+            json=resource,
+            headers={"Content-Type": "application/fhir+json"},
+        )
         if r.status_code == 412:  # more than one resource holds the identifier: never pick one
             raise FhirServerError(f"FHIR server holds several {rtype} with identifier {system}|{value}")
         if 400 <= r.status_code < 500 and r.status_code not in (401, 403):

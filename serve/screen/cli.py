@@ -5,8 +5,9 @@
     verdict screen --url ... --fhir-server https://fhir.site.example/r4 --fhir-patient 123 --at 2024-05-01
     verdict screen --url ... --trial NCT00000001 --fhir-ndjson export/ --at 2024-05-01
 
-Patients from FHIR (a Bundle file, a Bulk Data NDJSON folder, or a REST server: bearer token from
-$VERDICT_FHIR_TOKEN, host checked against the egress allowlist before any request) are read by
+Patients from FHIR (a Bundle file, a Bulk Data NDJSON folder, or a REST server: SMART Backend
+Services configured in `--fhir-config FILE`, or for development a bearer token from
+$VERDICT_FHIR_TOKEN; host checked against the egress allowlist before any request) are read by
 `verdict.data_gen.fhir.sources` at the reference date `--at` and sent as `PatientInput.fhir`: the service
 decides from their coded labs and age without asking the miner, and mines the rest from their documents.
 
@@ -48,7 +49,7 @@ def _patients(path: Path) -> list[dict]:
     return [patient_input(p).model_dump(exclude_none=True) for p in loaded.items]
 
 
-def _fhir_patients(source: str, at: str, patient: str | None) -> list[dict]:
+def _fhir_patients(source: str, at: str, patient: str | None, rest=None) -> list[dict]:
     """The patients of one FHIR source as `PatientInput`s (`fhir` form); each problem is printed by
     resource id (never content), a patient without a document is left out with the reason."""
     import datetime as dt
@@ -61,7 +62,7 @@ def _fhir_patients(source: str, at: str, patient: str | None) -> list[dict]:
     except ValueError:
         fail(f"--at: '{at}' is not a date YYYY-MM-DD")
     try:
-        loaded = load_source(source, day, patient=patient)
+        loaded = load_source(source, day, patient=patient, rest=rest)
     except VerdictError as e:  # EgressRefused included: nothing was sent
         fail(str(e))
     for problem in loaded.problems:
@@ -144,6 +145,13 @@ def screen(
     ),
     fhir_server: str | None = typer.Option(None, help="patients from a FHIR R4 REST server (base URL)"),
     fhir_patient: str | None = typer.Option(None, help="only this Patient id of the FHIR source"),
+    fhir_config: Path | None = typer.Option(
+        None,
+        exists=True,
+        dir_okay=False,
+        help="REST client config YAML for --fhir-server (FhirRestConfig: `smart:` SMART Backend "
+        "Services, paging, timeouts); its base_url is --fhir-server",
+    ),
     at: str | None = typer.Option(None, "--at", help="reference date YYYY-MM-DD of a FHIR source (ages)"),
     policy: str | None = typer.Option(None, help="policy name (default: the service's)"),
     key_env: str = typer.Option(
@@ -172,6 +180,13 @@ def screen(
         fail("--write-back writes to the FHIR server the patients came from: it needs --fhir-server URL")
     if len(fhir) > 1:
         fail("give one FHIR source: --fhir-bundle, --fhir-ndjson or --fhir-server")
+    if fhir_config is not None and fhir_server is None:
+        fail("--fhir-config configures the REST client: it needs --fhir-server URL")
+    rest = None
+    if fhir_config is not None:
+        from verdict.data_gen.fhir.rest import load_rest_config
+
+        rest = load_rest_config(fhir_config, fhir_server)  # a bad config: `error: ...` before anything
     if fhir:
         if note or patients or patient_id:
             fail(
@@ -222,7 +237,7 @@ def screen(
     except EgressRefused as e:
         fail(e.summary)
     if fhir:  # read only once the service may receive it
-        found = _fhir_patients(fhir[0], at, fhir_patient)
+        found = _fhir_patients(fhir[0], at, fhir_patient, rest)
         if trial is not None:
             body["patients"] = found
         elif len(found) != 1:
@@ -257,7 +272,7 @@ def screen(
     if write_back:
         from .write_back import fetch_subjects, write_subjects
 
-        done = write_subjects(fhir_server, fetch_subjects(url, result["screening_id"], key, timeout))
+        done = write_subjects(fhir_server, fetch_subjects(url, result["screening_id"], key, timeout), rest)
         typer.echo(
             f"wrote ResearchSubjects to {_server_label(fhir_server)}: {done.created} created, "
             f"{done.updated} updated",

@@ -2,18 +2,23 @@
 
 The service builds them from the run's recorded decisions and gives them to an admin key only
 (`GET /v1/screenings/{id}/research-subjects`: 403 for any other role, before anything is written).
-Each is written through the project's one FHIR REST client (egress allowlist, bearer token from
-$VERDICT_FHIR_TOKEN, timeouts) as a conditional update keyed on its pair identifier: a pair screened
-again updates its one ResearchSubject (to the newer decision) instead of adding a second.
+Each is written through the project's one FHIR REST client (egress allowlist, SMART Backend Services
+or a bearer token from $VERDICT_FHIR_TOKEN, timeouts) as a conditional update keyed on its pair
+identifier: a pair screened again updates its one ResearchSubject (to the newer decision) instead of
+adding a second.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from verdict.core.cli_errors import fail
 
 from .research_subjects import PAIR, absolute_links
+
+if TYPE_CHECKING:
+    from verdict.data_gen.fhir.rest import FhirRestConfig
 
 
 @dataclass
@@ -42,14 +47,16 @@ def fetch_subjects(service_url: str, screening_id: str, key: str, timeout: float
     return [absolute_links(rs, service_url) for rs in r.json()["research_subjects"]]
 
 
-def write_subjects(fhir_server: str, subjects: list[dict]) -> Written:
-    """Create or update each ResearchSubject on the FHIR server (conditional update on its pair)."""
+def write_subjects(fhir_server: str, subjects: list[dict], rest: FhirRestConfig | None = None) -> Written:
+    """Create or update each ResearchSubject on the FHIR server (conditional update on its pair), with
+    the REST client config the patients were read with (`--fhir-config`: SMART, timeouts)."""
     from verdict.core.errors import VerdictError
     from verdict.data_gen.fhir.rest import FhirRestClient, FhirRestConfig
 
     done = Written()
     try:
-        with FhirRestClient(FhirRestConfig(base_url=fhir_server)) as client:  # allowlist checked first
+        cfg = rest or FhirRestConfig(base_url=fhir_server)
+        with FhirRestClient(cfg) as client:  # allowlist checked first
             for rs in subjects:
                 pair = next(i["value"] for i in rs["identifier"] if i.get("system") == PAIR)
                 created, _ = client.put_conditional(rs, PAIR, pair)
