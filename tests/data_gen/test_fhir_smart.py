@@ -7,13 +7,11 @@ import logging
 import time
 
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from verdict.data_gen.egress import EgressPolicy
 from verdict.data_gen.errors import EgressRefused
 from verdict.data_gen.fhir.errors import FhirServerError
 from verdict.data_gen.fhir.rest import FhirRestClient, FhirRestConfig
-from verdict.data_gen.fhir.smart import SmartAuthError, SmartBackendConfig, public_jwks
+from verdict.data_gen.fhir.smart import SmartAuthError, SmartBackendConfig
 from verdict.data_gen.fhir.sources import load_source
 
 from tests.fixtures.fhir_server.data import AT, TOKEN
@@ -22,52 +20,22 @@ from tests.support import run_verdict
 PATIENT = "trec-202129"  # a topic with a coded lab in umol/L (a conversion)
 
 
-@pytest.fixture(scope="module")
-def pems() -> dict[str, bytes]:
-    """One private key per algorithm, made here (PKCS#8 PEM, no password)."""
-    keys = {"RS384": rsa.generate_private_key(65537, 2048), "ES384": ec.generate_private_key(ec.SECP384R1())}
-    return {
-        alg: k.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-        for alg, k in keys.items()
-    }
-
-
-@pytest.fixture
-def register(smart_fhir, pems, tmp_path, monkeypatch):
-    """register(client_id, alg) -> SmartBackendConfig: its key file (0600) written, its JWKS registered."""
-    monkeypatch.delenv("VERDICT_FHIR_TOKEN", raising=False)
-
-    def make(client_id: str, alg: str = "RS384", **cfg) -> SmartBackendConfig:
-        key = tmp_path / f"{client_id}.pem"
-        key.write_bytes(pems[alg])
-        key.chmod(0o600)
-        smart = SmartBackendConfig(
-            client_id=client_id, private_key_file=key, key_id="k1", algorithm=alg, **cfg
-        )
-        smart_fhir.register(client_id, public_jwks(key, "k1", alg))
-        return smart
-
-    return make
-
-
 def rest(smart_fhir, smart: SmartBackendConfig, **kw) -> FhirRestConfig:
     return FhirRestConfig(base_url=kw.pop("base_url", smart_fhir.url), smart=smart, **kw)
 
 
-def secrets_of(smart_fhir, pems) -> list[str]:
+def secrets_of(smart_fhir, keys: dict[str, bytes]) -> list[str]:
     """What must never be shown: each key's PEM body lines and every token the server issued."""
-    lines = [ln for pem in pems.values() for ln in pem.decode().splitlines() if not ln.startswith("-----")]
+    lines = [ln for pem in keys.values() for ln in pem.decode().splitlines() if not ln.startswith("-----")]
     return lines + list(smart_fhir.tokens)
 
 
 @pytest.mark.parametrize("alg,discover", [("RS384", True), ("ES384", False)])
 def test_an_authorized_read_gives_the_records_of_the_plain_token_read(
-    smart_fhir, fhir_server, register, pems, alg, discover, caplog, monkeypatch
+    smart_fhir, fhir_server, smart_client, smart_keys, alg, discover, caplog, monkeypatch
 ):
     caplog.set_level(logging.DEBUG)
-    smart = register(f"site-{alg}", alg, token_url=None if discover else smart_fhir.token_url)
+    smart = smart_client(f"site-{alg}", alg, token_url=None if discover else smart_fhir.token_url)
     asked = len(smart_fhir.token_answers)
     got = load_source(smart_fhir.url, AT, patient=PATIENT, rest=rest(smart_fhir, smart)).records
     assert smart_fhir.token_answers[asked:] == [(smart.client_id, 200)]  # one token, kept for every request
@@ -78,11 +46,11 @@ def test_an_authorized_read_gives_the_records_of_the_plain_token_read(
     with FhirRestClient(rest(smart_fhir, smart)) as client:
         client.get_json(f"Patient/{PATIENT}")
         shown = caplog.text + repr(client.smart) + repr(client.cfg)
-    assert not any(s in shown for s in secrets_of(smart_fhir, pems))
+    assert not any(s in shown for s in secrets_of(smart_fhir, smart_keys))
 
 
-def test_an_expired_assertion_is_refused(smart_fhir, register):
-    smart = register("skewed", token_url=smart_fhir.token_url)
+def test_an_expired_assertion_is_refused(smart_fhir, smart_client):
+    smart = smart_client("skewed", token_url=smart_fhir.token_url)
     before = len(smart_fhir.fhir_answers)
     late = FhirRestClient(rest(smart_fhir, smart), clock=lambda: time.time() - 600)  # exp 5 min ago
     with pytest.raises(
@@ -93,17 +61,17 @@ def test_an_expired_assertion_is_refused(smart_fhir, register):
     assert smart_fhir.token_answers[-1] == ("skewed", 400) and len(smart_fhir.fhir_answers) == before
 
 
-def test_the_wrong_audience_is_refused(smart_fhir, register, pems, caplog):
+def test_the_wrong_audience_is_refused(smart_fhir, smart_client, smart_keys, caplog):
     caplog.set_level(logging.DEBUG)
     alias = smart_fhir.token_url.replace("127.0.0.1", "localhost")  # the same endpoint, another name
-    smart = register("aliased", token_url=alias)
+    smart = smart_client("aliased", token_url=alias)
     with pytest.raises(SmartAuthError, match=r"HTTP 400: invalid_client \(.*aud") as e:
         load_source(smart_fhir.url, AT, patient=PATIENT, rest=rest(smart_fhir, smart))
-    assert not any(s in str(e.value) or s in caplog.text for s in secrets_of(smart_fhir, pems))
+    assert not any(s in str(e.value) or s in caplog.text for s in secrets_of(smart_fhir, smart_keys))
 
 
-def test_a_revoked_client_gets_no_new_token(smart_fhir, register):
-    smart = register("revoked")
+def test_a_revoked_client_gets_no_new_token(smart_fhir, smart_client):
+    smart = smart_client("revoked")
     with FhirRestClient(rest(smart_fhir, smart)) as client:
         assert client.get_json(f"Patient/{PATIENT}")["id"] == PATIENT
         smart_fhir.revoke(
@@ -115,9 +83,9 @@ def test_a_revoked_client_gets_no_new_token(smart_fhir, register):
 
 
 def test_a_401_between_pages_renews_the_token_once_and_the_read_goes_on(
-    smart_fhir, fhir_server, register, monkeypatch
+    smart_fhir, fhir_server, smart_client, monkeypatch
 ):
-    smart = register("pager")
+    smart = smart_client("pager")
     asked, seen = len(smart_fhir.token_answers), len(smart_fhir.fhir_answers)
     problems: list[str] = []
     with FhirRestClient(rest(smart_fhir, smart, page_size=7)) as client:
@@ -134,9 +102,9 @@ def test_a_401_between_pages_renews_the_token_once_and_the_read_goes_on(
     assert sorted(ids) == sorted(everyone) and len(ids) == len(set(ids))  # nothing lost or read twice
 
 
-def test_a_second_401_after_a_new_token_is_a_clear_error(smart_fhir, fhir_server, register):
+def test_a_second_401_after_a_new_token_is_a_clear_error(smart_fhir, fhir_server, smart_client):
     # the FHIR server itself, which knows only its own token: every SMART token gets a 401
-    smart = register("unknown-there", token_url=smart_fhir.token_url)
+    smart = smart_client("unknown-there", token_url=smart_fhir.token_url)
     before = fhir_server.request_count()
     with FhirRestClient(rest(smart_fhir, smart, base_url=fhir_server.base_url)) as client:
         with pytest.raises(
@@ -147,8 +115,8 @@ def test_a_second_401_after_a_new_token_is_a_clear_error(smart_fhir, fhir_server
     assert [s for c, s in smart_fhir.token_answers if c == "unknown-there"] == [200, 200]
 
 
-def test_a_key_file_others_may_read_is_refused_naming_it(smart_fhir, register, pems):
-    smart = register("loose")
+def test_a_key_file_others_may_read_is_refused_naming_it(smart_fhir, smart_client, smart_keys):
+    smart = smart_client("loose")
     smart.private_key_file.chmod(0o644)
     asked, seen = len(smart_fhir.token_answers), len(smart_fhir.fhir_answers)
     with pytest.raises(
@@ -156,16 +124,18 @@ def test_a_key_file_others_may_read_is_refused_naming_it(smart_fhir, register, p
     ) as e:
         FhirRestClient(rest(smart_fhir, smart))
     assert str(smart.private_key_file) in str(e.value)
-    assert not any(s in str(e.value) for s in secrets_of(smart_fhir, pems))
+    assert not any(s in str(e.value) for s in secrets_of(smart_fhir, smart_keys))
     assert (len(smart_fhir.token_answers), len(smart_fhir.fhir_answers)) == (asked, seen)  # nothing sent
 
 
-def test_a_token_endpoint_off_the_allowlist_is_refused_before_any_request(smart_fhir, register, monkeypatch):
+def test_a_token_endpoint_off_the_allowlist_is_refused_before_any_request(
+    smart_fhir, smart_client, monkeypatch
+):
     monkeypatch.delenv("VERDICT_EGRESS_ALLOW", raising=False)
-    configured = register("configured", token_url="https://auth.elsewhere.example/token")
+    configured = smart_client("configured", token_url="https://auth.elsewhere.example/token")
     with pytest.raises(EgressRefused, match="a SMART token request .* 'auth.elsewhere.example'"):
         FhirRestClient(rest(smart_fhir, configured))
-    discovered = register("discovered")
+    discovered = smart_client("discovered")
     asked = len(smart_fhir.token_answers)
     smart_fhir.announce_token_url = "https://auth.elsewhere.example/token"
     try:
@@ -190,8 +160,8 @@ def test_the_token_goes_to_the_fhir_server_only(smart_fhir, fhir_server, monkeyp
     assert status == 401 and smart_fhir.fhir_answers[-1] == ("/Binary/elsewhere", 401, False)
 
 
-def test_the_cli_reads_with_a_smart_config_and_prints_the_public_jwks(smart_fhir, register, tmp_path):
-    smart = register("cli")
+def test_the_cli_reads_with_a_smart_config_and_prints_the_public_jwks(smart_fhir, smart_client, tmp_path):
+    smart = smart_client("cli")
     config = tmp_path / "fhir.yaml"
     config.write_text(json.dumps({"page_size": 50, "smart": smart.model_dump(mode="json")}))
     r = run_verdict(

@@ -169,10 +169,15 @@ def plain(service, scripted, texts):
     return out
 
 
-def _cli(args: list[str], svc, tmp_path, name: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+def _cli(
+    args: list[str], svc, tmp_path, name: str, fhir_token: str | None = TOKEN
+) -> tuple[subprocess.CompletedProcess, dict | None]:
     out = tmp_path / f"{name}.json"
-    env = {k: v for k, v in os.environ.items() if k not in ("VERDICT_API_KEY", "VERDICT_EGRESS_ALLOW")}
-    env.update({"VERDICT_API_KEY": svc.keys["match"], "VERDICT_FHIR_TOKEN": TOKEN})
+    drop = ("VERDICT_API_KEY", "VERDICT_EGRESS_ALLOW", "VERDICT_FHIR_TOKEN")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(
+        {"VERDICT_API_KEY": svc.keys["match"], **({"VERDICT_FHIR_TOKEN": fhir_token} if fhir_token else {})}
+    )
     r = subprocess.run(
         [*verdict_command(), "screen", "--url", svc.url, "--at", AT.isoformat(), "--out", str(out), *args],
         capture_output=True,
@@ -227,6 +232,24 @@ def test_fhir_server_path_decides_as_the_text_path_with_coded_labs_not_mined(
             _check_coded(service, scripted, texts, body)
     assert fhir == plain  # (a) same decisions, tiers and distances for every pair
     assert {d for d, _, _ in fhir.values()} >= {"eligible", "ineligible"}
+
+
+def test_a_smart_authorized_fhir_server_decides_as_the_text_path(
+    service, scripted, plain, texts, smart_fhir, smart_client, tmp_path
+):
+    # the FHIR server behind a SMART token endpoint: read with --fhir-config (SMART Backend Services)
+    smart = smart_client("screen-site")
+    config = tmp_path / "fhir.yaml"
+    config.write_text(json.dumps({"smart": smart.model_dump(mode="json")}))
+    asked_before = len(smart_fhir.token_answers)
+    pid = "trec-202129"
+    args = ["--fhir-server", smart_fhir.url, "--fhir-config", str(config), "--fhir-patient", pid]
+    r, body = _cli(args, service, tmp_path, "smart", fhir_token=None)
+    assert r.returncode == 0, r.stderr
+    assert outcome(body) == {k: v for k, v in plain.items() if k[0] == pid}
+    assert smart_fhir.token_answers[asked_before:] == [("screen-site", 200)]  # one token for the whole read
+    assert recorded_source(service, body) == {"kind": "fhir_server", "label": smart_fhir.url}
+    _check_coded(service, scripted, texts, body, pid)
 
 
 def test_bulk_export_goes_through_the_same_checks(service, scripted, plain, texts, tmp_path):
