@@ -28,11 +28,11 @@ of the target; `--prompt-version v1` writes the dense targets (a line for every 
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from verdict.core.engine import default_engine
 from verdict.core.errors import VerdictError
 from verdict.core.formula import atoms_in
 from verdict.core.program import ParsedCriterion, TrialProgram
@@ -202,14 +202,6 @@ def align_requirements(
     return pairs, unaligned, uncovered, methods
 
 
-@functools.lru_cache(maxsize=1)
-def _engine():
-    """The engine that checks recorded outputs (one per process, the core's default limits)."""
-    from verdict.core.engine import Engine
-
-    return Engine()
-
-
 def recorded_parser_result(
     program: TrialProgram, trial: TrialDoc, prompt_version: str = "v1", out: RecordedSummary | None = None
 ) -> StageResult:
@@ -232,7 +224,7 @@ def recorded_parser_result(
             )
         )
         check = check_criterion_output(
-            answer, "stop", c, max_tokens=0, check_satisfiable=_engine().check_satisfiable
+            answer, "stop", c, max_tokens=0, check_satisfiable=default_engine().check_satisfiable
         )
         calls.append(
             check.result(
@@ -516,7 +508,7 @@ def assembly_figures(reference_dir: str | Path) -> dict:
             criteria,
             outputs,
             {},
-            check_satisfiable=_engine().check_satisfiable,
+            check_satisfiable=default_engine().check_satisfiable,
         )
         f["requirements"] += len(criteria)
         f["atom_declarations"] += sum(len(o.atoms) for o in outputs.values())

@@ -86,7 +86,7 @@ def shard_of(trial_id: str, shards: int) -> int:
     return int(hashlib.sha256(trial_id.encode()).hexdigest()[:12], 16) % shards
 
 
-def _load_inputs(plan: BatchPlan):
+def load_inputs(plan: BatchPlan):
     from verdict.data_gen.sources import load_pairs, load_patients, load_trials
 
     patients = load_patients(plan.patients)
@@ -146,7 +146,7 @@ def plan_batch(
         policy=policy,
         shards=shards,
     )
-    pats, trs, pair_list = _load_inputs(plan)
+    pats, trs, pair_list = load_inputs(plan)
     plan.counts = {"patients": len(pats), "trials": len(trs), "pairs": len(pair_list)}
     out = Path(out)
     existing = out / PLAN
@@ -200,7 +200,7 @@ async def run_shard(
     if not 0 <= shard < plan.shards:
         raise BatchError(f"shard {shard} is outside 0..{plan.shards - 1}")
     cfg = load_serve_config(plan.serve_config, plan.overrides)
-    pats, trs, pairs = _load_inputs(plan)
+    pats, trs, pairs = load_inputs(plan)
     mine = [(p, t) for p, t in pairs if shard_of(t, plan.shards) == shard]
     path = result_path(out, shard)
     done = {(r.patient_id, r.trial_id) for r in read_results(path) if r.status in FINAL_STATUSES}

@@ -127,10 +127,10 @@ def merge_cmd(out: Path = typer.Option(..., help="batch folder")) -> None:
 @app.command("status")
 def status_cmd(out: Path = typer.Option(..., help="batch folder")) -> None:
     """Pairs done per shard."""
-    from .match_batch import _load_inputs, load_plan, read_results, result_path, shard_of
+    from .match_batch import load_inputs, load_plan, read_results, result_path, shard_of
 
     plan = load_plan(out)
-    _, _, pairs = _load_inputs(plan)
+    _, _, pairs = load_inputs(plan)
     for i in range(plan.shards):
         total = sum(1 for _, t in pairs if shard_of(t, plan.shards) == i)
         done = len({(r.patient_id, r.trial_id) for r in read_results(result_path(out, i))})

@@ -439,7 +439,9 @@ def _route_finalizer(cls: type, ctx: z3.Context, lock: Z3Lock) -> None:
 _default_engine: Engine | None = None
 
 
-def _engine() -> Engine:
+def default_engine() -> Engine:
+    """The process's default engine (the core's default limits), made on first use: what `decide` and
+    `check_satisfiable` below use, and what a caller without an engine of its own should use."""
     global _default_engine
     if _default_engine is None:
         _default_engine = Engine()
@@ -452,8 +454,8 @@ def decide(
     policy: Policy | None = None,
     arbiter: Arbiter | None = None,
 ) -> Decision:
-    return _engine().decide(program, patient, policy=policy, arbiter=arbiter)
+    return default_engine().decide(program, patient, policy=policy, arbiter=arbiter)
 
 
 def check_satisfiable(program: TrialProgram) -> None:
-    _engine().check_satisfiable(program)
+    default_engine().check_satisfiable(program)

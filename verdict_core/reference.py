@@ -301,7 +301,7 @@ def _value_text(mv: MinedValue) -> str:
     return mv.bounds.text(mv.atom) if mv.bounds is not None else json.dumps(mv.value)
 
 
-def _meet(a: MinedValue, b: MinedValue) -> MinedValue | None:
+def meet(a: MinedValue, b: MinedValue) -> MinedValue | None:
     """The record both say (value within range, range intersection), or None if none can hold."""
     if a.value is not None and b.value is not None:
         return a if a.value == b.value and isinstance(a.value, bool) == isinstance(b.value, bool) else None
@@ -381,8 +381,8 @@ def _merge_passes(
                     f"{left}); it is one chart fact, so it also decides {other} criteria"
                 )
         elif observed:
-            meet = _meet(observed["inclusion"], observed["exclusion"])
-            if meet is None:
+            both = meet(observed["inclusion"], observed["exclusion"])
+            if both is None:
                 conflicts.append(
                     ExtractionConflict(
                         atoms=[atom],
@@ -393,7 +393,7 @@ def _merge_passes(
                     )
                 )
             else:
-                merged[atom] = meet
+                merged[atom] = both
         else:
             users = [side for side in SIDES if side in (sides.get(atom) or defaults)]
             views = {
@@ -507,10 +507,10 @@ def _threshold_record(atom: str, comps: list, own: MinedValue | None, sort: str,
                 record = MinedValue(atom=atom, value=None, bounds=b, evidence=comps[0][3])
     if not empty and own is not None:
         if own.value is not None and (
-            own.value in holes or (record is not None and _meet(own, record) is None)
+            own.value in holes or (record is not None and meet(own, record) is None)
         ):
             empty = True
-        elif own.value is None and record is not None and _meet(own, record) is None:
+        elif own.value is None and record is not None and meet(own, record) is None:
             empty = True
         if empty:
             shown.append(f"{side} pass: {_record_text(own)}")

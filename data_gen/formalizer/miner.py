@@ -43,7 +43,7 @@ from verdict.core.configs import StrictModel
 from verdict.core.errors import VerdictError
 from verdict.core.patient import Bounds, MinedValue, Value, ValueMinerOutput, value_type_problems
 from verdict.core.program import TrialProgram
-from verdict.core.reference import _meet as meet_values  # the one rule for two records of one fact
+from verdict.core.reference import meet as meet_values  # the one rule for two records of one fact
 
 from ..cache import CachedCall
 from ..prompt_templates import stage_prompt

@@ -65,7 +65,7 @@ SCREENING_COLUMNS = (
 COLUMNS = {"trials": TRIAL_COLUMNS, "decisions": DECISION_COLUMNS, "screenings": SCREENING_COLUMNS}
 SCREENING_DIRECTIONS = ("patient", "trial")
 _REVIEWED_SQL = ", ".join(f"'{o}'" for o in REVIEWED_ORIGINS)
-_ACTIVE_ORDER = f"ORDER BY CASE WHEN origin IN ({_REVIEWED_SQL}) THEN 1 ELSE 0 END DESC, seq DESC LIMIT 1"
+ACTIVE_ORDER = f"ORDER BY CASE WHEN origin IN ({_REVIEWED_SQL}) THEN 1 ELSE 0 END DESC, seq DESC LIMIT 1"
 
 
 class Superseded(ServiceError):
@@ -236,7 +236,7 @@ class AuditStore:
 
     def active_trial(self, trial_id: str) -> TrialRow | None:
         """The version a match on `trial_id` uses: the newest reviewed one, else the newest parser one."""
-        return self._one_trial("WHERE trial_id = ? " + _ACTIVE_ORDER, (trial_id,))
+        return self._one_trial("WHERE trial_id = ? " + ACTIVE_ORDER, (trial_id,))
 
     def trial_version(self, trial_id: str, program_hash: str) -> TrialRow | None:
         return self._one_trial(

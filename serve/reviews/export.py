@@ -198,13 +198,13 @@ def miner_results(audit, row, limits, summary: ReviewExportSummary, prompt_versi
 
 def parser_results(audit, trial, summary: ReviewExportSummary, prompt_version: str = "v1"):
     """[(StageResult, provenance)]: the criteria a revision changed, as per-criterion parser records."""
+    from verdict.core.engine import default_engine
     from verdict.core.program import load_program
     from verdict.data_gen.formalizer import compact
     from verdict.data_gen.formalizer.assembly import criterion_outputs
     from verdict.data_gen.formalizer.criteria import CriterionText
     from verdict.data_gen.formalizer.parser import check_criterion_output, criterion_messages
     from verdict.data_gen.protocol import StageResult
-    from verdict.data_gen.recorded import _engine
 
     ident = f"{trial.trial_id}@{trial.program_hash}"
     program = load_program(json.loads(trial.program_json))
@@ -234,7 +234,7 @@ def parser_results(audit, trial, summary: ReviewExportSummary, prompt_version: s
             "stop",
             c,
             max_tokens=0,
-            check_satisfiable=_engine().check_satisfiable,
+            check_satisfiable=default_engine().check_satisfiable,
         )
         if not check.ok:
             summary.skip("rejected", ident)

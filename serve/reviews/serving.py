@@ -36,7 +36,7 @@ from ..api_keys import KeyEntry
 from ..audit import DecisionRow
 from ..audit.artifacts import typed_artifacts
 from ..audit.serving import decision_row
-from ..audit.store import _ACTIVE_ORDER, Guard, Superseded
+from ..audit.store import ACTIVE_ORDER, Guard, Superseded
 from ..errors import InvalidInput, NotFound, ServiceError
 from ..matching.protocol import Links, MatchResponse, ModelIds
 from ..matching.serving import conflicts_markdown
@@ -491,7 +491,7 @@ def active_version_guard(trial_id: str, revises: str) -> Guard:
     """Refuses an append when the active version of `trial_id` is no longer `revises`."""
     return Guard(
         "SELECT program_hash FROM (SELECT program_hash FROM trials WHERE trial_id = ? "
-        + _ACTIVE_ORDER
+        + ACTIVE_ORDER
         + ") AS active WHERE program_hash <> ?",
         (trial_id, revises),
         lambda r: Superseded(
