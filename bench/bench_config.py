@@ -26,6 +26,7 @@ from verdict.data_gen.teacher_config import EgressConfig
 from verdict.serve.vllm_config import VLLMConfig
 
 from .backends import BackendConfig, backend_config
+from .counterfactual import CounterfactualConfig
 from .datasets import DatasetConfig
 from .protocol import BenchError
 from .ranking import RankingConfig
@@ -84,6 +85,7 @@ class BenchConfig(StrictModel):
     )
     scoring: ScoringConfig = Field(default_factory=ScoringConfig)
     ranking: RankingConfig = Field(default_factory=RankingConfig)
+    counterfactual: CounterfactualConfig = Field(default_factory=CounterfactualConfig)
     reference_points: list[ReferencePoint] = Field(default_factory=list)
 
     @field_validator("backends", mode="before")

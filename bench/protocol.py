@@ -73,6 +73,18 @@ class Flip(StrictModel):
     flipped: bool
 
 
+class FlipTarget(StrictModel):
+    """What a counterfactual rewrite of the chart must address: a formal backend's primary δ
+    condition (the trial's requirement, the atom, its current and target value) or a criterion the
+    direct matcher stated as a reason."""
+
+    requirement: str
+    atom: str | None = None
+    current: str | None = None
+    target: str | None = None
+    status: str | None = Field(None, description="llm_match: the criterion's stated status")
+
+
 class Placement(StrictModel):
     """Where the screen puts a formal decision (`verdict.core.ranking.placement`): its tier, its
     distance and whether the pivotal search was complete. The ranking metrics order by it."""
@@ -108,7 +120,34 @@ class PairResult(StrictModel):
     rationale: str | None = None
     placement: Placement | None = Field(None, description="formal backends: the screen's tier and distance")
     score: float | None = Field(None, description="llm_match: its own stated score of eligibility (0-100)")
+    cf_direction: Literal["to_eligible", "to_ineligible"] | None = None
+    cf_targets: list[FlipTarget] = Field(
+        default_factory=list, description="flip targets for the end-to-end counterfactual stage"
+    )
 
     @property
     def key(self) -> tuple[str, int, str]:
         return (self.backend, self.repeat, self.pair_id)
+
+
+class CfRecord(StrictModel):
+    """One end-to-end counterfactual (paper appendix D.1): the chart rewritten for the flip targets,
+    validated, and the same matcher run again on it. Ids, categories and stage stats only."""
+
+    backend: str
+    pair_id: str
+    patient_id: str
+    trial_id: str
+    direction: Literal["to_eligible", "to_ineligible"]
+    targets: int
+    status: Literal["flipped", "not_flipped", "rejected", "failed"] = Field(
+        description="rejected: the validator refused the rewrite (left out of SF_raw); failed: a "
+        "stage's output stayed invalid, or the rerun failed"
+    )
+    reason: str | None = None
+    decision_after: DecisionValue | None = None
+    stages: dict[str, StageStat] = Field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.backend, self.pair_id, self.direction)

@@ -288,7 +288,8 @@ def _ci(m: dict) -> str:
     return f"{m['value']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"{m['value']:.3f}"
 
 
-def _rate(r: dict | None) -> str:
+def rate_text(r: dict | None) -> str:
+    """A rate as 'rate (k/n; Wilson CI)' for the tables."""
     if not r or r.get("rate") is None:
         return "n/a"
     ci = r.get("ci95")
@@ -305,6 +306,7 @@ def _usd(x) -> str:
 
 def render_markdown(s: dict) -> str:
     ds = s["dataset"]
+    from .counterfactual import render_cf
     from .ranking_report import render_ranking
 
     check = s.get("purpose") == "machinery_check"
@@ -397,8 +399,9 @@ def render_markdown(s: dict) -> str:
         for st, v in b.get("validity", {}).items():
             any_validity = True
             lines.append(
-                f"| {name} | {st} | {v['n']} | {_rate(v['json_valid'])} | {_rate(v['schema_valid'])} | "
-                f"{_rate(v['valid_first_try'])} | {_rate(v['accepted_after_repair'])} |"
+                f"| {name} | {st} | {v['n']} | {rate_text(v['json_valid'])} | "
+                f"{rate_text(v['schema_valid'])} | "
+                f"{rate_text(v['valid_first_try'])} | {rate_text(v['accepted_after_repair'])} |"
             )
     if not any_validity:
         lines.append("| (no model calls in this run) | | | | | | |")
@@ -443,12 +446,13 @@ def render_markdown(s: dict) -> str:
         cons = b.get("consistency") or {}
         same_facts = cons.get("same_facts_same_decision")
         lines.append(
-            f"| {name} | {_rate(pf.get('to_eligible')) if pf else 'n/a (not formal)'} | "
-            f"{_rate(pf.get('to_ineligible')) if pf else 'n/a (not formal)'} | "
-            f"{_rate(cons.get('same_decision')) if cons else 'n/a (1 run)'} | "
-            f"{_rate(same_facts) if same_facts else 'n/a'} |"
+            f"| {name} | {rate_text(pf.get('to_eligible')) if pf else 'n/a (not formal)'} | "
+            f"{rate_text(pf.get('to_ineligible')) if pf else 'n/a (not formal)'} | "
+            f"{rate_text(cons.get('same_decision')) if cons else 'n/a (1 run)'} | "
+            f"{rate_text(same_facts) if same_facts else 'n/a'} |"
         )
     lines += render_ranking(s, check)
+    lines += render_cf(s, check)
     fails = [(name, reason, k) for name, b in s["backends"].items() for reason, k in b["failures"].items()]
     if fails:
         lines += ["", "## Failed pairs by reason", "", "| backend | reason | pairs |", "|---|---|---|"]
@@ -482,6 +486,7 @@ def compare_runs(path_a: str | Path, path_b: str | Path) -> str:
     """Markdown: both runs' backends side by side, then agreement and McNemar's tests between
     every backend of A and every backend of B on the pairs both scored."""
     from .bench_config import ScoringConfig
+    from .counterfactual import compare_cf
     from .ranking_report import compare_ranking
 
     dir_a, a, ra = load_run(path_a)
@@ -511,8 +516,8 @@ def compare_runs(path_a: str | Path, path_b: str | Path) -> str:
                 f"| {tag} | {name} | {x['coverage']['scored']} | {_ci(x['metrics']['f1'])} | "
                 f"{_ci(x['metrics']['accuracy'])} | {_ms(lat['p50'])}/{_ms(lat['p95'])} | "
                 f"{_usd(x['cost_usd']['per_pair']) if x.get('cost_usd') else 'n/a'} | "
-                f"{_rate(pf.get('to_eligible')) if pf else 'n/a'} | "
-                f"{_rate(pf.get('to_ineligible')) if pf else 'n/a'} |"
+                f"{rate_text(pf.get('to_eligible')) if pf else 'n/a'} | "
+                f"{rate_text(pf.get('to_ineligible')) if pf else 'n/a'} |"
             )
     scoring = ScoringConfig.model_validate(a.get("scoring") or {})
     by_a: dict[str, list] = defaultdict(list)
@@ -541,5 +546,5 @@ def compare_runs(path_a: str | Path, path_b: str | Path) -> str:
                 f"{_f(d['mcnemar_p'], 4)} | {_f(c['f1']['a'])} / {_f(c['f1']['b'])} | "
                 f"{_f(c['correctness']['mcnemar_p'], 4)} |"
             )
-    lines += compare_ranking(a, b)
+    lines += compare_ranking(a, b) + compare_cf(a, b)
     return "\n".join(lines) + "\n"

@@ -84,7 +84,7 @@ class BenchRun:
                     "differ): use another name, or --restart to discard them"
                 )
         if self.restart and self.dir.exists():
-            for name in ("pairs.jsonl", "results.json", "report.md"):
+            for name in ("pairs.jsonl", "counterfactual.jsonl", "results.json", "report.md"):
                 (self.dir / name).unlink(missing_ok=True)
             for f in self.dir.glob("cache-repeat-*.sqlite*"):
                 f.unlink()
@@ -134,7 +134,13 @@ class BenchRun:
             backends = [make_backend(b, ctx) for b in cfg.backends]
             for b in backends:
                 b.preflight()  # refuse before anything is sent, vLLM started or money spent
-            needs_calls = any(b.kind in ("formalizer", "llm_match") for b in backends)
+            cf = None
+            if cfg.counterfactual.enabled:
+                from .counterfactual import CounterfactualStage
+
+                cf = CounterfactualStage(cfg.counterfactual, ctx, backends, cfg.concurrency)
+                cf.preflight()
+            needs_calls = cf is not None or any(b.kind in ("formalizer", "llm_match") for b in backends)
             if needs_calls:
                 from verdict.data_gen.ledger import Ledger
 
@@ -173,6 +179,13 @@ class BenchRun:
                         break
                 if outcome.status == "stopped_budget":
                     break
+            if cf is not None and outcome.status == "complete":
+                self.progress("counterfactual stage: modifier -> validator -> the backend again")
+                stop, paid, failed = await cf.run(done, self.dir)
+                outcome.paid_usd += paid
+                outcome.endpoint_failures += failed
+                if stop:
+                    outcome.status, outcome.message = "stopped_budget", stop
             if outcome.endpoint_failures and outcome.status == "complete":
                 outcome.status = "incomplete"
                 outcome.message = (
@@ -274,6 +287,7 @@ class BenchRun:
         self, dataset: BenchDataset | None = None, problems: list[str] | None = None, status: str = "complete"
     ) -> dict[str, str]:
         """results.json, report.md and plots/ from everything in pairs.jsonl (also after a stop)."""
+        from .counterfactual import summarize_cf
         from .plots import write_plots
         from .report import load_pairs, render_markdown, summarize
 
@@ -281,6 +295,7 @@ class BenchRun:
             dataset = load_dataset(self.config.dataset)
         results = load_pairs(self.dir)
         summary = summarize(self.config, dataset, results, problems or [], status=status)
+        summary["counterfactual"] = summarize_cf(self.dir, self.config)
         plots = write_plots(summary, self.dir / "plots")
         summary["plots"] = [str(p.relative_to(self.dir)) for p in plots]
         (self.dir / "results.json").write_text(json.dumps(summary, indent=2))

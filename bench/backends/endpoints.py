@@ -48,3 +48,37 @@ def resolve_endpoint(ref: EndpointRef, placement: EndpointPlacement, vllm_url: s
         except ValidationError as e:
             raise BenchError(f"{what}: bad base_url", describe_validation_error(e, "base_url")) from None
     return endpoint
+
+
+def endpoint_with_stages(endpoint, limits: dict[str, int]):
+    """The endpoint config with output limits for stages `data_gen` does not know (a bench stage)."""
+    from pydantic import create_model
+    from verdict.data_gen.teacher_config import StageTokens, TeacherConfig
+
+    tokens = create_model(
+        "BenchStageTokens", __base__=StageTokens, **{k: (int, Field(v, gt=0)) for k, v in limits.items()}
+    )
+    with_stages = create_model("BenchEndpoint", __base__=TeacherConfig, max_tokens=(tokens, ...))
+    data = endpoint.model_dump()
+    data["max_tokens"] = {**data["max_tokens"], **limits}
+    return with_stages.model_validate(data)
+
+
+def typed_check(model, limit: int):
+    """The check of a bench stage's answer: JSON within the output limit, then the typed model (a
+    `Check` with the problems for the one repair, or with the validated output)."""
+    from pydantic import ValidationError
+    from verdict.core.errors import describe_validation_error
+    from verdict.data_gen.formalizer import Check, parse_json
+
+    def validate(call) -> Check:
+        obj, problems = parse_json(call.content, call.finish_reason, limit)
+        if problems:
+            return Check(problems)
+        try:
+            out = model.model_validate(obj)
+        except ValidationError as e:
+            return Check([("schema", p) for p in describe_validation_error(e, "output")])
+        return Check([], out, out.model_dump_json())
+
+    return validate

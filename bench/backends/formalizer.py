@@ -87,6 +87,27 @@ def stage_stat(res, cache, shared: bool = False) -> StageStat:
     )
 
 
+def flip_targets(d) -> dict:
+    """The decision's primary δ as flip targets for the end-to-end counterfactual stage: each
+    condition stated as the trial's requirement, with the atom's current and target values."""
+    from ..protocol import FlipTarget
+
+    if d.decision == "undetermined" or d.pivotal is None or not d.pivotal.conditions:
+        return {}
+    return {
+        "cf_direction": d.pivotal.direction,
+        "cf_targets": [
+            FlipTarget(
+                requirement=c.requirement.text,
+                atom=c.atom,
+                current=None if c.current is None else str(c.current),
+                target=str(c.target),
+            )
+            for c in d.pivotal.conditions
+        ],
+    }
+
+
 class _Overridden:
     """An engine whose decisions apply the arbiter's overrides (the engine's own `arbiter=` hook)."""
 
@@ -148,6 +169,10 @@ class FormalizerBackend(Backend):
         return await asyncio.shield(self._parses[key])
 
     async def decide(self, pair: LabeledPair, repeat: int) -> PairResult:
+        return await self.decide_note(pair, repeat, self.ctx.dataset.patients[pair.patient_id])
+
+    async def decide_note(self, pair: LabeledPair, repeat: int, note) -> PairResult:
+        """Decide the pair on `note` (the dataset's, or a counterfactual rewrite of it)."""
         from verdict.core.errors import PatientError
         from verdict.core.policy import resolve
         from verdict.data_gen.formalizer import merge_sides
@@ -165,7 +190,6 @@ class FormalizerBackend(Backend):
             )
         program = parsed.output
         miner = self.formalizer(repeat, "miner")
-        note = self.ctx.dataset.patients[pair.patient_id]
         inc, exc = await asyncio.gather(
             miner.mine_values(program, note, "inclusion"), miner.mine_values(program, note, "exclusion")
         )
@@ -219,6 +243,7 @@ class FormalizerBackend(Backend):
             stages=stages,
             flips=flips,
             placement=placement_of(d),
+            **flip_targets(d),
             solve_ms=round(resolve_ms + solve_ms, 3),
             latency_ms=round(miners_ms + resolve_ms + solve_ms, 3),
             program_hash=program.content_hash,

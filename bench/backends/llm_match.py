@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..protocol import LabeledPair, PairResult
 from .base import Backend, BackendConfig, register_backend
-from .endpoints import EndpointPlacement, EndpointRef, resolve_endpoint
+from .endpoints import EndpointPlacement, EndpointRef, endpoint_with_stages, resolve_endpoint, typed_check
 
 STAGE = "llm_match"
 
@@ -43,6 +43,28 @@ class LlmMatchOutput(BaseModel):
     )
 
 
+def stated_reasons(out: LlmMatchOutput) -> dict:
+    """An ineligible verdict's stated reasons as flip targets (paper D.2): the inclusion criteria it
+    found not met and the exclusion criteria it found to apply. An eligible verdict states no
+    reason to change, so this matcher is tested in one direction only (ineligible -> eligible)."""
+    from ..protocol import FlipTarget
+
+    blockers = [
+        c
+        for c in out.criteria
+        if (c.side == "inclusion" and c.status == "not_met") or (c.side == "exclusion" and c.status == "met")
+    ]
+    if out.verdict != "ineligible" or not blockers:
+        return {}
+    return {
+        "cf_direction": "to_eligible",
+        "cf_targets": [
+            FlipTarget(requirement=f"{c.side}: {c.criterion}", status=c.status, current=c.justification)
+            for c in blockers
+        ],
+    }
+
+
 class LlmMatchConfig(BackendConfig, EndpointPlacement):
     kind: Literal["llm_match"] = "llm_match"
     endpoint: EndpointRef = Field(description="teacher config name, path or inline mapping")
@@ -52,24 +74,8 @@ class LlmMatchConfig(BackendConfig, EndpointPlacement):
     max_tokens: int = Field(2048, gt=0, description="output limit of the one call")
 
 
-def _endpoint_with_stage(endpoint, max_tokens: int):
-    """The endpoint config with an output limit for the extra stage."""
-    from verdict.data_gen.teacher_config import StageTokens, TeacherConfig
-
-    class MatchTokens(StageTokens):
-        llm_match: int = Field(max_tokens, gt=0)
-
-    class MatchEndpoint(TeacherConfig):
-        max_tokens: MatchTokens
-
-    data = endpoint.model_dump()
-    data["max_tokens"] = {**data["max_tokens"], STAGE: max_tokens}
-    return MatchEndpoint.model_validate(data)
-
-
 def _direct_matcher_class():
-    from verdict.core.errors import describe_validation_error
-    from verdict.data_gen.formalizer import Check, Formalizer, parse_json
+    from verdict.data_gen.formalizer import Formalizer
     from verdict.data_gen.prompt_templates import load_prompt
 
     class DirectMatcher(Formalizer):
@@ -90,22 +96,12 @@ def _direct_matcher_class():
             )
             limit = self.endpoint.max_tokens.for_stage(STAGE)
 
-            def validate(call) -> Check:
-                obj, problems = parse_json(call.content, call.finish_reason, limit)
-                if problems:
-                    return Check(problems)
-                try:
-                    out = LlmMatchOutput.model_validate(obj)
-                except ValidationError as e:
-                    return Check([("schema", p) for p in describe_validation_error(e, "output")])
-                return Check([], out, out.model_dump_json())
-
             return await self.run_stage(
                 STAGE,
                 messages,
                 LlmMatchOutput.model_json_schema(),
                 "llm_match_output",
-                validate,
+                typed_check(LlmMatchOutput, limit),
                 patient_text=True,
                 data_class=note.data_class,
                 ids=f"trial={trial.trial_id} patient={note.patient_id}",
@@ -122,7 +118,7 @@ class LlmMatchBackend(Backend):
     def __init__(self, config: LlmMatchConfig, ctx):
         super().__init__(config, ctx)
         ep = resolve_endpoint(config.endpoint, config, ctx.vllm_url, f"backend '{config.name}'")
-        self.endpoint = _endpoint_with_stage(ep, config.max_tokens)
+        self.endpoint = endpoint_with_stages(ep, {STAGE: config.max_tokens})
         self._matchers: dict[int, object] = {}
 
     def preflight(self) -> None:
@@ -150,12 +146,14 @@ class LlmMatchBackend(Backend):
         return self._matchers[repeat]
 
     async def decide(self, pair: LabeledPair, repeat: int) -> PairResult:
+        return await self.decide_note(pair, repeat, self.ctx.dataset.patients[pair.patient_id])
+
+    async def decide_note(self, pair: LabeledPair, repeat: int, note) -> PairResult:
+        """Decide the pair on `note` (the dataset's, or a counterfactual rewrite of it)."""
         from .formalizer import stage_stat
 
         m = self.matcher(repeat)
-        res = await m.match(
-            self.ctx.dataset.trials[pair.trial_id], self.ctx.dataset.patients[pair.patient_id]
-        )
+        res = await m.match(self.ctx.dataset.trials[pair.trial_id], note)
         stat = stage_stat(res, m.cache)
         if not res.accepted:
             return self.result(
@@ -174,6 +172,7 @@ class LlmMatchBackend(Backend):
             latency_ms=stat.model_ms,
             rationale=res.output.rationale,
             score=res.output.score,
+            **stated_reasons(res.output),
         )
 
     async def aclose(self) -> None:

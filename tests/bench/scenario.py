@@ -287,3 +287,17 @@ def write_config(
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+def write_trec_config(root: Path, url: str, grades: dict, name: str = "ranked", **extra) -> Path:
+    """The scenario as a `trec2021` dataset with these graded judgments ({(patient, trial): 0|1|2});
+    the score-0 pairs are kept for the ranking only (`not_relevant: rank`)."""
+    cfg = write_config(root, url, name=name, malformed=False, **extra)
+    pairs = root / "data" / "trec_pairs.jsonl"
+    pairs.write_text(
+        "".join(json.dumps({"patient_id": p, "nct_id": t, "score": s}) + "\n" for (p, t), s in grades.items())
+    )
+    data = yaml.safe_load(cfg.read_text())
+    data["dataset"].update(kind="trec2021", pairs=str(pairs), not_relevant="rank")
+    cfg.write_text(yaml.safe_dump(data, sort_keys=False))
+    return cfg

@@ -90,20 +90,9 @@ TREC = {  # scenario pairs with TREC grades; the score-0 ones are decided for th
 }
 
 
-def trec_config(tmp_path, url, name):
-    cfg = scenario.write_config(tmp_path, url, name=name, malformed=False)
-    pairs = tmp_path / "data" / "trec_pairs.jsonl"
-    pairs.write_text(
-        "".join(json.dumps({"patient_id": p, "nct_id": t, "score": s}) + "\n" for (p, t), s in TREC.items())
-    )
-    text = cfg.read_text().replace("kind: jsonl", "kind: trec2021\n  not_relevant: rank")
-    cfg.write_text(text.replace(str(tmp_path / "data" / "pairs.jsonl"), str(pairs)))
-    return cfg
-
-
 def test_bench_run_ranks_and_compare_shows_both(tmp_path):
     with ScriptedServer(scenario.script()) as srv:
-        cfg = trec_config(tmp_path, srv.url, "ranked")
+        cfg = scenario.write_trec_config(tmp_path, srv.url, TREC, name="ranked")
         out = asyncio.run(
             BenchRun(load_bench_config(str(cfg)), progress_bar=False, progress=lambda m: None).run()
         )
