@@ -64,15 +64,16 @@ def largest_programs(shared: Path, n: int):
     return sorted(progs.values(), key=lambda p: -len(p.atoms))[:n]
 
 
-def recorded_quotes(shared: Path) -> dict[str, list[str]]:
-    """patient id -> the evidence quotes the reference corpus recorded for it (every trial)."""
+def recorded_quotes(shared: Path) -> dict[str, list[tuple[str, str, str]]]:
+    """patient id -> (evidence quote, the atom citing it, its trial) the reference corpus recorded
+    for that patient (every trial)."""
     from verdict.core.reference import load_reference
 
-    out: dict[str, list[str]] = {}
+    out: dict[str, list[tuple[str, str, str]]] = {}
     for path in sorted((shared / "reference" / "v6").glob("*/*__full.json")):
         case = load_reference(path)
         q = out.setdefault(path.parent.name, [])
-        q += [r.evidence for r in case.patient.resolutions if r.evidence and r.evidence not in q]
+        q += [(r.evidence, r.atom, case.program.trial_id) for r in case.patient.resolutions if r.evidence]
     return out
 
 
@@ -133,14 +134,15 @@ def excerpt_share(quotes: dict[str, list[str]], texts: dict[str, str], counter) 
         if pid not in texts:
             continue
         hay = normalize_ws(texts[pid])
-        pieces = {p for q in qs for p in split_pieces(q) if p in hay}
+        pieces = {p for q, _, _ in qs for p in split_pieces(q) if p in hay}
         kept += sum(counter.count_text(p) for p in pieces)
         total += counter.count_text(texts[pid])
     return kept / total if total else 0.0
 
 
-def scripted_excerpts(call, quotes, share, counter):
-    """What a reader that misses nothing it is shown keeps of one reader call (see the docstring)."""
+def scripted_excerpts(call, quotes, share, counter, terms_of=None):
+    """What a reader that misses nothing it is shown keeps of one reader call (see the docstring).
+    `terms_of(patient, excerpt)`: the terms it writes for an excerpt (None: none)."""
     from verdict.data_gen.formalizer.chart import locate
     from verdict.data_gen.formalizer.checks import normalize_ws, split_pieces
     from verdict.data_gen.formalizer.reader import Excerpt
@@ -151,7 +153,7 @@ def scripted_excerpts(call, quotes, share, counter):
             continue  # filler: nothing about the patient
         if p.document in quotes:
             hay = normalize_ws(p.text)
-            pieces = dict.fromkeys(x for q in quotes[p.document] for x in split_pieces(q) if x in hay)
+            pieces = dict.fromkeys(x for q, _, _ in quotes[p.document] for x in split_pieces(q) if x in hay)
         else:  # no recording: the leading sentences up to the measured share
             pieces, used, goal = {}, 0, share * counter.count_text(p.text)
             for s in _SENTENCE.split(p.text):
@@ -162,7 +164,8 @@ def scripted_excerpts(call, quotes, share, counter):
         for x in pieces:
             at = locate(x, p.text)
             if at is not None:
-                out.append(Excerpt(document=p.document, offset=p.start + at, text=x))
+                terms = terms_of(p.document, x) if terms_of and p.document in quotes else []
+                out.append(Excerpt(document=p.document, offset=p.start + at, text=x, terms=terms))
     return out
 
 
@@ -183,8 +186,19 @@ class Cost:
 QUOTE_TOKENS = 12.0  # replaced in main() by the mean recorded evidence quote, in tokens
 
 
-def mining_cost(prog, docs, limits, counter, side_only: str | None = None) -> Cost:
-    """Both sides' (or one side's) planned miner calls over these documents."""
+def route_of(prog, router):
+    """The product's routing of a fact sheet (`mine_chart`), for the planner."""
+    if router is None:
+        return None
+    from verdict.data_gen.formalizer.reader import ChartReading
+
+    cap = ChartReading().route_tokens
+    return lambda names, budget: router.documents(router.pick(prog, names, cap if budget is None else budget))
+
+
+def mining_cost(prog, docs, limits, counter, side_only: str | None = None, router=None) -> Cost:
+    """Both sides' (or one side's) planned miner calls over these documents (a fact sheet: routed
+    by `router` as the product routes it)."""
     from verdict.data_gen.formalizer.checks import compact
     from verdict.data_gen.formalizer.miner import plan_miner_calls
     from verdict.data_gen.prompt_templates import stage_prompt
@@ -203,6 +217,7 @@ def mining_cost(prog, docs, limits, counter, side_only: str | None = None) -> Co
             count_text=counter.count_text,
             prompt_budget=limits.prompt_budget(stage),
             completion_budget=limits.stage_tokens(stage),
+            route=route_of(prog, router),
         )
         sparse = stage_prompt(stage).sparse  # the default miner prompt: sparse answers name only values
         for c in calls:
@@ -214,10 +229,24 @@ def mining_cost(prog, docs, limits, counter, side_only: str | None = None) -> Co
     return cost
 
 
-def reading(docs, limits, counter, quotes, share):
-    """The one reading of a chart: its cost, and the fact sheet's documents."""
+def terms_from(quotes, leave_out: str | None = None):
+    """The scripted reader's terms for an excerpt: `reader.recorded_terms` over the patient's
+    recorded (quote, atom) pairs, leaving out one trial's atoms when asked (so an atom's own name
+    never routes its own evidence)."""
+    from verdict.data_gen.formalizer.reader import recorded_terms
+
+    def terms_of(pid: str, excerpt: str) -> list[str]:
+        cited = [(q, a) for q, a, t in quotes.get(pid, []) if t != leave_out]
+        return recorded_terms("", excerpt, cited)
+
+    return terms_of
+
+
+def reading(docs, limits, counter, quotes, share, terms_of=None):
+    """The one reading of a chart: its cost, the fact sheet's documents and its router."""
     from verdict.data_gen.formalizer.chart import reduce_chart
     from verdict.data_gen.formalizer.reader import FactSheet, plan_reader_calls
+    from verdict.data_gen.formalizer.routing import SheetRouter
     from verdict.data_gen.protocol import ChartRead
 
     reduced = reduce_chart(docs)
@@ -229,13 +258,15 @@ def reading(docs, limits, counter, quotes, share):
         completion_budget=limits.stage_tokens("reader"),
     )
     cost, excerpts = Cost(), []
+    terms_of = terms_of or terms_from(quotes)
     for c in calls:
-        got = scripted_excerpts(c, quotes, share, counter)
+        got = scripted_excerpts(c, quotes, share, counter, terms_of)
         excerpts += got
-        out = json.dumps({"excerpts": [e.text for e in got]}, ensure_ascii=False)
+        items = [{"text": e.text, "terms": e.terms} for e in got]
+        out = json.dumps({"excerpts": items}, ensure_ascii=False)
         cost = cost.plus(Cost(1, counter.count_messages(c.messages), counter.count_text(out)))
     sheet = FactSheet(excerpts, ChartRead(documents=len(docs)))
-    return cost, sheet.documents(), reduced, len(calls)
+    return cost, sheet.documents(), reduced, SheetRouter.build(excerpts, counter.count_text)
 
 
 def pair_cost(prog, docs, limits, counter, quotes, share, trials, threshold):
@@ -244,8 +275,8 @@ def pair_cost(prog, docs, limits, counter, quotes, share, trials, threshold):
     chart_tokens = sum(counter.count_text(d.text) for d in docs)
     if chart_tokens <= threshold:
         return before, before, Cost(), chart_tokens, None
-    read, sheet_docs, reduced, _ = reading(docs, limits, counter, quotes, share)
-    after = mining_cost(prog, sheet_docs, limits, counter) if sheet_docs else Cost()
+    read, sheet_docs, reduced, router = reading(docs, limits, counter, quotes, share)
+    after = mining_cost(prog, sheet_docs, limits, counter, router=router) if sheet_docs else Cost()
     sheet_tokens = sum(counter.count_text(d.text) for d in sheet_docs)
     return before, after.plus(read, 1 / trials), read, sheet_tokens, reduced
 
@@ -264,14 +295,81 @@ def fixed_facts(prog, sizes, limits, counter, quotes, share, threshold, a) -> No
         if chart_tokens <= threshold:
             after, read, sheet = mining_cost(prog, docs, limits, counter), Cost(), chart_tokens
         else:
-            read, sheet_docs, _, _ = reading(docs, limits, counter, quotes, share)
-            after = (mining_cost(prog, sheet_docs, limits, counter) if sheet_docs else Cost()).plus(
-                read, 1 / a.trials
-            )
+            read, sheet_docs, _, router = reading(docs, limits, counter, quotes, share)
+            after = (
+                mining_cost(prog, sheet_docs, limits, counter, router=router) if sheet_docs else Cost()
+            ).plus(read, 1 / a.trials)
             sheet = sum(counter.count_text(d.text) for d in sheet_docs)
         print(
             f"{tokens:>8}{len(docs):>6}{sheet:>7}{after.calls:>12.1f}{after.prompt:>13,.0f}{read.calls:>11.0f}"
         )
+
+
+def routing_recall(limits, counter, quotes, share, shared: Path, size: int) -> None:
+    """Of the recorded evidence of the reference pairs, the share a routed miner call is shown:
+    the 76 pairs' programs against the fact sheet of the `size`-token chart (every shared patient's
+    excerpts: one patient's evidence among about 130 patients' facts, harder than one chart), each
+    atom with an observed value whose quote is on the sheet counted once. Three scripted readers:
+    no terms (the excerpt's words only), terms from the atoms of the patient's OTHER trials (a
+    reader that names what it reads, never this trial's own atom names), and terms from every
+    trial's atoms (an upper bound: this trial's atom names route its own evidence)."""
+    from verdict.core.reference import load_reference
+    from verdict.data_gen.formalizer.checks import normalize_ws, split_pieces
+    from verdict.data_gen.formalizer.miner import plan_miner_calls, side_atoms
+    from verdict.data_gen.formalizer.routing import SheetRouter
+
+    docs, tokens = chart_of(size, shared, counter)
+    _, _, _, base = reading(docs, limits, counter, quotes, share, lambda pid, x: [])
+    cases = [
+        (path.parent.name, load_reference(path))
+        for path in sorted((shared / "reference" / "v6").glob("*/*__full.json"))
+    ]
+
+    def variant(terms_of):
+        ex = [e.model_copy(update={"terms": terms_of(e.document, e.text)}) for e in base.excerpts]
+        return SheetRouter.build(ex, counter.count_text)
+
+    rows = {"no terms": lambda trial: variant(lambda pid, x: [])}
+    rows["terms of other trials"] = lambda trial: variant(terms_from(quotes, leave_out=trial))
+    rows["terms of every trial"] = lambda trial: variant(terms_from(quotes))
+    on_sheet = {
+        e.document: " ".join(normalize_ws(x.text) for x in base.excerpts if x.document == e.document)
+        for e in base.excerpts
+    }
+    print()
+    print(
+        f"routing recall: reference evidence shown to its atom's routed call, {tokens:,}-token chart's sheet"
+    )
+    for label, make in rows.items():
+        shown = total = 0
+        cache = {}
+        for pid, case in cases:
+            trial = case.program.trial_id
+            if trial not in cache:
+                cache = {trial: make(trial)}  # cases come grouped by patient, not by trial
+            router = cache[trial]
+            for side in ("inclusion", "exclusion"):
+                names = side_atoms(case.program, side)
+                calls = plan_miner_calls(
+                    case.program,
+                    router.documents(list(range(len(router.excerpts)))),
+                    side,
+                    count_messages=counter.count_messages,
+                    count_text=counter.count_text,
+                    prompt_budget=limits.prompt_budget(f"miner_{side}"),
+                    completion_budget=limits.stage_tokens(f"miner_{side}"),
+                    route=route_of(case.program, router),
+                )
+                for r in case.patient.resolutions:
+                    if r.status != "observed" or not r.evidence or r.atom not in names:
+                        continue
+                    pieces = [normalize_ws(x) for x in split_pieces(r.evidence)]
+                    if not pieces or not all(x in on_sheet.get(pid, "") for x in pieces):
+                        continue
+                    total += 1
+                    seen = " ".join(normalize_ws(t) for c in calls if r.atom in c.atoms for t in c.texts)
+                    shown += all(x in seen for x in pieces)
+        print(f"  {label:<24} {shown}/{total} = {shown / max(1, total):.1%}")
 
 
 def projection(prog, limits, counter, quotes, share, trials, threshold, shared, a) -> None:
@@ -280,9 +378,9 @@ def projection(prog, limits, counter, quotes, share, trials, threshold, shared, 
     patients, n_trials = 10_000, 300
     before_exc = mining_cost(prog, docs, limits, counter, "exclusion")
     before_inc = mining_cost(prog, docs, limits, counter, "inclusion")
-    read, sheet_docs, _, _ = reading(docs, limits, counter, quotes, share)
-    after_exc = mining_cost(prog, sheet_docs, limits, counter, "exclusion")
-    after_inc = mining_cost(prog, sheet_docs, limits, counter, "inclusion")
+    read, sheet_docs, _, router = reading(docs, limits, counter, quotes, share)
+    after_exc = mining_cost(prog, sheet_docs, limits, counter, "exclusion", router)
+    after_inc = mining_cost(prog, sheet_docs, limits, counter, "inclusion", router)
 
     def hours(c: Cost, n: float) -> float:
         return n * (c.prompt / a.prefill_rate + c.completion / a.decode_rate) / 3600
@@ -321,6 +419,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--no-projection", action="store_true")
     ap.add_argument(
+        "--recall",
+        type=int,
+        default=22000,
+        help="routing recall of the reference evidence on this chart size's fact sheet (0: off)",
+    )
+    ap.add_argument(
         "--fixed-facts",
         type=int,
         default=2000,
@@ -339,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     texts = dict(patient_texts(a.shared))
     share = excerpt_share(quotes, texts, counter)
     global QUOTE_TOKENS
-    every = [q for qs in quotes.values() for q in qs]
+    every = [q for qs in quotes.values() for q, _, _ in qs]
     QUOTE_TOKENS = sum(counter.count_text(q) for q in every) / max(1, len(every))
     sizes = [int(x) for x in a.sizes.split(",")]
     charts = [(size, *chart_of(size, a.shared, counter)) for size in sizes]
@@ -371,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
                 first[size] = after
     if a.fixed_facts:
         fixed_facts(programs[0], sizes, limits, counter, quotes, share, threshold, a)
+    if a.recall:
+        routing_recall(limits, counter, quotes, share, a.shared, a.recall)
     if not a.no_projection:
         projection(programs[0], limits, counter, quotes, share, a.trials, threshold, a.shared, a)
     lo = min(sizes, key=lambda s: abs(s - 2000))

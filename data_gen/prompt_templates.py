@@ -36,9 +36,9 @@ STAGE_TEMPLATE = {
     "verbalizer": "verbalizer",
     "reader": "reader",
 }
-# The version a stage uses when its config names none: the miners answer sparsely (v2); v1 stays for
-# the records and cache entries made with it.
-DEFAULT_VERSIONS = {"miner_inclusion": "v2", "miner_exclusion": "v2"}
+# The version a stage uses when its config names none: the miners answer sparsely (v2), the reader
+# tags its excerpts with terms (v2); v1 stays for the records and cache entries made with it.
+DEFAULT_VERSIONS = {"miner_inclusion": "v2", "miner_exclusion": "v2", "reader": "v2"}
 
 
 def default_version(stage: str) -> str:

@@ -167,6 +167,11 @@ class ChartRead(StrictModel):
     prompt_tokens: int = Field(0, description="prompt tokens of the reader calls sent")
     completion_tokens: int = Field(0, description="completion tokens of the reader calls sent")
     reused: bool = False
+    routed: bool = Field(
+        False,
+        description="the fact sheet was larger than a value-miner call reads: each atom chunk read the "
+        "excerpts routed to its atoms (formalizer/routing.py)",
+    )
     evidence_documents: list[str] = Field(
         default_factory=list, description="the documents the decision's evidence quotes come from"
     )
@@ -186,6 +191,8 @@ class ChartRead(StrictModel):
             )
         if self.kept_whole:
             out += f"; {len(self.kept_whole)} passage group(s) kept whole (the reading failed its check)"
+        if self.routed:
+            out += "; each atom read the passages that bear on it"
         if self.evidence_documents:
             out += "; evidence from " + ", ".join(self.evidence_documents)
         return out

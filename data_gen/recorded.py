@@ -407,7 +407,8 @@ def import_recorded(
                 "teachers": {"parser": TEACHER, "miner": TEACHER},
             },
         )
-        quotes: dict[str, tuple[str, list[str]]] = {}  # patient -> (first trial, recorded quotes)
+        # patient -> (first trial, (recorded quote, the atom citing it) of every trial)
+        quotes: dict[str, tuple[str, list[tuple[str, str]]]] = {}
         for f in files:
             out.files += 1
             patient_id, stem = f.parent.name, f.name.split("__")[0]
@@ -423,7 +424,11 @@ def import_recorded(
                 out.problems.append(f"{f.parent.name}/{f.name}: {e.summary}")
                 continue
             said = quotes.setdefault(patient_id, (trial_id, []))[1]
-            said += [r.evidence for r in case.patient.resolutions if r.status == "observed" and r.evidence]
+            said += [
+                (r.evidence, r.atom)
+                for r in case.patient.resolutions
+                if r.status == "observed" and r.evidence
+            ]
             trial = trials.get(trial_id)
             if trial is not None:
                 parsed = recorded_parser_result(case.program, trial, parser_prompt_version, out)

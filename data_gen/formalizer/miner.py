@@ -55,6 +55,10 @@ from .value_reuse import record_key
 if TYPE_CHECKING:
     from .runtime import Formalizer
 
+# A fact sheet's routing (`routing.SheetRouter`): (a chunk's atoms, its note budget in tokens, None:
+# no limit) -> the documents that chunk reads.
+Route = Callable[[list[str], int | None], list[NoteDocument]]
+
 # Sparse answers: a chunk is bounded by the prompt (32 atoms of the reference corpus, ~54 Qwen2.5
 # tokens each, are ~1,700 tokens) and at most half the prompt budget; dense answers by the completion.
 MAX_ATOMS_PER_CALL = 32
@@ -66,7 +70,7 @@ _SAMPLE_QUOTE = (
     "0.04 ng/mL, creatinine 1.2 mg/dL, and she denies smoking or alcohol use."
 )
 # A document's header line when several share a call (`document_header`), a generous estimate.
-_HEADER_TOKENS = 24
+HEADER_TOKENS = 24
 # Room kept between a planned prompt and its budget (tokens at the note's edges may merge).
 _PROMPT_MARGIN = 8
 
@@ -364,11 +368,13 @@ def plan_miner_calls(
     prompt_version: str | None = None,
     max_atoms: int | None = None,
     names: list[str] | None = None,
+    route: Route | None = None,
 ) -> list[PlannedCall]:
     """Every call one side's mining makes, in order (passage groups, then chunks), each within
     `prompt_budget` prompt tokens (None: no limit) and `completion_budget` completion tokens.
-    `names`: only these of the side's atoms (the rest reused). No model is needed: the budget
-    report and dry runs call this."""
+    `names`: only these of the side's atoms (the rest reused). `route` (a fact sheet too large for
+    one call: `routing.SheetRouter`): each chunk reads only what it routes to its atoms. No model is
+    needed: the budget report and dry runs call this."""
     if side not in SIDES:
         raise ValueError(f"side must be inclusion or exclusion (got '{side}')")
     stage = f"miner_{side}"
@@ -384,9 +390,11 @@ def plan_miner_calls(
     atoms_budget = None  # sparse: what the bare prompt leaves, less the note's reserve
     if prompt_budget is not None:
         room = max(0, prompt_budget - count_messages(render("", [])) - _PROMPT_MARGIN)
-        headers = _HEADER_TOKENS * len(documents) if len(documents) > 1 else 0  # one note: no header
+        headers = HEADER_TOKENS * len(documents) if len(documents) > 1 else 0  # one note: no header
         record = sum(count_text(d.text) for d in documents) + headers
         atoms_budget = room - min(room // 2, record)
+        if route is not None and record <= room // 2:
+            route = None  # the whole record fits beside the atoms: every chunk reads all of it
     chunks = atom_chunks(
         program,
         names,
@@ -417,6 +425,8 @@ def plan_miner_calls(
                 f"{stage}: the prompt without the note already takes {frame} tokens of the "
                 f"{prompt_budget}-token prompt budget; lower max_tokens or the atoms per call"
             )
+    if route is not None:
+        return _routed_calls(program, chunks, side, route, note_budget, render, count_messages, count_text)
     calls: list[PlannedCall] = []
     for group in group_passages(
         [p for d in documents for p in split_document(d, note_budget, count_text)],
@@ -430,6 +440,23 @@ def plan_miner_calls(
         if not fits(planned):
             planned = _resplit(group, calls_of, fits, note_budget, count_text, stage, prompt_budget)
         calls += planned
+    return calls
+
+
+def _routed_calls(program, chunks, side, route, note_budget, render, count_messages, count_text):
+    """One call per chunk over the documents routed to its atoms (they fit the note budget; a
+    chunk nothing is routed to makes no call: its atoms stay null, unresolved)."""
+    stage = f"miner_{side}"
+    calls: list[PlannedCall] = []
+    for j, chunk in enumerate(chunks, 1):
+        docs = route(chunk, note_budget)
+        if not docs:
+            continue
+        by_id = {d.id: d for d in docs}
+        passages = [p for d in docs for p in split_document(d, note_budget, count_text)]
+        for group in group_passages(passages, by_id, note_budget, count_text):
+            msgs = render(note_text(group, by_id), chunk)
+            calls.append(PlannedCall(stage, group, j, len(chunks), chunk, msgs, count_messages(msgs)))
     return calls
 
 
@@ -460,7 +487,12 @@ def _resplit(group, calls_of, fits, budget, count_text, stage, prompt_budget) ->
 
 
 def plan_for(
-    fz: Formalizer, program: TrialProgram, note, side: str, names: list[str] | None = None
+    fz: Formalizer,
+    program: TrialProgram,
+    note,
+    side: str,
+    names: list[str] | None = None,
+    route: Route | None = None,
 ) -> list[PlannedCall]:
     """`plan_miner_calls` with the endpoint's limits and tokenizer."""
     stage = f"miner_{side}"
@@ -474,6 +506,7 @@ def plan_for(
         completion_budget=fz.endpoint.max_tokens.for_stage(stage),
         prompt_version=fz.prompts.get(stage),
         names=names,
+        route=route,
     )
 
 
@@ -617,10 +650,12 @@ async def mine_values(
     *,
     data_class: str | None = None,
     skip: Collection[str] = (),
+    route: Route | None = None,
 ) -> StageResult:
     """Patient record + the side's atoms -> checked, merged values with evidence: one call per
     passage x atom chunk (`plan_for`). `output` is a `MinedValues`; `calls` each call's result.
-    `skip`: atoms decided without the miner (coded FHIR facts): never asked, never in `output`."""
+    `skip`: atoms decided without the miner (coded FHIR facts): never asked, never in `output`.
+    `route`: the record is a large fact sheet, each chunk reads what is routed to it."""
     if side not in SIDES:
         raise ValueError(f"side must be inclusion or exclusion (got '{side}')")
     pid = note.patient_id if isinstance(note, PatientDoc) else "-"
@@ -689,7 +724,7 @@ async def mine_values(
             return MiningRound()
         try:
             plan = await asyncio.to_thread(
-                plan_for, fz, program, note, side, ask_names
+                plan_for, fz, program, note, side, ask_names, route
             )  # exact counts: off the loop
         except MinerBudgetError as e:  # no call can fit the model's limits: rejected, no call made
             return MiningRound(

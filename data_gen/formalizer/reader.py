@@ -39,6 +39,7 @@ from verdict.core.patient import MinedValue
 from verdict.core.program import TrialProgram
 
 from ..cache import CachedCall
+from ..prompt_templates import stage_prompt
 from ..protocol import ChartRead, NoteDocument, PatientDoc, StageResult, Usage
 from .chart import DocumentSelection, ReducedChart, document_day, locate, locate_span, reduce_chart
 from .checks import Check, compact, normalize_ws, parse_output, split_pieces
@@ -53,6 +54,7 @@ from .miner import (
     side_atoms,
 )
 from .passages import Passage, paragraph_spans, split_document
+from .routing import SheetRouter, atom_term
 from .value_reuse import record_key
 
 if TYPE_CHECKING:
@@ -81,10 +83,45 @@ class ChartReading(StrictModel):
     selection: DocumentSelection = Field(
         default_factory=DocumentSelection, description="the documents a site reads (default: every one)"
     )
+    route_tokens: int = Field(
+        2048,
+        ge=64,
+        description="with no model limits (an API endpoint), the most fact-sheet tokens one value-miner "
+        "call reads: a larger sheet is routed, each atom chunk reading the excerpts that bear on its "
+        "atoms (with limits, the call's own prompt budget decides)",
+    )
+
+
+class TaggedExcerpt(StrictModel):
+    """A reader v2 excerpt: the verbatim text and the terms that say what it is about (routing)."""
+
+    text: str = Field(description="verbatim from the chart text")
+    terms: list[str] = Field(
+        default_factory=list,
+        max_length=8,
+        description="short terms naming what the excerpt states, as a trial's criteria name it",
+    )
 
 
 class ReaderOutput(StrictModel):
+    """A reader answer: v1 lists the excerpts' texts, v2 tags each with its terms (both parse)."""
+
+    excerpts: list[TaggedExcerpt | str] = Field(
+        description="verbatim excerpts of the text, in the order of the text"
+    )
+
+
+class ReaderOutputV1(StrictModel):
     excerpts: list[str] = Field(description="verbatim excerpts of the text, in the order of the text")
+
+
+class ReaderOutputV2(StrictModel):
+    excerpts: list[TaggedExcerpt] = Field(description="verbatim excerpts, in the order of the text")
+
+
+def reader_schema(version: str) -> dict:
+    """The JSON schema a reader answer is held to (structured output): by prompt version."""
+    return (ReaderOutputV1 if version == "v1" else ReaderOutputV2).model_json_schema()
 
 
 class Excerpt(StrictModel):
@@ -95,6 +132,7 @@ class Excerpt(StrictModel):
     kind: str | None = None
     offset: int
     text: str
+    terms: list[str] = Field(default_factory=list, description="what it is about (reader v2)")
 
 
 @dataclass
@@ -104,6 +142,7 @@ class FactSheet:
     excerpts: list[Excerpt]
     read: ChartRead
     results: list[StageResult] = field(default_factory=list)  # the reader calls (records, audit)
+    router: SheetRouter | None = None  # built by the first trial that needs it, shared after
 
     def documents(self) -> list[NoteDocument]:
         """One document per source document with excerpts: its excerpts separated by blank lines."""
@@ -128,9 +167,7 @@ class ReaderCall:
         return first.id if len(self.passages) == 1 else f"{first.id}..{last.id}"
 
 
-def reader_messages(text: str, version: str = "v1") -> list[dict[str, str]]:
-    from ..prompt_templates import stage_prompt
-
+def reader_messages(text: str, version: str | None = None) -> list[dict[str, str]]:
     return stage_prompt(STAGE, version).render(NOTE=text.strip())
 
 
@@ -141,7 +178,7 @@ def plan_reader_calls(
     count_text,
     prompt_budget: int | None,
     completion_budget: int,
-    prompt_version: str = "v1",
+    prompt_version: str | None = None,
 ) -> list[ReaderCall]:
     """Every reader call of a (reduced) chart: its passages, packed into groups that fit the
     prompt budget and whose verbatim copy fits the completion budget. No model needed."""
@@ -165,7 +202,7 @@ def plan_for(fz: Formalizer, documents: list[NoteDocument]) -> list[ReaderCall]:
         count_text=fz.tokens.count_text,
         prompt_budget=fz.prompt_budget(STAGE),
         completion_budget=fz.endpoint.max_tokens.for_stage(STAGE),
-        prompt_version=fz.prompts.get(STAGE, "v1"),
+        prompt_version=fz.prompts.get(STAGE),
     )
 
 
@@ -177,14 +214,17 @@ def check_reader_output(
     originals: dict[str, NoteDocument],
     *,
     max_tokens: int,
+    tagged: bool = False,
 ) -> Check:
     """JSON -> ReaderOutput -> every excerpt verbatim inside one passage of the call and found in its
-    original document. Output: the excerpts with document, date and offset (call order)."""
+    original document. Output: the excerpts with document, date, offset and terms (call order);
+    `tagged` (reader v2): the output JSON gives every excerpt as an object with its terms."""
     out, problems = parse_output(content, finish_reason, max_tokens, ReaderOutput)
     if out is None:
         return Check(problems)
     kept: list[Excerpt] = []
-    for i, text in enumerate(out.excerpts):
+    for i, item in enumerate(out.excerpts):
+        text, terms = (item, []) if isinstance(item, str) else (item.text, item.terms)
         text = text.strip()
         where = f"excerpts[{i}]"  # never the text: problems end up in logs and records
         if not text:
@@ -196,8 +236,12 @@ def check_reader_output(
             problems.append(("evidence", f"{where}: not a verbatim excerpt of one passage of the text"))
             continue
         doc = originals[p.document]
-        kept.append(Excerpt(document=doc.id, date=doc.date, kind=doc.kind, offset=offset, text=text))
-    return Check(problems, kept, compact({"excerpts": [e.text for e in kept]}))
+        terms = [t.strip() for t in terms if t.strip()]
+        kept.append(
+            Excerpt(document=doc.id, date=doc.date, kind=doc.kind, offset=offset, text=text, terms=terms)
+        )
+    items = [{"text": e.text, "terms": e.terms} if tagged else e.text for e in kept]
+    return Check(problems, kept, compact({"excerpts": items}))
 
 
 def _whole(call: ReaderCall, originals: dict[str, NoteDocument]) -> list[Excerpt]:
@@ -231,14 +275,37 @@ def recorded_excerpts(note: str, quotes: list[str]) -> list[str]:
     return [note[s:e] for s, e in kept]
 
 
-def recorded_reader_result(note: NoteDocument, quotes: list[str], *, teacher: str, model: str) -> StageResult:
+def recorded_terms(note: str, excerpt: str, cited: list[tuple[str, str]]) -> list[str]:
+    """The terms of a recorded excerpt: what the atoms whose recorded quote it holds are about
+    (`routing.atom_term` of each, in first-cited order, at most 8)."""
+    terms: list[str] = []
+    hay = normalize_ws(excerpt)
+    for quote, atom in cited:
+        if any(normalize_ws(p) in hay for p in split_pieces(quote)):
+            t = atom_term(atom)
+            if t and t not in terms:
+                terms.append(t)
+    return terms[:8]
+
+
+def recorded_reader_result(
+    note: NoteDocument, cited: list[tuple[str, str]], *, teacher: str, model: str, version: str | None = None
+) -> StageResult:
     """A reader record (the SFT example of the value-miner adapter's reader task): the reader prompt
-    over the note, the recorded excerpts as the teacher's answer, checked as a live answer is."""
-    call = ReaderCall([Passage(note.id, 1, 1, 0, len(note.text), note.text)], reader_messages(note.text))
-    answer = compact({"excerpts": recorded_excerpts(note.text, quotes)})
-    check = check_reader_output(answer, "stop", call, {note.id: note}, max_tokens=0)
+    over the note, the recorded excerpts as the teacher's answer, checked as a live answer is.
+    `cited`: (recorded quote, the atom name that cites it); v2 tags each excerpt with its atoms' terms."""
+    tmpl = stage_prompt(STAGE, version)
+    tagged = tmpl.version != "v1"
+    call = ReaderCall(
+        [Passage(note.id, 1, 1, 0, len(note.text), note.text)], reader_messages(note.text, tmpl.version)
+    )
+    texts = recorded_excerpts(note.text, [q for q, _ in cited])
+    items = [{"text": t, "terms": recorded_terms(note.text, t, cited)} if tagged else t for t in texts]
+    check = check_reader_output(
+        compact({"excerpts": items}), "stop", call, {note.id: note}, max_tokens=0, tagged=tagged
+    )
     return check.result(
-        stage=STAGE, teacher=teacher, model=model, prompt_version=f"{STAGE}@v1", messages=call.messages
+        stage=STAGE, teacher=teacher, model=model, prompt_version=tmpl.ident, messages=call.messages
     )
 
 
@@ -248,17 +315,23 @@ async def read_chart(fz: Formalizer, reduced: ReducedChart, *, data_class: str, 
     document order (duplicates of one excerpt kept once)."""
     plan = await asyncio.to_thread(plan_for, fz, reduced.documents)  # exact counts: off the loop
     max_tokens = fz.endpoint.max_tokens.for_stage(STAGE)
+    version = fz.prompt(STAGE).version
 
     async def one(call: ReaderCall) -> StageResult:
         def validate(c: CachedCall) -> Check:
             return check_reader_output(
-                c.content, c.finish_reason, call, reduced.originals, max_tokens=max_tokens
+                c.content,
+                c.finish_reason,
+                call,
+                reduced.originals,
+                max_tokens=max_tokens,
+                tagged=version != "v1",
             )
 
         res = await fz.run_stage(
             STAGE,
             call.messages,
-            ReaderOutput.model_json_schema(),
+            reader_schema(version),
             "reader_output",
             validate,
             patient_text=True,
@@ -407,11 +480,20 @@ async def mine_chart(
     sheet_docs = sheet.documents()
     if not sheet_docs:  # nothing in the chart is about the patient: every atom null, no call
         return _no_text(fz, program, side, skip, chart_read)
+    if sheet.router is None:
+        sheet.router = await asyncio.to_thread(SheetRouter.build, sheet.excerpts, fz.tokens.count_text)
+    router, routed = sheet.router, []
+
+    def route(names: list[str], budget: int | None) -> list[NoteDocument]:
+        chosen = router.pick(program, names, reading.route_tokens if budget is None else budget)
+        routed.append(len(chosen) < len(router.excerpts))
+        return router.documents(chosen)
+
     record = PatientDoc(patient_id=_pid(pid), documents=sheet_docs, data_class=dclass)
-    res = await mine_values(fz, program, record, side, data_class=dclass, skip=skip)
+    res = await mine_values(fz, program, record, side, data_class=dclass, skip=skip, route=route)
     if res.accepted:
         res = res.model_copy(update={"output": _checked_against_sheet(res.output, sheet)})
-    return res.model_copy(update={"chart_read": chart_read})
+    return res.model_copy(update={"chart_read": chart_read.model_copy(update={"routed": any(routed)})})
 
 
 def _pid(pid: str) -> str:

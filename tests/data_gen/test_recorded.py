@@ -217,12 +217,17 @@ def test_the_reader_is_distilled_from_the_recorded_quotes(recorded):
     assert len(recs) == len({r.patient_id for r in recs}) == s.reader_accepted + s.reader_rejected
     assert sum(bool(json.loads(r.output_json)["excerpts"]) for r in recs) >= 0.8 * len(recs)
     assert s.reader_accepted >= 20 and s.reader_rejected == 0  # every target is verbatim by construction
+    tagged = 0
     for r in recs:
-        excerpts = json.loads(r.output_json)["excerpts"]
+        items = json.loads(r.output_json)["excerpts"]  # reader v2: each with the terms of its atoms
+        excerpts = [e["text"] for e in items]
+        tagged += sum(bool(e["terms"]) for e in items)
+        assert r.prompt_version == "reader@v2"
         note = notes[r.patient_id]
         assert all(e in note for e in excerpts)  # verbatim slices of the note
         assert [note.index(e) for e in excerpts] == sorted(note.index(e) for e in excerpts)  # note order
         assert "You read part of a patient's chart" in r.messages[0]["content"]
+    assert tagged >= 0.8 * sum(len(json.loads(r.output_json)["excerpts"]) for r in recs)
 
 
 def test_recorded_excerpts_are_verbatim_pieces_in_note_order_each_once():
