@@ -22,6 +22,7 @@ from verdict.core.progress import Progress
 
 from .errors import AdapterCheckError
 from .vllm_config import VLLMConfig
+from .vllm_server import VLLMServer
 
 
 class AdapterCheckConfig(StrictModel):
@@ -119,8 +120,11 @@ class TransformersRunner:
     """Greedy generation with the base model + one PEFT adapter at a time."""
 
     def __init__(self, base_model: str, dtype: str):
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        import torch  # here: heavy optional dependency, torch (train extra)
+        from transformers import (  # here: heavy optional dependency, transformers (train extra)
+            AutoModelForCausalLM,
+            AutoTokenizer,
+        )
 
         torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype, torch.float32)
         self.tok = AutoTokenizer.from_pretrained(base_model)
@@ -133,8 +137,8 @@ class TransformersRunner:
         self.eos = eos if isinstance(eos, list) else [eos]
 
     def generate(self, adapter_path: str, prompts: list[list[dict]], max_tokens: int) -> list[str]:
-        import torch
-        from peft import PeftModel
+        import torch  # here: heavy optional dependency, torch (train extra)
+        from peft import PeftModel  # here: heavy optional dependency, peft (train extra)
 
         model = PeftModel.from_pretrained(self.base, adapter_path)
         model.eval()
@@ -160,7 +164,7 @@ class TransformersRunner:
 
 def vllm_generate(base_url: str, adapter: str, prompts: list[list[dict]], max_tokens: int) -> list[str]:
     """Greedy and unconstrained: the adapter's own behaviour, as the transformers side sees it."""
-    import httpx
+    import httpx  # here: heavy optional dependency, httpx (serve extra)
 
     outs = []
     with httpx.Client(base_url=base_url, timeout=600, trust_env=False) as http:
@@ -198,8 +202,6 @@ def run_adapter_check(
     server = None
     base_url = check.base_url
     if base_url is None:
-        from .vllm_server import VLLMServer
-
         progress("starting vLLM for the check")
         server = VLLMServer(config).start()
         base_url = server.base_url

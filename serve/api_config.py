@@ -6,9 +6,12 @@ an error naming it. Relative paths are taken from the directory the service runs
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 from verdict.core.configs import StrictModel
+from verdict.core.solver_pool import SolverPool
 from verdict.data_gen.formalizer.reader import ChartReading
 from verdict.data_gen.teacher_config import EgressConfig, StageTokens, TeacherConfig
 
@@ -201,7 +204,6 @@ class SolverPoolConfig(StrictModel):
 
     def pool(self, timeout_ms: int, alternatives: int):
         """The pool these settings describe, deciding with Engine(timeout_ms, alternatives)."""
-        from verdict.core.solver_pool import SolverPool
 
         return SolverPool(
             timeout_ms=timeout_ms,
@@ -307,14 +309,12 @@ class ApiConfig(StrictModel):
 
     @property
     def audit_hash_key_path(self) -> str:
-        from pathlib import Path
 
         return self.audit_hash_key or str(Path(self.api_keys).with_name("audit_hash.key"))
 
     @field_validator("audit_db")
     @classmethod
     def _no_password_in_url(cls, v: str) -> str:
-        from urllib.parse import urlsplit
 
         if v.startswith(("postgresql://", "postgres://")) and urlsplit(v).password:
             raise ValueError(

@@ -7,6 +7,8 @@ access log (raw paths and query strings) is replaced by `middleware.AccessLog`.
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import json
 import logging
 import os
@@ -17,6 +19,8 @@ import threading
 from pathlib import Path
 
 from .api_config import ApiConfig
+from .api_keys import KeyStore
+from .app import create_app
 
 # Loggers that must never go below WARNING: they log request bodies or full URLs at INFO/DEBUG.
 QUIET = ("openai", "openai._base_client", "httpx", "httpcore", "uvicorn.access", "urllib3")
@@ -64,7 +68,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def is_loopback(host: str) -> bool:
-    import ipaddress
 
     if host == "localhost":
         return True
@@ -76,12 +79,8 @@ def is_loopback(host: str) -> bool:
 
 def run_api(config: ApiConfig, base_url: str, *, ready_file: str | None = None, on_ready=None) -> None:
     """Serve until interrupted (SIGINT/SIGTERM). ``ready_file`` gets {"url": ...} once listening."""
-    import asyncio
 
-    import uvicorn
-
-    from .api_keys import KeyStore
-    from .app import create_app
+    import uvicorn  # here: heavy optional dependency, uvicorn (serve extra)
 
     setup_logging(config.log_file)
     app = create_app(config, base_url)

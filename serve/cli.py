@@ -11,6 +11,10 @@ verdict serve keys add|list|revoke        API keys (stored hashed)
 verdict serve audit verify|backup|restore|setup-postgres   the audit store
 verdict serve check-adapter --config ...  vLLM vs PEFT on a golden set
 verdict serve openapi                     print the API's OpenAPI schema
+
+Imports inside the commands: a part's cli module imports only typer (and light modules) at module
+level, so that `verdict --help` and the other parts' commands never load this part's heavy optional
+dependencies (fastapi, vLLM, httpx, psycopg, jinja2: the serve and slurm extras; verdict/cli.py).
 """
 
 from __future__ import annotations

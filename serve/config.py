@@ -12,11 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field, model_validator
+from verdict.core import configs
 from verdict.core.configs import StrictModel, find_config
 from verdict.core.errors import VerdictError
+from verdict.data_gen.formalizer.budget import derive_limits, limits_of, student_limit_keys
 
 from .api_config import ApiConfig
 from .errors import ServeConfigError
+from .site_paths import config_root, resolve_paths
 from .vllm_config import VLLMConfig
 
 
@@ -40,7 +43,6 @@ class ServeConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _from_limits(cls, data):
-        from verdict.data_gen.formalizer.budget import derive_limits, limits_of, student_limit_keys
 
         limits = limits_of(data)
         if limits is None:
@@ -79,9 +81,6 @@ class ServeConfig(StrictModel):
 
 def load_serve_config(name_or_path: str | Path, overrides: list[str] | None = None) -> ServeConfig:
     """configs/serve/NAME.yaml (or a path), with `a.b=value` overrides applied."""
-    from verdict.core import configs
-
-    from .site_paths import config_root, resolve_paths
 
     try:
         path = find_config("serve", name_or_path)

@@ -23,6 +23,16 @@ from pathlib import Path
 
 import typer
 from verdict.core.configs import shipped
+from verdict.core.engine import Engine
+from verdict.core.errors import VerdictError
+from verdict.core.policy import load_policy, resolve
+
+from . import students
+from .api_keys import KeyStore
+from .config import load_serve_config
+from .errors import ServeConfigError
+from .site_paths import adapter_folder
+from .students import teacher_programs, teacher_values
 
 RECORDS = shipped("examples", "demo", "teacher_records.json")
 
@@ -33,7 +43,6 @@ def say(step: str, text: str) -> None:
 
 def prepare_students(work: Path, records: dict) -> None:
     """Steps 1-3: the tiny base and its two adapters where configs/serve/cpu-tiny.yaml expects them."""
-    from . import students
 
     base = work / "student-base"
     if not (base / "config.json").exists():
@@ -64,8 +73,6 @@ def prepare_students(work: Path, records: dict) -> None:
 
 def run_completed(run: Path) -> bool:
     """A training run folder that `vllm.adapters` accepts (completed, with its adapter)."""
-    from .errors import ServeConfigError
-    from .site_paths import adapter_folder
 
     try:
         return run.exists() and adapter_folder(run) == (run / "adapter").resolve()
@@ -101,8 +108,6 @@ def write_key_file(path: Path, key: str) -> None:
 
 def start_service(config: str, work: Path) -> tuple[subprocess.Popen, str, str]:
     """Step 4: `verdict serve up` in the background; returns (process, API URL, API key)."""
-    from .api_keys import KeyStore
-    from .config import load_serve_config
 
     overrides = student_overrides(work)
     cfg = load_serve_config(config, overrides)
@@ -152,10 +157,6 @@ def stop_service(proc: subprocess.Popen) -> None:
 
 def teacher_decisions(records: dict, policy: str) -> dict[tuple[str, str], str]:
     """What the core decides from the teacher's own outputs: what the students must reproduce."""
-    from verdict.core.engine import Engine
-    from verdict.core.policy import load_policy, resolve
-
-    from .students import teacher_programs, teacher_values
 
     engine, pol, out = Engine(), load_policy(policy), {}
     for tid, program in teacher_programs(records).items():
@@ -169,7 +170,7 @@ def teacher_decisions(records: dict, policy: str) -> dict[tuple[str, str], str]:
 
 def match_all(url: str, key: str, records: dict, policy: str) -> list[dict]:
     """Step 5: every sample patient against every sample trial through POST /v1/match."""
-    import httpx
+    import httpx  # here: heavy optional dependency, httpx (serve extra)
 
     results = []
     with httpx.Client(
@@ -246,7 +247,6 @@ def demo(
 ) -> None:
     """The main job: tiny student -> adapters trained on recorded teacher outputs -> vLLM + matching
     API -> sample patients matched over HTTP -> rationales."""
-    from verdict.core.errors import VerdictError
 
     try:
         code = run_demo(config, work, records, policy, keep_running)

@@ -17,17 +17,30 @@ import asyncio
 import hashlib
 import json
 import os
+import shlex
 import time
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from verdict.core.configs import find_config
+from verdict.core.decision import Decision
 from verdict.core.jsonl_store import JsonlStore
+from verdict.core.policy import load_policy
 from verdict.core.progress import Progress
+from verdict.core.ranking import rank
+from verdict.data_gen.fhir.models import FhirPatientRecord
 from verdict.data_gen.formalizer.accounting import PairCost
 from verdict.data_gen.formalizer.accounting import total as cost_total
+from verdict.data_gen.sources import load_pairs, load_patients, load_trials
 
-from .errors import BatchError
+from .audit import AuditStore
+from .config import load_serve_config
+from .errors import BatchError, ServiceError
+from .matching.protocol import MatchRequest
+from .protocol import NoteInput, PatientInput
+from .services import Services
+from .vllm_server import VLLMServer
 
 PLAN = "plan.json"
 # Outcomes a rerun does not retry: a decision, or a model output that failed validation (greedy
@@ -70,11 +83,8 @@ class ResultLine(BaseModel):
 def patient_input(doc):
     """A loaded patient (`verdict.data_gen.protocol.PatientDoc`) as the match request takes it: its documents
     as `notes` when it has several, else its text as `note`."""
-    from .protocol import NoteInput, PatientInput
 
     if doc.fhir is not None:  # read from FHIR: the record goes as it is, its coded facts decide atoms
-        from verdict.data_gen.fhir.models import FhirPatientRecord
-
         return PatientInput(patient_id=doc.patient_id, fhir=FhirPatientRecord.model_validate(doc.fhir))
     if not doc.documents:
         return PatientInput(patient_id=doc.patient_id, note=doc.text)
@@ -87,7 +97,6 @@ def shard_of(trial_id: str, shards: int) -> int:
 
 
 def load_inputs(plan: BatchPlan):
-    from verdict.data_gen.sources import load_pairs, load_patients, load_trials
 
     patients = load_patients(plan.patients)
     trials = load_trials(plan.trials, format=plan.trials_format)
@@ -125,10 +134,6 @@ def plan_batch(
     trials_format: str = "auto",
 ) -> BatchPlan:
     """Check the inputs and write out/plan.json. Re-planning an existing folder must not change it."""
-    from verdict.core.configs import find_config
-    from verdict.core.policy import load_policy
-
-    from .config import load_serve_config
 
     cfg_path = find_config("serve", str(serve_config)).resolve()
     cfg = load_serve_config(cfg_path, overrides)
@@ -193,7 +198,6 @@ async def run_shard(
 ) -> dict[str, int]:
     """Match this shard's pairs that have no final result yet. Starts vLLM from the plan's serve
     config unless ``formalizer_url`` names a running server."""
-    from .config import load_serve_config
 
     out = Path(out)
     plan = load_plan(out)
@@ -214,8 +218,6 @@ async def run_shard(
 
     server = None
     if formalizer_url is None:
-        from .vllm_server import VLLMServer
-
         vcfg = cfg.require("vllm").model_copy(
             update={"port": 0, "log_file": str(out / "shards" / str(shard) / "vllm.log")}
         )
@@ -240,10 +242,6 @@ async def run_shard(
 async def _match_pairs(
     api, formalizer_url, out, shard, plan, pats, trs, todo, mine, progress
 ) -> dict[str, int]:
-    from .audit import AuditStore
-    from .errors import ServiceError
-    from .matching.protocol import MatchRequest
-    from .services import Services
 
     shard_dir = out / "shards" / str(shard)
     shard_dir.mkdir(parents=True, exist_ok=True)
@@ -371,8 +369,6 @@ def write_rankings(out: Path, merged: list[ResultLine]) -> dict[str, int]:
     `out/ranked_by_trial.jsonl` (each trial's patients), one line per group, its pairs in the order
     of `verdict.core.ranking` with the decision ids. A pair without a decision has no rank: it stays
     in results.jsonl with its error, and is counted under `unranked`."""
-    from verdict.core.decision import Decision
-    from verdict.core.ranking import rank
 
     decided = [(r, Decision.model_validate(r.result)) for r in merged if r.status == 200 and r.result]
     ids = {(r.patient_id, r.trial_id): r.decision_id for r, _ in decided}
@@ -396,11 +392,13 @@ def render_batch_jobs(
     out: str | Path, slurm_config: str | Path, slurm_overrides: list[str] | None = None
 ) -> dict:
     """out/slurm/match.sbatch (an array, one task per shard, one GPU each) and merge.sbatch."""
-    import shlex
 
-    from verdict.core.configs import find_config
-    from verdict.slurm.job_config import load_slurm_config
-    from verdict.slurm.render import render_text
+    from verdict.slurm.job_config import (
+        load_slurm_config,  # here: heavy optional dependency, verdict.slurm (slurm extra)
+    )
+    from verdict.slurm.render import (
+        render_text,  # here: heavy optional dependency, verdict.slurm: jinja2 (slurm extra)
+    )
 
     out = Path(out).resolve()
     plan = load_plan(out)

@@ -7,6 +7,10 @@
     verdict match merge --out runs/match/x                   (what the merge job runs)
 
 Keep module-level imports light: heavy stacks load inside commands.
+
+Imports inside the commands: a part's cli module imports only typer (and light modules) at module
+level, so that `verdict --help` and the other parts' commands never load this part's heavy optional
+dependencies (fastapi, vLLM, httpx, psycopg, jinja2: the serve and slurm extras; verdict/cli.py).
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ import hashlib
 import threading
 from pathlib import Path
 
+from .site_paths import adapter_folder
+
 _CHUNK = 1 << 20
 
 
@@ -36,7 +38,6 @@ def folder_digest(folder: Path) -> str:
 
 def pin(path: str) -> str:
     """The digest of a model folder (a training run folder stands for its adapter/), or why not."""
-    from .site_paths import adapter_folder
 
     p = Path(path)
     try:

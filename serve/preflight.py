@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .errors import ServeConfigError
 from .gpu_sizing import VLLM_DEFAULT_MAX_NUM_SEQS, Estimate, estimate
+from .site_paths import adapter_folder
 from .vllm_config import VLLMConfig
 
 
@@ -35,7 +36,6 @@ def missing_inputs(cfg: VLLMConfig) -> list[str]:
         problems.append(f"base model folder {model} does not exist")
     elif not (model / "config.json").is_file():
         problems.append(f"base model folder {model} has no config.json (is it a Hugging Face model folder?)")
-    from .site_paths import adapter_folder
 
     for name, path in cfg.adapters.items():
         try:
@@ -68,7 +68,6 @@ def memory_needed(cfg: VLLMConfig) -> Estimate | None:
     """The formula of `gpu_sizing` for this config; None when the model folder has no config.json."""
     try:
         mc = json.loads((Path(cfg.model) / "config.json").read_text())
-        from .site_paths import adapter_folder
 
         adapters = [
             json.loads((adapter_folder(p) / "adapter_config.json").read_text()) for p in cfg.adapters.values()

@@ -8,9 +8,11 @@ naming each invalid field, never a 500. Patient text comes in `PatientInput.note
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections import Counter
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -25,6 +27,8 @@ from pydantic import (
 from verdict.core.configs import StrictModel
 from verdict.core.program import Id, TrialProgram
 from verdict.data_gen.fhir.models import FhirPatientRecord
+from verdict.data_gen.fhir.records import age_at
+from verdict.data_gen.fhir.resolve import default_code_map
 from verdict.data_gen.protocol import SINGLE_NOTE_ID, NoteDocument
 
 from .contract import all_of, exactly_one, given, only_with, outline, rules
@@ -198,10 +202,6 @@ _ID = TypeAdapter(Id)
 def _check_fhir(patient_id: str, rec: FhirPatientRecord) -> None:
     """The FHIR record fits the same limits as `notes`, and its dates and age agree (the age decides
     atoms without the miner): problems by field, never by content."""
-    import datetime as dt
-
-    from verdict.data_gen.fhir.records import age_at
-    from verdict.data_gen.fhir.resolve import default_code_map
 
     if rec.patient_id != patient_id:
         raise ValueError("`fhir.patient_id` must equal `patient_id`")
@@ -269,7 +269,6 @@ def unique_patient_ids(patients: list[PatientInput] | None) -> list[PatientInput
 def base_url_problem(url: str) -> str | None:
     """Why `url` is not a plain http(s) base URL (scheme and host; no credentials, query or fragment),
     or None: a FHIR server's label, the service's own `api.public_url`."""
-    from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:

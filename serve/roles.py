@@ -14,6 +14,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.routing import Match
 
 from .api_keys import KeyEntry
 from .errors import ServiceError
@@ -71,8 +72,6 @@ class RoleFirst:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
-            from starlette.routing import Match
-
             route = next((r for r in self.routes if r.matches(scope)[0] == Match.FULL), None)
             roles = roles_of(route) if route is not None else None
             if route is not None:

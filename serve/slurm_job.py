@@ -14,6 +14,9 @@ import shlex
 from pathlib import Path
 from typing import Literal
 
+from verdict.core.configs import find_config
+
+from .config import load_serve_config
 from .errors import ServeConfigError
 from .preflight import PreflightError, missing_inputs
 
@@ -44,10 +47,9 @@ def render_serve_job(
     listen: Literal["node", "loopback"] = "node",
 ) -> tuple[Path, str]:
     """serve.sbatch for a serve config; returns (script, how the API reaches the server)."""
-    from verdict.core.configs import find_config
-    from verdict.slurm.render import render_job
-
-    from .config import load_serve_config
+    from verdict.slurm.render import (
+        render_job,  # here: heavy optional dependency, verdict.slurm: jinja2 (slurm extra)
+    )
 
     overrides = list(overrides or [])
     config_file = find_config("serve", config, ServeConfigError).resolve()

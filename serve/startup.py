@@ -9,6 +9,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from .api_config import ApiConfig
+from .api_keys import KeyStore
 from .preflight import PreflightError
 
 
@@ -36,7 +37,6 @@ def files_used(config: ApiConfig, source: str | None = None) -> list[tuple[str, 
 def check_api_files(config: ApiConfig, init: bool) -> None:
     """Refuse a missing SQLite audit store or key file (both named in one error) unless ``init``;
     with ``init``, create the key file empty (the store is created when the service opens it)."""
-    from .api_keys import KeyStore
 
     missing = []
     if "://" not in config.audit_db and config.audit_db != ":memory:" and not Path(config.audit_db).exists():

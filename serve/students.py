@@ -18,8 +18,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from verdict.core.patient import MinedValue
+from verdict.core.program import ParsedCriterion, load_program
 from verdict.core.progress import Progress
-from verdict.data_gen.sft_record import TASKS, SftRecord  # noqa: F401  (TASKS: re-exported for the demo and tests)
+from verdict.data_gen.formalizer import Formalizer, compact, criterion_outputs, quote_in_note, side_atoms
+from verdict.data_gen.formalizer.criteria import normalize_criterion
+from verdict.data_gen.formalizer.miner import miner_target, plan_for
+from verdict.data_gen.prompt_templates import PROMPTS_DIR
+from verdict.data_gen.protocol import PatientDoc
+from verdict.data_gen.sft_record import TASKS, SftRecord, features, write_jsonl  # noqa: F401  (TASKS: re-exported for the demo and tests)
+
+from .api_config import FormalizerConfig
+from .trials.protocol import TrialText
+from .trials.serving import trial_doc
+from .vllm_config import VLLMConfig
 
 # Context for the tiny tokenizer: a per-criterion parser prompt is under 1k tokens with it.
 MAX_MODEL_LEN = 4096
@@ -36,7 +48,6 @@ def load_teacher_records(path: str | Path) -> dict:
 
 
 def prompt_corpus() -> str:
-    from verdict.data_gen.prompt_templates import PROMPTS_DIR
 
     return "\n".join(p.read_text() for p in sorted(PROMPTS_DIR.glob("*.yaml")))
 
@@ -44,14 +55,16 @@ def prompt_corpus() -> str:
 def build_student_base(out: str | Path) -> Path:
     """The tiny student with a tokenizer that also learned the prompt templates' words: prompts come
     out 2-3x shorter than with the default tiny tokenizer, and training is that much cheaper."""
-    from verdict.train.tiny import build_tiny_student
+    # heavy optional dependency: verdict.train: torch, transformers, TRL (train extra)
+    from verdict.train.tiny import (
+        build_tiny_student,
+    )
 
     return build_tiny_student(out, vocab_size=2048, extra_corpus=prompt_corpus())
 
 
 def teacher_programs(records: dict) -> dict:
     """trial id -> the checked TrialProgram the teacher's parser output makes."""
-    from verdict.core.program import load_program
 
     return {
         t["trial_id"]: load_program({**t["parsed"], "trial_id": t["trial_id"], "title": t["title"]})
@@ -61,8 +74,6 @@ def teacher_programs(records: dict) -> dict:
 
 def teacher_values(program, patient: dict, side: str) -> list:
     """What the teacher's value miner answered for one pass: the side's atoms, in prompt order."""
-    from verdict.core.patient import MinedValue
-    from verdict.data_gen.formalizer import side_atoms
 
     out = []
     for name in side_atoms(program, side):
@@ -72,7 +83,6 @@ def teacher_values(program, patient: dict, side: str) -> list:
 
 
 def trial_text(trial: dict):
-    from .trials.protocol import TrialText
 
     return TrialText(
         trial_id=trial["trial_id"],
@@ -98,12 +108,6 @@ def parser_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[
     splits them (under `limits`, default the tiny students'), each with the teacher program's
     formalization of that criterion (`verdict.data_gen.formalizer.criterion_outputs`) as the target. A
     recurring criterion is one row. A criterion the teacher program does not have is an error."""
-    from verdict.core.program import ParsedCriterion
-    from verdict.data_gen.formalizer import Formalizer, compact, criterion_outputs
-    from verdict.data_gen.formalizer.criteria import normalize_criterion
-
-    from .api_config import FormalizerConfig
-    from .trials.serving import trial_doc
 
     limits = limits or FormalizerConfig(max_tokens=STUDENT_MAX_TOKENS)
     fz = Formalizer(limits.endpoint(limits.parser_model, "http://127.0.0.1:9/v1"))
@@ -146,12 +150,6 @@ def miner_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[d
     (`limits`: the service's `FormalizerConfig`; default: the tiny students' max_tokens). A chunk's
     target is the teacher's values for its atoms, an atom null where its quote is not in the call's
     passage."""
-    from verdict.core.patient import MinedValue
-    from verdict.data_gen.formalizer import Formalizer, quote_in_note
-    from verdict.data_gen.formalizer.miner import miner_target, plan_for
-    from verdict.data_gen.protocol import PatientDoc
-
-    from .api_config import FormalizerConfig
 
     limits = limits or FormalizerConfig(max_tokens=STUDENT_MAX_TOKENS)
     fz = Formalizer(
@@ -190,8 +188,10 @@ def miner_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[d
 
 def write_student_export(records: dict, out: str | Path, limits=None) -> Path:
     """`out/parser` and `out/value_miner` in the SFT export layout (DatasetDict + split JSONL)."""
-    from datasets import Dataset, DatasetDict
-    from verdict.data_gen.sft_record import features, write_jsonl
+    from datasets import (  # here: heavy optional dependency, datasets (teacher/train extra)
+        Dataset,
+        DatasetDict,
+    )
 
     out = Path(out)
     for task, rows in sft_rows(records, limits).items():
@@ -230,8 +230,15 @@ def train_student(
     """One adapter through `train/` (CPU, memorization recipe); returns the adapter folder. `dataset`:
     an export folder, or a list of `DatasetSpec` (weighted mix); `init_adapter`: continue that adapter
     (the site fine-tune of docs/train.md)."""
-    from verdict.train.sft_config import DatasetSpec, LoraSpec, TrainConfig
-    from verdict.train.sft_trainer import train
+    # heavy optional dependency: verdict.train: torch, transformers, TRL (train extra)
+    from verdict.train.sft_config import (
+        DatasetSpec,
+        LoraSpec,
+        TrainConfig,
+    )
+    from verdict.train.sft_trainer import (
+        train,  # here: heavy optional dependency, verdict.train: torch, transformers, TRL (train extra)
+    )
 
     cfg = TrainConfig(
         name=f"tiny-{task}",
@@ -262,7 +269,6 @@ def train_student(
 def student_vllm_config(
     base_model: str | Path, adapters: dict[str, str | Path], log_file: str | Path | None = None
 ):
-    from .vllm_config import VLLMConfig
 
     # float32: the same numbers as the transformers side of `check-adapter` (auto would be bf16).
     return VLLMConfig(

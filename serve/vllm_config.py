@@ -17,6 +17,7 @@ from pydantic import Field, field_validator
 from verdict.core.configs import StrictModel, source_checkout
 
 from .errors import ServeConfigError
+from .site_paths import adapter_folder
 
 ENV_PYTHON = "VERDICT_VLLM_PYTHON"
 DEFAULT_PYTHON = Path(".venv-vllm") / "bin" / "python"
@@ -83,7 +84,6 @@ class VLLMConfig(StrictModel):
 
     def adapter_dirs(self) -> dict[str, Path]:
         """Adapter name -> its PEFT adapter folder (a run folder's adapter/), absolute; checked."""
-        from .site_paths import adapter_folder
 
         return {name: adapter_folder(p) for name, p in self.adapters.items()}
 

@@ -32,6 +32,7 @@ from verdict.core.progress import Progress
 from verdict.slurm.local_cluster import pid_alive
 
 from .errors import VLLMServerError
+from .preflight import check_vllm
 from .process_reaper import Reaper, parent_death_signal
 from .vllm_config import VLLMConfig
 
@@ -181,7 +182,6 @@ class VLLMServer:
 
     def check_paths(self) -> None:
         """Every missing input in one error, with absolute paths; `device: gpu` needs CUDA."""
-        from .preflight import check_vllm
 
         check_vllm(self.config)
 

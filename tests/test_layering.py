@@ -90,3 +90,81 @@ def test_the_check_sees_imports_hidden_in_functions_and_relative_ones(tmp_path):
     assert names == {"verdict.serve.app", "verdict.data_gen.serve"}
     assert part_of_module("verdict.serve.app") == "serve" and part_of_module("verdict.core") == "core"
     assert part_of_module("verdict.cli") == "verdict" and part_of_module("typer") is None
+
+
+# -- no import cycle inside serve ------------------------------------------------------------------
+def module_names(folder: str) -> dict[str, Path]:
+    """Installed module name -> file, for every module of a part (`serve/audit/__init__.py` ->
+    verdict.serve.audit)."""
+    out = {}
+    for path in sorted((REPO / folder).rglob("*.py")):
+        name = (
+            package_of(path, folder)
+            if path.name == "__init__.py"
+            else f"{package_of(path, folder)}.{path.stem}"
+        )
+        out[name] = path
+    return out
+
+
+def import_graph(folder: str) -> dict[str, set[str]]:
+    """Module -> the modules of the same part it imports, at module level or inside a function
+    (`from .pkg import mod` names the module `pkg.mod`, `from .mod import x` the module `mod`)."""
+    modules = module_names(folder)
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = imports_of_node(node, package)
+                targets = [base, *(f"{base}.{a.name}" for a in node.names)]
+            else:
+                continue
+            deps |= {t for t in targets if t in modules and t != name}
+        graph[name] = deps
+    return graph
+
+
+def imports_of_node(node: ast.ImportFrom, package: str) -> str:
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (its modules in order, the first repeated at the end), or None."""
+    state: dict[str, str] = {}  # visiting | done
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = "visiting"
+        path.append(m)
+        for d in sorted(graph[m]):
+            if state.get(d) == "visiting":
+                return [*path[path.index(d) :], d]
+            if d not in state and (found := visit(d)):
+                return found
+        path.pop()
+        state[m] = "done"
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_serve_has_no_import_cycle():
+    """Imports hidden in functions count too: a cycle they hide is still a cycle."""
+    cycle = import_cycle(import_graph("serve"))
+    assert cycle is None, "import cycle in serve: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_finds_a_cycle_hidden_in_a_function():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycle(graph) == ["a", "b", "c", "a"]
+    assert import_cycle({"a": {"b"}, "b": set()}) is None

@@ -13,6 +13,7 @@ clinician page can show evidence in context; `store_notes: false` keeps only its
 clinical record, readable only with the audit role (a SQLite file is created with mode 0600).
 """
 
+from . import postgres, sqlite  # noqa: F401 - the backends: each registers itself with AuditStore
 from .chain import ChainReport
 from .store import (
     ORIGIN_ROLE,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..errors import ServeConfigError
 from .chain import ChainReport
+from .store import AuditStore
 
 
 class BackupError(ServeConfigError):
@@ -24,7 +25,6 @@ class BackupError(ServeConfigError):
 
 
 def _verify(path: Path, head: str | None = None) -> ChainReport:
-    from .store import AuditStore
 
     store = AuditStore(str(path), read_only=True)
     try:

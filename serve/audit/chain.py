@@ -16,6 +16,7 @@ value (a lineage) is covered like any other column.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -109,7 +110,6 @@ def _parse_head(text: str, report: ChainReport) -> tuple[int, str] | None:
 
 def merge_by_seq(tables: dict[str, Iterator[dict[str, Any]]]) -> Iterator[tuple[str, dict[str, Any]]]:
     """Rows of several tables, each already in seq order, as one sequence in seq order."""
-    import heapq
 
     def tagged(table: str, rows: Iterator[dict[str, Any]]):
         for r in rows:

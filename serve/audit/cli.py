@@ -5,6 +5,10 @@ verdict serve audit verify --db URL --head SEQ:HASH  a head recorded earlier mus
 verdict serve audit backup --config NAME --out FILE   a verified 0600 copy while the service runs
 verdict serve audit restore --from FILE --to PATH --head SEQ:HASH
 verdict serve audit setup-postgres --url ADMIN_URL --writer ROLE
+
+Imports inside the commands: a part's cli module imports only typer (and light modules) at module
+level, so that `verdict --help` and the other parts' commands never load this part's heavy optional
+dependencies (fastapi, vLLM, httpx, psycopg, jinja2: the serve and slurm extras; verdict/cli.py).
 """
 
 from __future__ import annotations

@@ -9,15 +9,18 @@ processes) and durable (`synchronous=FULL`). Whoever can write the file can stil
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from ..errors import AuditUnavailable, ServeConfigError
+from .backup import backup
 from .chain import link
 from .store import (
     COLUMNS,
@@ -175,10 +178,6 @@ class SqliteAuditStore(AuditStore):
         version = self._version() if has_chain else None
         if version not in UPGRADES_FROM or self.location == ":memory:":
             return
-        import logging
-        import time
-
-        from .backup import backup
 
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         dest = self.path.with_name(f"{self.path.name}.schema-{version}-backup-{stamp}.sqlite")

@@ -32,6 +32,7 @@ policy. A schema-2 or schema-3 store gets the new table (and its triggers) in pl
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -148,6 +149,10 @@ def tables_of(version: int | None) -> tuple[str, ...]:
     return TABLES if (version or 0) >= 4 else TABLES[:2]
 
 
+# backend name -> its store class; each backend registers itself when its module is imported
+BACKENDS: dict[str, type[AuditStore]] = {}
+
+
 class AuditStore:
     """Append-only, enforced by the database; one hash chain over all rows. Thread-safe.
 
@@ -158,12 +163,13 @@ class AuditStore:
     backend = ""
     _tables: tuple[str, ...] = TABLES  # the chained tables this store has (set from its schema)
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        BACKENDS[cls.backend] = cls  # sqlite.py, postgres.py: imported by the package (__init__.py)
+
     def __new__(cls, location, store_notes: bool = True, **kwargs):
         if cls is AuditStore:
-            if is_postgres_url(str(location)):
-                from .postgres import PostgresAuditStore as cls
-            else:
-                from .sqlite import SqliteAuditStore as cls
+            cls = BACKENDS["postgresql" if is_postgres_url(str(location)) else "sqlite"]
         return super().__new__(cls)
 
     # -- what a backend provides ----------------------------------------------------------------
@@ -455,7 +461,6 @@ def tampered(where: str, problems: list[str]) -> str:
 
 def open_store(api, *, read_only: bool = False) -> AuditStore:
     """The audit store an `ApiConfig` names (`audit_db`, `audit_password_env`, `store_notes`)."""
-    import logging
 
     if not is_postgres_url(api.audit_db):
         return AuditStore(api.audit_db, api.store_notes, read_only=read_only)

@@ -2,7 +2,12 @@
 
 The reviews belong to the service (serve/), so their export lives here; `verdict teacher export
 --from-reviews`, its old name, still works and says that it moved (the `verdict` app wires it,
-so data_gen never imports serve)."""
+so data_gen never imports serve).
+
+Imports inside the commands: a part's cli module imports only typer (and light modules) at module
+level, so that `verdict --help` and the other parts' commands never load this part's heavy optional
+dependencies (fastapi, vLLM, httpx, psycopg, jinja2: the serve and slurm extras; verdict/cli.py).
+"""
 
 from __future__ import annotations
 

@@ -34,7 +34,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from verdict.core.engine import default_engine
 from verdict.core.errors import VerdictError
+from verdict.core.program import load_program
+from verdict.data_gen.egress import EgressPolicy
+from verdict.data_gen.formalizer import check_miner_output, compact, quote_in_note, side_atoms
+from verdict.data_gen.formalizer.assembly import criterion_outputs
+from verdict.data_gen.formalizer.criteria import CriterionText
+from verdict.data_gen.formalizer.miner import asked_atoms
+from verdict.data_gen.formalizer.parser import check_criterion_output, criterion_messages
+from verdict.data_gen.prompt_templates import stage_prompt
+from verdict.data_gen.protocol import StageResult
+from verdict.data_gen.records import RecordStore
+from verdict.data_gen.sft_record import target
+
+from ..api_config import FormalizerConfig
+from ..audit.store import AuditStore
+from ..students import miner_rows, teacher_programs
 
 DATA_CLASS = "private"
 TEACHER = "site-review"
@@ -65,7 +81,6 @@ class ReviewExportSummary:
 
 def check_destination(out: str | Path, egress=None) -> Path:
     """The output folder, or EgressRefused/VerdictError: private records are written to local disk only."""
-    from verdict.data_gen.egress import EgressPolicy
 
     text = str(out)
     if "://" in text:
@@ -107,14 +122,6 @@ def _provenance(reviews: list, changes: list[dict]) -> dict:
 
 def miner_results(audit, row, limits, summary: ReviewExportSummary, prompt_version: str = "v1"):
     """[(StageResult, provenance)] for the newest decision `row` of a reviewed lineage."""
-    from verdict.core.program import load_program
-    from verdict.data_gen.formalizer import check_miner_output, quote_in_note, side_atoms
-    from verdict.data_gen.formalizer.miner import asked_atoms
-    from verdict.data_gen.prompt_templates import stage_prompt
-    from verdict.data_gen.protocol import StageResult
-    from verdict.data_gen.sft_record import target
-
-    from ..students import miner_rows, teacher_programs
 
     chain = _chain(audit, row)
     reviews = [r for r in chain if (r.lineage or {}).get("kind") == "review"]
@@ -198,13 +205,6 @@ def miner_results(audit, row, limits, summary: ReviewExportSummary, prompt_versi
 
 def parser_results(audit, trial, summary: ReviewExportSummary, prompt_version: str = "v1"):
     """[(StageResult, provenance)]: the criteria a revision changed, as per-criterion parser records."""
-    from verdict.core.engine import default_engine
-    from verdict.core.program import load_program
-    from verdict.data_gen.formalizer import compact
-    from verdict.data_gen.formalizer.assembly import criterion_outputs
-    from verdict.data_gen.formalizer.criteria import CriterionText
-    from verdict.data_gen.formalizer.parser import check_criterion_output, criterion_messages
-    from verdict.data_gen.protocol import StageResult
 
     ident = f"{trial.trial_id}@{trial.program_hash}"
     program = load_program(json.loads(trial.program_json))
@@ -269,11 +269,9 @@ def export_reviews(
 ) -> tuple[dict[str, dict], ReviewExportSummary]:
     """Write `<out>/value_miner` and `<out>/parser` from an audit store's reviews (export.py's writer:
     split by trial, dataset card); return (cards, summary)."""
-    from verdict.data_gen.export import export_datasets
-    from verdict.data_gen.records import RecordStore
-
-    from ..api_config import FormalizerConfig
-    from ..audit.store import AuditStore
+    from verdict.data_gen.export import (
+        export_datasets,  # here: heavy optional dependency, datasets (teacher extra)
+    )
 
     out = check_destination(out, egress)
     limits = limits or FormalizerConfig()  # the service's defaults: plan calls as it does

@@ -17,16 +17,21 @@ commits on its own, so an interrupted run resumes where it stopped, and a second
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from verdict.core.engine import Engine
 from verdict.core.errors import VerdictError
 from verdict.core.policy import Policy, load_policy
 from verdict.core.program import TrialProgram, load_program
+from verdict.data_gen.client import EndpointClient
 
+from ..api_config import ApiConfig
 from ..audit import AuditStore, DecisionRow
-from ..audit.store import Superseded
+from ..audit.store import Superseded, open_store
+from ..config import load_serve_config
 from .protocol import Lineage, RecordedChange
 from .rederive import conflict_atoms, rederive, same_atoms
 from .serving import policy_reasons, stored_patient, superseding_decision
@@ -76,7 +81,6 @@ class RescreenReport:
 def count_llm_calls():
     """Counts every formalizer call this process sends while inside: `EndpointClient.complete` is
     the one place a call to a language model leaves the process (the teacher ledger's calls too)."""
-    from verdict.data_gen.client import EndpointClient
 
     counter = {"calls": 0}
     original = EndpointClient.complete
@@ -209,15 +213,8 @@ def run_rescreen(
 ) -> tuple[str, str]:
     """`verdict match rescreen`: open the store a serve config (or --db) names, re-screen, write the
     JSON report; returns (the table for stdout, the summary line for stderr)."""
-    import json
-    from pathlib import Path
-
-    from ..api_config import ApiConfig
-    from ..audit.store import open_store
 
     if config is not None:
-        from ..config import load_serve_config
-
         api = load_serve_config(config).require("api")
     else:
         api = ApiConfig(audit_db=db, audit_password_env=password_env)

@@ -20,6 +20,10 @@ the export folder's, bundle's or patients file's name (never a path), `text` for
 
 `--write-back` (with --fhir-server; the key must hold the admin role, which the service checks) writes
 one ResearchSubject per ranked pair back to that FHIR server (`write_back`); without it nothing is written.
+
+Imports inside the commands: a part's cli module imports only typer (and light modules) at module
+level, so that `verdict --help` and the other parts' commands never load this part's heavy optional
+dependencies (fastapi, vLLM, httpx, psycopg, jinja2: the serve and slurm extras; verdict/cli.py).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from .protocol import (
     ScreenRow,
     ScreenSource,
 )
+from .research_subjects import DECISION_STATUS, subject
 
 
 def screen_plan(service: MatchingService, req: ScreenRequest) -> tuple[list[str], Iterator[Pair]]:
@@ -112,7 +113,6 @@ def screening_record(service: MatchingService, screening_id: str) -> ScreeningRe
 def screening_subjects(service: MatchingService, screening_id: str, service_url: str) -> ScreeningSubjects:
     """The ResearchSubjects of a recorded run, from its decisions as recorded (status from each
     decision, links to this service at `service_url`)."""
-    from .research_subjects import DECISION_STATUS, subject
 
     row = service.audit.screening(screening_id)
     if row is None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from verdict.core.cli_errors import fail
+from verdict.core.errors import VerdictError
 
 from .research_subjects import PAIR, absolute_links
 
@@ -29,7 +30,7 @@ class Written:
 
 def fetch_subjects(service_url: str, screening_id: str, key: str, timeout: float) -> list[dict]:
     """The run's ResearchSubjects from the service; a key without the admin role stops here."""
-    import httpx
+    import httpx  # here: heavy optional dependency, httpx (serve extra)
 
     target = f"{service_url.rstrip('/')}/v1/screenings/{screening_id}/research-subjects"
     try:
@@ -50,8 +51,11 @@ def fetch_subjects(service_url: str, screening_id: str, key: str, timeout: float
 def write_subjects(fhir_server: str, subjects: list[dict], rest: FhirRestConfig | None = None) -> Written:
     """Create or update each ResearchSubject on the FHIR server (conditional update on its pair), with
     the REST client config the patients were read with (`--fhir-config`: SMART, timeouts)."""
-    from verdict.core.errors import VerdictError
-    from verdict.data_gen.fhir.rest import FhirRestClient, FhirRestConfig
+    # heavy optional dependency: the FHIR REST client: httpx (fhir extra)
+    from verdict.data_gen.fhir.rest import (
+        FhirRestClient,
+        FhirRestConfig,
+    )
 
     done = Written()
     try:
