@@ -196,6 +196,11 @@ class Document:
     info: str
     segments: list[Segment]
 
+    @property
+    def has_evidence(self) -> bool:
+        """Whether a quote of this decision is in this document (the page folds the others)."""
+        return any(s.mark for s in self.segments)
+
 
 @dataclass(frozen=True)
 class ConflictView:

@@ -314,3 +314,21 @@ def test_a_chart_of_hundreds_of_documents_is_taken_whole(svc, scripted):
         for m in q.body["messages"]
     ]
     assert all(any(f"Progress note {i}:" in x for x in sent) for i in range(300))
+
+
+def test_a_long_charts_page_shows_the_documents_with_evidence_and_folds_the_rest(svc):
+    """The page of a chart of many documents leads with those the evidence comes from; the others
+    are folded under one line, each still there whole (nothing dropped from the page)."""
+    notes = [{"id": f"quiet-{i}", "text": f"Progress note {i}: stable on day {i}."} for i in range(12)]
+    notes.insert(5, {"id": "adm-1", "text": ADMISSION, "kind": "admission", "date": "2024-03-01"})
+    with svc.client() as c:
+        r = c.post(
+            "/v1/match", json={"trial_id": "T-NOTES", "patient": {"patient_id": "P-FOLD", "notes": notes}}
+        )
+    assert r.status_code == 200, r.text[:500]
+    with svc.client("audit") as a:
+        html = a.get(r.json()["links"]["page"]).text
+    fold = html.index('id="documents-without-evidence"')
+    assert "12 more documents hold no evidence for this decision" in html
+    assert html.index('data-document="adm-1"') < fold  # the evidence's document, unfolded
+    assert all(html.index(f'data-document="quiet-{i}"') > fold for i in range(12))  # each kept, folded
