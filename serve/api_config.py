@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
@@ -243,6 +244,90 @@ class TlsConfig(StrictModel):
         return bool(self.certfile)
 
 
+class CdsClient(StrictModel):
+    """An EHR allowed to call the CDS Hooks service: it signs each call with a JWT (CDS Hooks 2.0,
+    "Trusting CDS Clients"), verified against its JSON Web Key Set."""
+
+    name: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9-]{0,31}$",
+        description="a short name: recorded as `cds:NAME` with what its calls cause (screenings, feedback)",
+    )
+    issuer: str = Field(min_length=1, max_length=500, description="the JWT `iss` this EHR signs with")
+    jwks_url: str | None = Field(
+        None, description="its JWKS (https URL; the host must pass api.egress like any FHIR host)"
+    )
+    jwks_file: str | None = Field(None, description="or its JWKS as a local JSON file")
+    algorithms: list[Literal["ES384", "RS384", "ES256", "RS256", "ES512", "RS512"]] = Field(
+        default_factory=lambda: ["ES384", "RS384"],
+        min_length=1,
+        description="signature algorithms accepted (CDS Hooks 2.0: ES384 and RS384)",
+    )
+
+    @model_validator(mode="after")
+    def _one_key_set(self):
+        if bool(self.jwks_url) == bool(self.jwks_file):
+            raise ValueError("give exactly one of jwks_url and jwks_file")
+        if self.jwks_url:
+            problem = base_url_problem(self.jwks_url)
+            if problem:
+                raise ValueError(f"jwks_url {problem}")
+        return self
+
+
+class CdsHooksConfig(StrictModel):
+    """The CDS Hooks 2.0 service (`/cds-services`, serve/cds_hooks): trial matches as cards in the
+    EHR's patient view. Off while `clients` is empty (its routes answer 404)."""
+
+    clients: list[CdsClient] = Field(
+        default_factory=list,
+        description="the EHRs allowed to call it; needs api.public_url (the JWT audience)",
+    )
+    service_id: str = Field(
+        "verdict-trial-matches", pattern=r"^[a-z0-9][a-z0-9-]{0,63}$", description="its id in discovery"
+    )
+    title: str = Field("Clinical trial matches", min_length=1, max_length=100)
+    answer_within_s: float = Field(
+        0.5,
+        gt=0,
+        le=10,
+        description="latency bound of a hook call: the cards are read from decisions already made; a read "
+        "slower than this answers no cards (the chart is never held up)",
+    )
+    queue_size: int = Field(
+        100,
+        ge=1,
+        le=100_000,
+        description="patients waiting for a screening (queued when a hook call finds a registered trial "
+        "without a current decision); past it nothing more is queued until one is done",
+    )
+    requeue_after_s: float = Field(
+        3600.0, gt=0, description="a patient is queued again no sooner than this after its last screening"
+    )
+    max_cards: int = Field(10, ge=1, le=100, description="cards per answer, best first")
+    jwt_leeway_s: float = Field(
+        10.0, ge=0, le=300, description="clock skew allowed on a JWT's exp, iat and nbf"
+    )
+    jwks_refresh_s: float = Field(
+        300.0, gt=0, description="how long a fetched JWKS is kept (an unknown key id fetches it again)"
+    )
+    jwks_timeout_s: float = Field(5.0, gt=0, le=60, description="one JWKS fetch's time limit")
+    max_remembered_jti: int = Field(
+        100_000,
+        ge=100,
+        description="JWT ids remembered until their token expires (a replayed jti is refused); when full, "
+        "a new token is refused until one expires",
+    )
+
+    @field_validator("clients")
+    @classmethod
+    def _unique(cls, v: list[CdsClient]) -> list[CdsClient]:
+        for attr in ("name", "issuer"):
+            values = [getattr(c, attr) for c in v]
+            if len(set(values)) != len(values):
+                raise ValueError(f"two clients have the same {attr}")
+        return v
+
+
 class ApiConfig(StrictModel):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535, description="0 = a free port")
@@ -298,6 +383,19 @@ class ApiConfig(StrictModel):
         "the absolute links of a screening's ResearchSubjects. Unset: those links are relative "
         "(/v1/decisions/...); never taken from a request's Host header, which the client sets",
     )
+
+    cds_hooks: CdsHooksConfig = Field(
+        default_factory=CdsHooksConfig, description="the CDS Hooks service: trial matches in the EHR"
+    )
+
+    @model_validator(mode="after")
+    def _cds_audience(self):
+        if self.cds_hooks.clients and not self.public_url:
+            raise ValueError(
+                "cds_hooks.clients needs public_url: it is the audience of the EHR's JWTs and the base of "
+                "the cards' links"
+            )
+        return self
 
     @field_validator("public_url")
     @classmethod

@@ -1,15 +1,16 @@
 """The matching API: the service, keys and state, the routers, and the middleware. Routes are one
-router per endpoint group (health/, trials/, matching/, audit/, screen/, reviews/, pages/:
-`router.py`, naming what it needs through serve/dependencies.py); models are `protocol.py`, logic
-`serving.py`, the parts they share are built once by serve/services.py; the one error shape is
-`error_mapping.install_error_handlers`.
+router per endpoint group (health/, trials/, matching/, audit/, screen/, reviews/, pages/,
+cds_hooks/: `router.py`, naming what it needs through serve/dependencies.py); models are
+`protocol.py`, logic `serving.py`, the parts they share are built once by serve/services.py; the
+one error shape is `error_mapping.install_error_handlers`.
 
     app = create_app(api_config, base_url="http://127.0.0.1:8011/v1")
 
 `create_app` refuses (ServeConfigError) when the formalizer is not on the site's allowlist, so a
-misconfigured service never starts. Every route except /healthz and /readyz needs an API key
-(`Authorization: Bearer vk_...` or `X-API-Key`) with the route's role; the key and the route's role
-are checked at the edge (`auth.Authenticate`, `roles.RoleFirst`), before the body is read.
+misconfigured service never starts. Every route except /healthz, /readyz and /cds-services needs an
+API key (`Authorization: Bearer vk_...` or `X-API-Key`) with the route's role; the key and the
+route's role are checked at the edge (`auth.Authenticate`, `roles.RoleFirst`), before the body is
+read. /cds-services takes an EHR's signed JWT instead (serve/cds_hooks), also checked at the edge.
 `/openapi.json` exists only with `api.docs`, behind a key; there are no Swagger UI or ReDoc pages
 (they load scripts from a public CDN).
 """
@@ -24,6 +25,10 @@ from .api_config import ApiConfig
 from .api_keys import KeyStore
 from .audit.router import router as audit_router
 from .auth import Authenticate, FailedAttempts
+from .cds_hooks.router import PREFIX as CDS_HOOKS
+from .cds_hooks.router import JwtFirst
+from .cds_hooks.router import router as cds_hooks_router
+from .cds_hooks.serving import CdsHooksService
 from .contract import with_stream_lines
 from .dependencies import PageContext
 from .error_mapping import install_error_handlers
@@ -54,6 +59,7 @@ def create_app(config: ApiConfig, base_url: str, *, services: Services | None = 
     async def lifespan(_app: FastAPI):
         services.warm_up()
         yield
+        await app.state.cds_hooks.aclose()
         await services.aclose()
         services.audit.close()
 
@@ -74,6 +80,7 @@ def create_app(config: ApiConfig, base_url: str, *, services: Services | None = 
     # What the routes reach through serve/dependencies.py:
     app.state.services = services
     app.state.reviews = ReviewService(services)  # reviews, history, revisions, flags (serve/reviews)
+    app.state.cds_hooks = CdsHooksService(services, app.state.reviews)  # matches in the EHR (serve/cds_hooks)
 
     install_error_handlers(app, metrics)  # one error shape everywhere (serve/error_mapping.py)
 
@@ -91,15 +98,19 @@ def create_app(config: ApiConfig, base_url: str, *, services: Services | None = 
         reviews_router,  # reviews, history, revisions, flags (serve/reviews)
         # the HTML pages: login, the clinician page and its review forms (serve/pages)
         pages_router,
+        cds_hooks_router,  # /cds-services: CDS Hooks 2.0, an EHR's signed JWT (serve/cds_hooks)
     )
     for router in routers:
         app.include_router(router)
 
     # Outermost last: headers (on every answer, the last guard's 500 included) -> log -> key ->
-    # the route's role (before its body or query is read) -> body limit -> routes.
+    # the route's role (before its body or query is read) -> body limit -> an EHR's JWT -> routes.
+    app.add_middleware(JwtFirst, metrics=metrics)
     app.add_middleware(BodyLimit, max_bytes=config.limits.max_body_bytes)
     app.add_middleware(RoleFirst, routes=[r for router in routers for r in router.routes], metrics=metrics)
-    app.add_middleware(Authenticate, keys=keys, limits=config.auth, metrics=metrics, sessions=sessions)
+    app.add_middleware(
+        Authenticate, keys=keys, limits=config.auth, metrics=metrics, sessions=sessions, own_auth=(CDS_HOOKS,)
+    )
     app.add_middleware(AccessLog, metrics=metrics)
     app.add_middleware(SecurityHeaders)
     return app

@@ -81,8 +81,17 @@ def key_id_of(key: str | None) -> str:
 
 
 class Authenticate:
-    def __init__(self, app, keys: KeyStore, limits: AuthLimits, metrics=None, sessions=None):
+    def __init__(
+        self,
+        app,
+        keys: KeyStore,
+        limits: AuthLimits,
+        metrics=None,
+        sessions=None,
+        own_auth: tuple[str, ...] = (),
+    ):
         self.app = app
+        self.own_auth = own_auth  # path prefixes whose routes authenticate their callers otherwise
         self.keys = keys
         self.attempts = FailedAttempts(limits)
         self.metrics = metrics
@@ -90,7 +99,8 @@ class Authenticate:
         self.open_paths = OPEN_PATHS | (OPEN_PAGE_PATHS if sessions is not None else frozenset())
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("path") in self.open_paths:
+        path = scope.get("path") or ""
+        if scope["type"] != "http" or path in self.open_paths or self._own(path):
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         key = presented_key(headers)
@@ -132,6 +142,9 @@ class Authenticate:
         state = scope.setdefault("state", {})
         state["key_entry"], state["key_id"] = entry, entry.id
         return await self.app(scope, receive, send)
+
+    def _own(self, path: str) -> bool:
+        return any(path == p or path.startswith(p + "/") for p in self.own_auth)
 
     async def _refuse(self, send, status: int, code: str, message: str, headers) -> None:
         if self.metrics is not None:

@@ -312,7 +312,10 @@ def change_view(c, name) -> ChangeView:
     elif c.type == "correct":
         head, tail = "corrected", f" to {value}"
     elif c.type == "flag":
-        head, tail = "flagged criterion", f": {c.note or ''}"
+        head = "flagged criterion" if c.criterion else "flagged the decision"
+        tail = f": {c.note or ''}"
+    elif c.type == "feedback":
+        head, tail = "EHR card", f" {(c.details or {}).get('outcome', '')}"
     else:
         head, tail = "re-screened", json.dumps(c.details or {}, sort_keys=True)
     return ChangeView(

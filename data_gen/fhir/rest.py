@@ -96,8 +96,10 @@ class FhirRestClient:
         *,
         policy: EgressPolicy | None = None,
         clock: Callable[[], float] = time.time,
+        bearer: str | None = None,
     ):
         self.cfg = cfg
+        self._bearer = bearer  # a token the caller was handed (a CDS Hooks call's fhirAuthorization)
         self.policy = policy or EgressPolicy.from_config(cfg.egress)
         self._check(cfg.base_url)  # refused before the client exists, so before any request
         import httpx
@@ -137,7 +139,9 @@ class FhirRestClient:
         headers = {"Accept": "application/fhir+json"}
         if not self._own(url):  # an attachment or page elsewhere (allowlisted) never gets the token
             return headers
-        if self.smart is not None:
+        if self._bearer:  # a token the caller was handed for this server
+            headers["Authorization"] = f"Bearer {self._bearer}"
+        elif self.smart is not None:
             headers["Authorization"] = self.smart.authorization()
         elif self.cfg.token_env:
             token = os.environ.get(self.cfg.token_env)

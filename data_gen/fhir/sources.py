@@ -85,8 +85,10 @@ def load_source(
     code_map: CodeMap | None = None,
     rest: FhirRestConfig | None = None,
     max_attachment_bytes: int = MAX_ATTACHMENT_BYTES,
+    bearer: str | None = None,
 ) -> LoadResult:
-    """Read `source` (bundle file, NDJSON folder or file, http(s) base URL) into records at `at`."""
+    """Read `source` (bundle file, NDJSON folder or file, http(s) base URL) into records at `at`.
+    `bearer`: a server's token handed to the caller (else the one `rest.token_env` names)."""
     if not isinstance(at, dt.date):
         raise FhirSourceError("a reference date is required (ages are computed at it, never at 'today')")
     code_map = code_map or load_code_map()
@@ -96,7 +98,7 @@ def load_source(
             f"reference date {at.isoformat()} is {implausible} (plausible dates: configs/fhir/codes.yaml)"
         )
     if source.startswith(("http://", "https://")):
-        return _load_rest(rest or FhirRestConfig(base_url=source), at, patient, code_map)
+        return _load_rest(rest or FhirRestConfig(base_url=source), at, patient, code_map, bearer)
     path = Path(source)
     if not path.exists():
         raise FhirSourceError(
@@ -114,9 +116,31 @@ def load_source(
     return LoadResult(source, kind, records, problems + orphan_problems, validated.skipped_types)
 
 
-def _load_rest(cfg: FhirRestConfig, at: dt.date, patient: str | None, code_map: CodeMap) -> LoadResult:
+def prefetch_source(
+    prefetch: dict[str, Any], at: dt.date, patient: str, code_map: CodeMap | None = None
+) -> LoadResult:
+    """A CDS Hooks call's `prefetch` (each value a resource or a searchset Bundle, by template key) as
+    the record of `patient`; problems named by key and entry, never by content."""
+    raws: list[tuple[Any, str]] = []
+    for key, value in prefetch.items():
+        if isinstance(value, dict) and value.get("resourceType") == "Bundle":
+            entries = value.get("entry") if isinstance(value.get("entry"), list) else []
+            for i, entry in enumerate(entries):
+                raws.append(
+                    (entry.get("resource") if isinstance(entry, dict) else None, f"prefetch {key} entry[{i}]")
+                )
+        elif value is not None:
+            raws.append((value, f"prefetch {key}"))
+    validated = validate_all(raws)
+    records, problems = build_records(validated, at, code_map or load_code_map(), only=patient)
+    return LoadResult("prefetch", "prefetch", records, problems, validated.skipped_types)
+
+
+def _load_rest(
+    cfg: FhirRestConfig, at: dt.date, patient: str | None, code_map: CodeMap, bearer: str | None = None
+) -> LoadResult:
     result = LoadResult(cfg.base_url, "rest")
-    with FhirRestClient(cfg) as client:  # refuses a non-allowlisted host before any request
+    with FhirRestClient(cfg, bearer=bearer) as client:  # refuses a non-allowlisted host before any request
         ids = [patient] if patient is not None else client.patient_ids(result.problems)
         for pid in ids:
             problems: list[str] = []

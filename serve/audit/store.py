@@ -385,11 +385,16 @@ class AuditStore:
         return [(r[0], r[1], r[2], json.loads(r[3]) if r[3] is not None else None) for r in rows]
 
     def current_decisions(
-        self, *, trial_id: str | None = None, policy_name: str | None = None
+        self, *, trial_id: str | None = None, policy_name: str | None = None, patient_id: str | None = None
     ) -> Iterator[DecisionRow]:
-        """Decisions no other decision supersedes (the newest of each lineage), oldest first."""
+        """Decisions no other decision supersedes (the newest of each lineage), oldest first; a
+        patient's through the (patient_id, trial_id) index."""
         where, args = [_CURRENT], []
-        for column, value in (("trial_id", trial_id), ("policy_name", policy_name)):
+        for column, value in (
+            ("trial_id", trial_id),
+            ("policy_name", policy_name),
+            ("patient_id", patient_id),
+        ):
             if value is not None:
                 where.append(f"{column} = ?")
                 args.append(value)

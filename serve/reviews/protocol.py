@@ -99,9 +99,11 @@ class ReviewRequest(StrictModel):
 class RecordedChange(BaseModel):
     """One change as the lineage records it (a review's change, or a re-screening)."""
 
-    type: Literal["confirm", "correct", "flag", "rescreen"]
+    type: Literal["confirm", "correct", "flag", "rescreen", "feedback"]
     atom: str | None = Field(None, description="confirm / correct: the atom")
-    criterion: str | None = Field(None, description="flag: the criterion id")
+    criterion: str | None = Field(
+        None, description="flag: the criterion id; null: the decision as a whole (an override in the EHR)"
+    )
     value: StrictBool | StrictInt | StrictFloat | None = Field(
         None, description="the value set (typed); null: unknown"
     )
@@ -115,7 +117,11 @@ class RecordedChange(BaseModel):
     reviewer: str = Field(description="API key id of the reviewer (or of whoever ran the re-screening)")
     roles: list[str] = Field(description="the key's roles")
     at: float = Field(description="unix time of the change")
-    details: dict[str, Any] | None = Field(None, description="rescreen: what triggered it (policy, program)")
+    details: dict[str, Any] | None = Field(
+        None,
+        description="rescreen: what triggered it (policy, program); feedback: the EHR's outcome on the "
+        "CDS Hooks card (outcome, card, service, override reason)",
+    )
 
 
 class Lineage(BaseModel):
@@ -204,7 +210,9 @@ class RevisionResponse(BaseModel):
 class FlagEntry(BaseModel):
     decision_id: str = Field(description="the decision the flag was raised on (the review's new decision)")
     program_hash: str
-    criterion: str
+    criterion: str | None = Field(
+        description="the criterion flagged; null: the decision as a whole (a card overridden in the EHR)"
+    )
     note: str
     reason: str
     reviewer: str = Field(description="API key id")

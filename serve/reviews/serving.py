@@ -126,21 +126,8 @@ class ReviewService:
         stored = stored_patient(row)
         now = time.time()
         overrides, changes = self._changes(program, stored, req, key, now)
-        conflicts = conflict_atoms(row.artifacts) - set(overrides)
-        t0 = time.perf_counter()
-        try:
-            patient = rederive(
-                program, stored, row.policy_name, policy, conflicts=conflicts, overrides=overrides,
-                reasons=policy_reasons(row.policy_name),
-            )  # fmt: skip
-        except (PatientError, ValidationError, ValueError) as e:
-            raise InvalidInput(
-                "the changes do not fit the decision's program", [("changes", str(e)[:300])]
-            ) from None
-        timings = {"resolve": _ms(t0)}
-        lineage = Lineage(kind="review", parent_id=row.decision_id, changes=changes)
-        stored_row, response = await self._decide_and_store(
-            row, program, policy, patient, conflicts, lineage, key.id, timings, t_start
+        stored_row, response = await self._supersede(
+            row, program, policy, stored, overrides, changes, key.id, t_start
         )
         return ReviewResponse(
             decision_id=stored_row.decision_id,
@@ -154,6 +141,49 @@ class ReviewService:
                 page=f"/v1/decisions/{stored_row.decision_id}/page",
                 history=f"/v1/decisions/{stored_row.decision_id}/history",
             ),
+        )
+
+    async def annotate(self, decision_id: str, changes: list[RecordedChange], caller: str) -> DecisionRow:
+        """A superseding decision that changes no fact: the same patient decided again, its lineage
+        recording `changes` that are notes on the decision (an EHR user's feedback on a CDS Hooks card,
+        an override as a flag for the reviewers). Refused like a review: a superseded decision (409),
+        a full lineage (422)."""
+        t_start = time.perf_counter()
+        row, program = await asyncio.to_thread(self._reviewable, decision_id)
+        policy = policy_named(row.policy_name)
+        stored_row, _ = await self._supersede(
+            row, program, policy, stored_patient(row), {}, changes, caller, t_start
+        )
+        return stored_row
+
+    async def _supersede(
+        self,
+        row: DecisionRow,
+        program: TrialProgram,
+        policy: Policy,
+        stored: ResolvedPatient,
+        overrides: dict[str, Resolution | None],
+        changes: list[RecordedChange],
+        caller: str,
+        t_start: float,
+    ) -> tuple[DecisionRow, MatchResponse]:
+        """Re-derive the stored patient with `overrides`, decide, and append as the row's successor
+        whose lineage (kind review) records `changes`."""
+        conflicts = conflict_atoms(row.artifacts) - set(overrides)
+        t0 = time.perf_counter()
+        try:
+            patient = rederive(
+                program, stored, row.policy_name, policy, conflicts=conflicts, overrides=overrides,
+                reasons=policy_reasons(row.policy_name),
+            )  # fmt: skip
+        except (PatientError, ValidationError, ValueError) as e:
+            raise InvalidInput(
+                "the changes do not fit the decision's program", [("changes", str(e)[:300])]
+            ) from None
+        timings = {"resolve": _ms(t0)}
+        lineage = Lineage(kind="review", parent_id=row.decision_id, changes=changes)
+        return await self._decide_and_store(
+            row, program, policy, patient, conflicts, lineage, caller, timings, t_start
         )
 
     def _check_size(self, req: ReviewRequest) -> None:
