@@ -314,8 +314,8 @@ class CdsHooksConfig(StrictModel):
     max_remembered_jti: int = Field(
         100_000,
         ge=100,
-        description="JWT ids remembered until their token expires (a replayed jti is refused); when full, "
-        "a new token is refused until one expires",
+        description="JWT ids remembered until their token expires (a replayed jti is refused); when that "
+        "many unexpired tokens are remembered, a new one is answered 503 until one expires",
     )
 
     @field_validator("clients")

@@ -132,14 +132,22 @@ def hook_request(pid: str, **extra) -> dict:
     return body
 
 
-def cards_when_screened(svc, ehr, public, pid: str) -> list[dict]:
+def cards_when_screened(
+    svc, ehr, public, pid: str, body: dict | None = None, want: int = len(RANKED)
+) -> list[dict]:
     """The patient's cards once its queued screening has recorded its decisions (polled: the order of
     events is what is checked, not how long they take)."""
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
-        r = call(svc, ehr, public, f"/cds-services/{SERVICE}", hook_request(pid))
+        r = call(
+            svc,
+            ehr,
+            public,
+            f"/cds-services/{SERVICE}",
+            {**(body or hook_request(pid)), "hookInstance": str(uuid.uuid4())},
+        )
         assert r.status_code == 200, r.text
-        if len(r.json()["cards"]) == len(RANKED):
+        if len(r.json()["cards"]) >= want:
             return r.json()["cards"]
         time.sleep(0.5)
     raise AssertionError(f"no cards for {pid} after its screening: {r.json()}")
@@ -315,3 +323,55 @@ def test_a_browser_opens_a_card_link_and_lands_on_the_decision_after_sign_in(hoo
         print(f"\nthe page a card opens: {shot}")
     finally:
         drv.quit()
+
+
+def test_a_patient_is_read_from_the_ehrs_fhir_server_with_the_calls_token(hooks, fhir_server, fhir_topics):
+    from tests.fixtures.fhir_server.data import TOKEN
+
+    svc, _, ehr, public = hooks
+    pid = fhir_topics[0]["id"]
+    auth = {"access_token": TOKEN, "token_type": "Bearer", "expires_in": 300, "scope": "patient/*.read",
+            "subject": "verdict"}  # fmt: skip
+    body = hook_request(pid, fhirServer=fhir_server.base_url, fhirAuthorization=auth)
+    del body["prefetch"]
+    schema_check("CdsRequest", body)
+    before = fhir_server.request_count()
+    r = call(svc, ehr, public, f"/cds-services/{SERVICE}", body)
+    assert r.status_code == 200 and r.json() == {"cards": []}, r.text
+    cards = cards_when_screened(svc, ehr, public, pid, body, want=1)
+    assert fhir_server.request_count() > before  # read with the call's token (the server requires it)
+    with svc.client("audit") as a:
+        record = a.get(f"/v1/decisions/dec_{uuid.UUID(cards[0]['uuid']).hex}").json()
+    assert record["artifacts"]["fhir"] is not None and record["created_by"] == "cds:ehr"
+
+
+def test_a_jwks_url_is_read_over_http_and_must_pass_the_egress_allowlist(tmp_path):
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    from pydantic import ValidationError
+    from verdict.data_gen.egress import EgressPolicy
+    from verdict.serve.api_config import ApiConfig, CdsHooksConfig
+    from verdict.serve.cds_hooks.client_jwt import ClientJwt
+    from verdict.serve.errors import ServeConfigError
+
+    ehr, aud = Ehr(tmp_path), "https://verdict.site.example"
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/{ehr.jwks.name}"
+        cfg = CdsHooksConfig(clients=[{"name": "ehr", "issuer": ISSUER, "jwks_url": url}])
+        verifier = ClientJwt(cfg, aud, EgressPolicy.from_config(env=False))
+        assert verifier.verify(f"Bearer {ehr.token(aud)}", f"{aud}/cds-services").name == "ehr"
+    finally:
+        server.shutdown()
+        server.server_close()
+    elsewhere = CdsHooksConfig(
+        clients=[{"name": "ehr", "issuer": ISSUER, "jwks_url": "https://keys.elsewhere.example/jwks.json"}]
+    )
+    with pytest.raises(ServeConfigError, match="keys.elsewhere.example.*egress allowlist"):
+        ClientJwt(elsewhere, aud, EgressPolicy.from_config(env=False))
+    with pytest.raises(ValidationError, match="cds_hooks.clients needs public_url"):
+        ApiConfig(cds_hooks={"clients": [{"name": "ehr", "issuer": ISSUER, "jwks_file": str(ehr.jwks)}]})
