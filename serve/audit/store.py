@@ -253,6 +253,14 @@ class AuditStore:
         """Every trial id with a stored version, sorted (site-wide screening lists these)."""
         return [r[0] for r in self._select("SELECT DISTINCT trial_id FROM trials ORDER BY trial_id")]
 
+    def active_versions(self) -> dict[str, str]:
+        """Every trial's active version (trial id -> program hash), in one query."""
+        rows = self._select(
+            "SELECT t.trial_id, t.program_hash FROM trials t WHERE t.seq = "
+            f"(SELECT seq FROM trials u WHERE u.trial_id = t.trial_id {ACTIVE_ORDER})"
+        )
+        return dict(rows)
+
     def trial_versions(self, trial_id: str) -> list[TrialRow]:
         rows = self._select(_TRIAL_SELECT + "WHERE trial_id = ? ORDER BY seq", (trial_id,))
         return [_trial_row(r) for r in rows]

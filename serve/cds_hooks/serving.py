@@ -7,12 +7,13 @@
 
 Cards never hold up the chart. A hook call reads the patient's current decisions from the audit
 store (one indexed query) within `cds_hooks.answer_within_s` and answers them as cards, ranked as a
-screen ranks (`verdict.core.ranking`); it makes no language-model call. When a registered trial has
-no current decision for the patient against its active version, the patient is queued for a
-screening (a bounded queue, `cds_hooks.queue_size`) and the call answers what is known, possibly no
-card. One worker task runs the queued screenings through the screen path (`serve/screen`): the
-patient read from the call's `prefetch`, or from its `fhirServer` with its `fhirAuthorization`
-token, both at today's date; the decisions it records are the next call's cards.
+screen ranks (`verdict.core.ranking`); it makes no language-model call. When registered trials have
+no current decision for the patient against their active version, the patient is queued for a
+screening against those trials (a bounded queue, `cds_hooks.queue_size`; the same trials again only
+after `requeue_after_s`) and the call answers what is known, possibly no card. One worker task
+runs the queued screenings through the screen path (`serve/screen`): the patient read from the
+call's `prefetch`, or from its `fhirServer` with its `fhirAuthorization` token, both at today's
+date; the decisions it records are the next call's cards.
 
 Feedback on a card (`accepted` / `overridden`) is recorded in the audit chain as a superseding
 decision whose lineage holds it (the review loop's `annotate`: no fact changes); an override with a
@@ -79,6 +80,7 @@ class Screening:
     """A queued screening: whose, from where (a prefetch, or a FHIR server and its token)."""
 
     patient_id: str
+    trial_ids: list[str]  # the registered trials without a current decision for the patient
     caller: str
     prefetch: dict[str, Any] | None
     fhir_server: str | None
@@ -119,7 +121,8 @@ class CdsHooksService:
         self.jwt = ClientJwt(self.cfg, services.config.public_url, self.egress)
         self.queue: asyncio.Queue[Screening] | None = None  # made in the serving loop, on first use
         self._worker: asyncio.Task | None = None
-        self._queued: dict[str, float] = {}  # patient id -> monotonic time it was last queued
+        # patient id -> (monotonic time it was last queued, a hash of the trials it was queued for)
+        self._queued: dict[str, tuple[float, int]] = {}
         self.done = 0  # screenings finished (for tests and metrics)
 
     @property
@@ -168,24 +171,20 @@ class CdsHooksService:
             log.warning("cds hook: cards not read within %.2f s; answered none", self.cfg.answer_within_s)
             return CdsResponse(cards=[])
         if missing:
-            self._enqueue(req, client)
+            self._enqueue(req, client, missing)
         return CdsResponse(cards=cards)
 
-    def _known(self, patient_id: str) -> tuple[list[Card], bool]:
+    def _known(self, patient_id: str) -> tuple[list[Card], list[str]]:
         """The patient's cards from current decisions against each trial's active version (default
-        policy), and whether a registered trial lacks one. Reads the store: call it in a thread."""
+        policy), and the registered trials that lack one. Reads the store: call it in a thread."""
         audit = self.audit
         policy = self.services.matching.policy(None).name
         newest: dict[str, DecisionRow] = {}
         for row in audit.current_decisions(patient_id=patient_id, policy_name=policy):
             newest[row.trial_id] = row  # oldest first: the newest decision per trial stays
-        active = {t: audit.active_trial(t) for t in audit.trial_ids()}
-        current = {
-            t: row
-            for t, row in newest.items()
-            if active.get(t) and active[t].program_hash == row.program_hash
-        }
-        missing = any(t not in current for t in active)
+        active = audit.active_versions()
+        current = {t: row for t, row in newest.items() if active.get(t) == row.program_hash}
+        missing = sorted(t for t in active if t not in current)
         by_pair = {(r.trial_id, r.patient_id): r for r in current.values()}
         ranked = rank([Decision.model_validate(r.artifacts["decision"]) for r in current.values()])
         shown = [r for r in ranked if r.tier in CARD_TIERS][: self.cfg.max_cards]
@@ -212,16 +211,17 @@ class CdsHooksService:
         )
 
     # -- the screening queue ---------------------------------------------------------------------
-    def _enqueue(self, req: HookRequest, client: CdsClient) -> None:
+    def _enqueue(self, req: HookRequest, client: CdsClient, missing: list[str]) -> None:
         pid, now = req.context.patientId, time.monotonic()
-        last = self._queued.get(pid)
-        if last is not None and now - last < self.cfg.requeue_after_s:
-            return  # queued or screened lately: its decisions come as they are made
+        last, same = self._queued.get(pid, (None, None))
+        if last is not None and same == hash(tuple(missing)) and now - last < self.cfg.requeue_after_s:
+            return  # queued lately for these trials (or they failed): not again before requeue_after_s
         if self.queue is None:
             self.queue = asyncio.Queue(maxsize=self.cfg.queue_size)
         auth = req.fhirAuthorization
         job = Screening(
             patient_id=pid,
+            trial_ids=missing,
             caller=f"cds:{client.name}",
             prefetch=req.prefetch if req.fhirServer is None else None,
             fhir_server=req.fhirServer,
@@ -233,9 +233,9 @@ class CdsHooksService:
         except asyncio.QueueFull:
             log.warning("cds hook: the screening queue is full (api.cds_hooks.queue_size); not queued")
             return
-        self._queued[pid] = now
+        self._queued[pid] = (now, hash(tuple(missing)))
         if len(self._queued) > 10 * self.cfg.queue_size:  # bounded: forget the long-past ones
-            self._queued = {p: t for p, t in self._queued.items() if now - t < self.cfg.requeue_after_s}
+            self._queued = {p: q for p, q in self._queued.items() if now - q[0] < self.cfg.requeue_after_s}
         if self._worker is None or self._worker.done():
             self._worker = asyncio.get_running_loop().create_task(self._work())
 
@@ -267,7 +267,8 @@ class CdsHooksService:
             if job.fhir_server
             else ScreenSource(kind="api", label="cds-hooks-prefetch")
         )
-        req = ScreenRequest(patient=PatientInput(patient_id=job.patient_id, fhir=record), source=source)
+        patient = PatientInput(patient_id=job.patient_id, fhir=record)
+        req = ScreenRequest(patient=patient, trial_ids=job.trial_ids, source=source)
         await screen(self.services.matching, req, job.caller)
 
     def _record(self, job: Screening):

@@ -375,3 +375,16 @@ def test_a_jwks_url_is_read_over_http_and_must_pass_the_egress_allowlist(tmp_pat
         ClientJwt(elsewhere, aud, EgressPolicy.from_config(env=False))
     with pytest.raises(ValidationError, match="cds_hooks.clients needs public_url"):
         ApiConfig(cds_hooks={"clients": [{"name": "ehr", "issuer": ISSUER, "jwks_file": str(ehr.jwks)}]})
+
+
+def test_a_trial_registered_later_is_screened_for_a_known_patient_alone(hooks, screened):
+    from tests.serve.test_screen import _program
+
+    svc, _, ehr, public = hooks
+    svc.upload(_program("T-NEW", 30, "has_chest_pain"))
+    r = call(svc, ehr, public, f"/cds-services/{SERVICE}", hook_request("p40"))
+    assert r.status_code == 200 and len(r.json()["cards"]) == len(RANKED)  # what is known, at once
+    cards = cards_when_screened(svc, ehr, public, "p40", want=len(RANKED) + 1)
+    assert [c["summary"].split(":")[0] for c in cards][:2] == ["T-ELIGIBLE", "T-NEW"]
+    # only the new trial was screened: the other trials' decisions (the cards' ids) are the same
+    assert {c["uuid"] for c in r.json()["cards"]} < {c["uuid"] for c in cards}
