@@ -20,7 +20,9 @@ import json
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import httpx
 import jwt
 
 from ..api_config import CdsClient, CdsHooksConfig
@@ -64,8 +66,6 @@ class KeySet:
         return {k.key_id: k for k in keys}
 
     def _fetch(self) -> None:
-        import httpx
-
         try:
             r = httpx.get(self.client.jwks_url, timeout=self.cfg.jwks_timeout_s, follow_redirects=False)
             r.raise_for_status()
@@ -91,8 +91,6 @@ class ClientJwt:
         self.cfg, self.audience, self.clock = cfg, audience, clock
         for c in cfg.clients:
             if c.jwks_url:  # checked before any fetch, as for a FHIR host
-                from urllib.parse import urlsplit
-
                 host = urlsplit(c.jwks_url).hostname or ""
                 if not egress.host_allowed(host):
                     raise ServeConfigError(

@@ -28,16 +28,20 @@ import logging
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from verdict.core.decision import Decision
 from verdict.core.ranking import RankedRow, rank
+from verdict.data_gen.fhir.sources import load_source, prefetch_source
 
 from ..api_config import CdsClient
 from ..audit import DecisionRow
 from ..errors import InvalidInput, NotFound
+from ..protocol import PatientInput
 from ..reviews.protocol import RecordedChange
 from ..reviews.serving import ReviewService
+from ..screen.protocol import ScreenRequest, ScreenSource
+from ..screen.serving import screen
 from ..services import Services
 from .client_jwt import ClientJwt
 from .protocol import (
@@ -251,10 +255,6 @@ class CdsHooksService:
                 self.queue.task_done()
 
     async def _screen(self, job: Screening) -> None:
-        from ..protocol import PatientInput
-        from ..screen.protocol import ScreenRequest, ScreenSource
-        from ..screen.serving import screen
-
         if time.monotonic() >= job.token_until:
             log.warning("cds hook: a queued screening's FHIR token expired before it ran; skipped")
             return
@@ -273,8 +273,6 @@ class CdsHooksService:
 
     def _record(self, job: Screening):
         """The patient's FHIR record at today's date, from the call's prefetch or its FHIR server."""
-        from verdict.data_gen.fhir.sources import load_source, prefetch_source
-
         today = dt.datetime.now(dt.UTC).date()
         if job.fhir_server is not None:
             loaded = load_source(job.fhir_server, today, patient=job.patient_id, bearer=job.token)
@@ -339,6 +337,4 @@ def feedback_changes(item: FeedbackItem, service_id: str, caller: str) -> list[R
 
 
 def _host(url: str) -> str:
-    from urllib.parse import urlsplit
-
     return urlsplit(url).hostname or ""
