@@ -118,6 +118,29 @@ def test_a_reviewed_version_is_never_superseded_by_a_parser_run(location):
         trial(store, "sha256:x", origin="imported")  # 'revision' is a real origin since issue 12
 
 
+def test_active_versions_and_a_patients_current_decisions_in_one_query_each(location):
+    """What a CDS Hooks call reads: every trial's active version (as `active_trial` picks it) and one
+    patient's current decisions (superseded ones and other patients' left out)."""
+    store = open_store(location)
+    for program_hash, origin, trial_id in [
+        ("sha256:p1", "parser", "T1"), ("sha256:r1", "upload", "T1"), ("sha256:p2", "parser", "T1"),
+        ("sha256:q1", "parser", "T2"), ("sha256:q2", "parser", "T2"),
+    ]:  # fmt: skip
+        trial(store, program_hash, origin=origin, trial_id=trial_id)
+    assert store.active_versions() == {"T1": "sha256:r1", "T2": "sha256:q2"}
+    assert store.active_versions() == {t: store.active_trial(t).program_hash for t in store.trial_ids()}
+    first, other = add(store), add(store)
+    row = store.decision(first)
+    fields = {k: getattr(row, k) for k in ("trial_id", "program_hash", "note_hash", "patient_hash",
+                                           "policy_name", "policy_version", "engine_version", "decision",
+                                           "models", "timings", "artifacts", "note_text")}  # fmt: skip
+    newer = store.add_decision(created_by="k2", patient_id="P1", parent_id=first, **fields).decision_id
+    store.add_decision(created_by="k1", patient_id="P2", **fields)
+    assert [r.decision_id for r in store.current_decisions(patient_id="P1")] == [other, newer]
+    assert [r.patient_id for r in store.current_decisions(patient_id="P2", policy_name="prescreen")] == ["P2"]
+    assert list(store.current_decisions(patient_id="P3")) == []
+
+
 def test_the_chain_links_every_row_and_verify_checks_a_recorded_head(location):
     store = open_store(location)
     trial(store, "sha256:aa")
