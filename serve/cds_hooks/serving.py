@@ -175,7 +175,7 @@ class CdsHooksService:
             log.warning("cds hook: cards not read within %.2f s; answered none", self.cfg.answer_within_s)
             return CdsResponse(cards=[])
         if missing:
-            self._enqueue(req, client, missing)
+            self.queue_screening(req, client, missing)
         return CdsResponse(cards=cards)
 
     def _known(self, patient_id: str) -> tuple[list[Card], list[str]]:
@@ -215,11 +215,14 @@ class CdsHooksService:
         )
 
     # -- the screening queue ---------------------------------------------------------------------
-    def _enqueue(self, req: HookRequest, client: CdsClient, missing: list[str]) -> None:
+    def queue_screening(self, req: HookRequest, client: CdsClient, missing: list[str]) -> bool:
+        """Queue the patient of a hook call for a screening against the `missing` trials: False when
+        it was queued for the same trials within `requeue_after_s`, or the queue is full. Call it in
+        the serving loop (it starts the worker)."""
         pid, now = req.context.patientId, time.monotonic()
         last, same = self._queued.get(pid, (None, None))
         if last is not None and same == hash(tuple(missing)) and now - last < self.cfg.requeue_after_s:
-            return  # queued lately for these trials (or they failed): not again before requeue_after_s
+            return False  # queued lately for these trials (or they failed): not before requeue_after_s
         if self.queue is None:
             self.queue = asyncio.Queue(maxsize=self.cfg.queue_size)
         auth = req.fhirAuthorization
@@ -236,12 +239,13 @@ class CdsHooksService:
             self.queue.put_nowait(job)
         except asyncio.QueueFull:
             log.warning("cds hook: the screening queue is full (api.cds_hooks.queue_size); not queued")
-            return
+            return False
         self._queued[pid] = (now, hash(tuple(missing)))
         if len(self._queued) > 10 * self.cfg.queue_size:  # bounded: forget the long-past ones
             self._queued = {p: q for p, q in self._queued.items() if now - q[0] < self.cfg.requeue_after_s}
         if self._worker is None or self._worker.done():
             self._worker = asyncio.get_running_loop().create_task(self._work())
+        return True
 
     async def _work(self) -> None:
         while True:

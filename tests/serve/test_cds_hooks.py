@@ -388,3 +388,48 @@ def test_a_trial_registered_later_is_screened_for_a_known_patient_alone(hooks, s
     assert [c["summary"].split(":")[0] for c in cards][:2] == ["T-ELIGIBLE", "T-NEW"]
     # only the new trial was screened: the other trials' decisions (the cards' ids) are the same
     assert {c["uuid"] for c in r.json()["cards"]} < {c["uuid"] for c in cards}
+
+
+def test_the_screening_queue_is_bounded_and_a_patient_is_queued_once_for_the_same_trials(tmp_path):
+    import asyncio
+
+    from verdict.serve.api_config import ApiConfig
+    from verdict.serve.cds_hooks.protocol import HookRequest
+    from verdict.serve.cds_hooks.serving import CdsHooksService
+    from verdict.serve.reviews.serving import ReviewService
+    from verdict.serve.services import Services
+
+    ehr = Ehr(tmp_path)
+    cfg = ApiConfig(
+        audit_db=str(tmp_path / "audit.sqlite"),
+        api_keys=str(tmp_path / "keys.json"),
+        public_url="https://verdict.site.example",
+        cds_hooks={
+            "clients": [{"name": "ehr", "issuer": ISSUER, "jwks_file": str(ehr.jwks)}],
+            "queue_size": 3,
+        },
+    )
+    services = Services(cfg, "http://127.0.0.1:9/v1")
+    hooks = CdsHooksService(services, ReviewService(services))
+    client = cfg.cds_hooks.clients[0]
+
+    async def queue_in_order() -> list[bool]:
+        def queue(pid: str, trials: list[str]) -> bool:
+            return hooks.queue_screening(HookRequest.model_validate(hook_request(pid)), client, trials)
+
+        try:  # no await in between: the worker takes nothing off the queue meanwhile
+            return [
+                queue("a", ["T1"]),
+                queue("b", ["T1"]),
+                queue("a", ["T1"]),  # the same trials again: already queued
+                queue("a", ["T1", "T2"]),  # a trial registered since: queued for it
+                queue("c", ["T1"]),  # the queue holds 3: refused, answered as before
+            ]
+        finally:
+            assert hooks.queue.qsize() == 3
+            await hooks.aclose()
+
+    try:
+        assert asyncio.run(queue_in_order()) == [True, True, False, True, False]
+    finally:
+        services.audit.close()
