@@ -23,7 +23,7 @@ from pydantic import Field, SerializeAsAny, field_validator, model_validator
 from verdict.core.configs import StrictModel
 from verdict.core.program import Id
 from verdict.data_gen.teacher_config import EgressConfig
-from verdict.serve.vllm_config import VLLMConfig
+from verdict.serve.vllm.config import VLLMConfig
 
 from .backends import BackendConfig, backend_config
 from .counterfactual import CounterfactualConfig

@@ -211,7 +211,7 @@ class BenchRun:
         cfg = self.config
         if cfg.vllm is None or not any(getattr(b, "local_vllm", False) for b in cfg.backends):
             return None
-        from verdict.serve.vllm_server import VLLMServer
+        from verdict.serve.vllm.server import VLLMServer
 
         return VLLMServer(cfg.vllm)
 

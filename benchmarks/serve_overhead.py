@@ -301,7 +301,7 @@ def main() -> None:
         asyncio.run(measure(a.formalizer_url, a.service_url, a.key, records, a.requests, concurrencies))
         return
 
-    from verdict.serve.vllm_server import VLLMServer
+    from verdict.serve.vllm.server import VLLMServer
 
     from tests.serve.conftest import start_service
 

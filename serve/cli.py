@@ -70,7 +70,7 @@ def vllm_cmd(
     print_command: bool = typer.Option(False, help="print the vLLM command line and exit"),
 ) -> None:
     """Start vLLM's OpenAI-compatible server with the base model and the adapters; wait until ready."""
-    from .vllm_server import VLLMServer
+    from .vllm.server import VLLMServer
 
     cfg = _config(config, set_).require("vllm")
     server = VLLMServer(cfg)
@@ -103,7 +103,7 @@ def vllm_cmd(
         while not stop.requested and server.running:
             time.sleep(0.5)
         if not stop.requested:
-            from .vllm_server import log_tail
+            from .vllm.server import log_tail
 
             fail(f"vLLM exited unexpectedly; last lines of {server.log_path}:\n{log_tail(server.log_path)}")
     finally:
@@ -116,7 +116,7 @@ def stop_cmd(
     state_file: Path = typer.Option(..., help="state file written by `serve vllm --detach`"),
 ) -> None:
     """Stop a vLLM server started with --detach."""
-    from .vllm_server import ServerState, stop_process_group
+    from .vllm.server import ServerState, stop_process_group
 
     try:
         state = ServerState.model_validate_json(state_file.read_text())
@@ -198,7 +198,7 @@ def up_cmd(
     import logging
 
     from .api_server import run_api
-    from .vllm_server import VLLMServer
+    from .vllm.server import VLLMServer
 
     cfg = _config(config, set_)
     api = cfg.require("api")
@@ -245,9 +245,10 @@ def sizing_cmd(
     set_: list[str] | None = typer.Option(None, "--set", help=SET_HELP),
     table: bool = typer.Option(False, help="print docs/serve.md's table (Qwen2.5-7B, bf16, two adapters)"),
 ) -> None:
-    """GPU memory a config needs: weights + adapters + KV cache per token x tokens (serve/gpu_sizing.py)."""
-    from .gpu_sizing import sizing_table
+    """GPU memory a config needs: weights + adapters + KV cache per token x tokens
+    (serve/vllm/gpu_sizing.py)."""
     from .preflight import memory_needed
+    from .vllm.gpu_sizing import sizing_table
 
     if table:
         typer.echo(sizing_table([1, 8, 16, 32, 64, 128, 256]))
@@ -276,7 +277,7 @@ def slurm_job_cmd(
     from verdict.core.configs import find_config
     from verdict.slurm.job_config import load_slurm_config
 
-    from .slurm_job import render_serve_job
+    from .vllm.slurm_job import render_serve_job
 
     if listen not in ("node", "loopback"):
         fail("--listen must be 'node' or 'loopback'")
@@ -393,7 +394,7 @@ def check_adapter_cmd(
 ) -> None:
     """Run a golden set through vLLM and through PEFT/transformers (greedy) and report agreement, so
     an adapter that vLLM serves differently is caught before deployment."""
-    from .adapter_check import AdapterCheckConfig, run_adapter_check
+    from .vllm.adapter_check import AdapterCheckConfig, run_adapter_check
 
     cfg = _config(config, set_).require("vllm")
     check = AdapterCheckConfig(

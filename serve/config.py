@@ -20,7 +20,7 @@ from verdict.data_gen.formalizer.budget import derive_limits, limits_of, student
 from .api_config import ApiConfig
 from .errors import ServeConfigError
 from .site_paths import config_root, resolve_paths
-from .vllm_config import VLLMConfig
+from .vllm.config import VLLMConfig
 
 
 class ServeConfig(StrictModel):

@@ -13,9 +13,9 @@ import subprocess
 from pathlib import Path
 
 from .errors import ServeConfigError
-from .gpu_sizing import VLLM_DEFAULT_MAX_NUM_SEQS, Estimate, estimate
 from .site_paths import adapter_folder
-from .vllm_config import VLLMConfig
+from .vllm.config import VLLMConfig
+from .vllm.gpu_sizing import VLLM_DEFAULT_MAX_NUM_SEQS, Estimate, estimate
 
 
 class PreflightError(ServeConfigError):

@@ -31,7 +31,7 @@ from verdict.data_gen.sft_record import TASKS, SftRecord, features, write_jsonl 
 from .api_config import FormalizerConfig
 from .trials.protocol import TrialText
 from .trials.serving import trial_doc
-from .vllm_config import VLLMConfig
+from .vllm.config import VLLMConfig
 
 # Context for the tiny tokenizer: a per-criterion parser prompt is under 1k tokens with it.
 MAX_MODEL_LEN = 4096

@@ -11,4 +11,5 @@
 | `verdict.configs`    | `configs/`      | the shipped configs (package data)                           |
 | `verdict.examples`   | `examples/`     | sample cases and demo records (package data)                 |
 | `verdict.cli`        | `verdict/`      | the `verdict` application over all of them                   |
+| `verdict.demo`       | `verdict/`      | `verdict demo`: the whole on-site story (uses every part)     |
 """

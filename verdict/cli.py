@@ -108,7 +108,7 @@ def _serve() -> typer.Typer:
 
 
 def _match() -> typer.Typer:
-    from verdict.serve.match_cli import app as part
+    from verdict.serve.batch.cli import app as part
 
     return part
 
@@ -126,7 +126,7 @@ def _bench() -> typer.Typer:
 
 
 def _demo() -> Callable:
-    from verdict.serve.demo import demo
+    from verdict.demo import demo
 
     return demo
 

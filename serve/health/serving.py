@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..egress_check import origin_of
 from ..formalizers import Formalizers
 from ..grammar_warm_up import GrammarWarmUp
-from ..vllm_server import exit_note
+from ..vllm.server import exit_note
 from .protocol import EndpointStatus, Readiness
 
 

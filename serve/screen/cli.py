@@ -43,7 +43,7 @@ def _patients(path: Path) -> list[dict]:
     batch sends them (`patient_input`); each bad line is reported by number, never by content."""
     from verdict.data_gen.sources import load_patients
 
-    from ..match_batch import patient_input
+    from ..batch.match_batch import patient_input
 
     loaded = load_patients(path)
     for problem in loaded.problems:

@@ -11,7 +11,7 @@ from verdict.data_gen.formalizer.endpoints import ERRORS_IN_A_ROW, EndpointPool
 from verdict.data_gen.scripted_server import Rule, Script, ScriptedServer
 from verdict.data_gen.scripted_server import ScriptedResponse as R
 from verdict.data_gen.teacher_config import TeacherConfig
-from verdict.serve.vllm_server import free_port
+from verdict.serve.vllm.server import free_port
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 

@@ -8,9 +8,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from verdict.serve.adapter_check import AdapterCheckConfig, first_difference, load_golden, run_adapter_check
 from verdict.serve.errors import AdapterCheckError
-from verdict.serve.vllm_config import VLLMConfig
+from verdict.serve.vllm.adapter_check import (
+    AdapterCheckConfig,
+    first_difference,
+    load_golden,
+    run_adapter_check,
+)
+from verdict.serve.vllm.config import VLLMConfig
 
 from tests.fixtures.vllm import student_vllm_config
 from tests.serve.conftest import verdict_command

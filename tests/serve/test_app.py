@@ -338,7 +338,7 @@ def _audit_counts(folder: Path) -> tuple[int, int]:
 
 
 def test_formalizer_down_is_503_with_retry_after_and_nothing_written(tmp_path, student_records):
-    from verdict.serve.vllm_server import free_port
+    from verdict.serve.vllm.server import free_port
 
     s = start_service(tmp_path / "down", f"http://127.0.0.1:{free_port()}/v1", {"retry_after_s": 7})
     SERVICES.append(s)

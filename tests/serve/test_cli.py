@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 from verdict.serve.api_keys import KeyStore
-from verdict.serve.vllm_server import _group_alive
+from verdict.serve.vllm.server import _group_alive
 
 from tests.fixtures.vllm import (
     STUDENT_MAX_TOKENS,

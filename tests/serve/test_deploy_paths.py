@@ -11,15 +11,15 @@ from verdict.bench.recipe import Layout, bench_config_data, steps
 from verdict.bench.recipe_config import load_recipe
 from verdict.core.configs import find_config
 from verdict.serve.config import load_serve_config
-from verdict.serve.demo import student_overrides
 from verdict.serve.preflight import PreflightError
-from verdict.serve.slurm_job import render_serve_job
+from verdict.serve.vllm.slurm_job import render_serve_job
 from verdict.slurm.job_config import load_slurm_config
 from verdict.slurm.render import render_train_chain
 from verdict.train.sft_config import TASKS, load_train_config
 
 from tests.serve.test_site_paths import training_run
 from tests.support import REPO
+from verdict.demo import student_overrides
 
 EXPORT_OUT = "data/sft"  # `verdict teacher export --out data/sft` writes data/sft/<task> (docs/deploy.md)
 

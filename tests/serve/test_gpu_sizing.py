@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from verdict.serve.gpu_sizing import PAPER_LORA, QWEN25_7B, estimate, parameter_count, sizing_table
+from verdict.serve.vllm.gpu_sizing import PAPER_LORA, QWEN25_7B, estimate, parameter_count, sizing_table
 
 from tests.support import REPO
 

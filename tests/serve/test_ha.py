@@ -21,7 +21,7 @@ import pytest
 from verdict.data_gen.formalizer.endpoints import ERRORS_IN_A_ROW
 from verdict.data_gen.scripted_server import Script, ScriptedServer
 from verdict.data_gen.scripted_server import ScriptedResponse as R
-from verdict.serve.vllm_server import free_port
+from verdict.serve.vllm.server import free_port
 
 from tests.fixtures.vllm import teacher_programs
 from tests.serve.conftest import RunningService, start_service, verdict_command
@@ -208,7 +208,7 @@ def test_two_replicas_on_postgres_scripted_formalizer_and_replica_killed_mid_loa
 def test_two_replicas_two_vllms_one_of_each_killed_mid_load(
     tmp_path, vllm_server, student_records, postgres_db
 ):
-    from verdict.serve.vllm_server import VLLMServer
+    from verdict.serve.vllm.server import VLLMServer
 
     from tests.serve.test_app import core_decision
 

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from verdict.serve.errors import BatchError
-from verdict.serve.match_batch import (
+from verdict.serve.batch.match_batch import (
     load_plan,
     merge_results,
     plan_batch,
@@ -19,6 +18,7 @@ from verdict.serve.match_batch import (
     run_shard,
     shard_of,
 )
+from verdict.serve.errors import BatchError
 
 from tests.fixtures.vllm import MAX_MODEL_LEN, STUDENT_MAX_TOKENS, vllm_available, vllm_python
 from tests.serve.conftest import verdict_command

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 import yaml
-from verdict.serve.gpu_sizing import QWEN25_7B
 from verdict.serve.preflight import PreflightError, check_address, check_vllm, cuda_devices
-from verdict.serve.vllm_config import VLLMConfig
+from verdict.serve.vllm.config import VLLMConfig
+from verdict.serve.vllm.gpu_sizing import QWEN25_7B
 
 from tests.serve.conftest import verdict_command
 from tests.serve.test_vllm_config import write_adapter

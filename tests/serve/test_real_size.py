@@ -107,7 +107,7 @@ def student(tmp_path_factory):
         train_student,
         write_student_export,
     )
-    from verdict.serve.vllm_server import VLLMServer
+    from verdict.serve.vllm.server import VLLMServer
     from verdict.train.tiny import build_tiny_student
 
     work = tmp_path_factory.mktemp("real-size")

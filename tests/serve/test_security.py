@@ -463,7 +463,7 @@ def test_a_warning_when_bound_beyond_loopback_without_tls(tmp_path, scripted):
 
 
 def test_the_demo_key_goes_to_a_private_file(tmp_path):
-    from verdict.serve.demo import write_key_file
+    from verdict.demo import write_key_file
 
     path = tmp_path / "demo-api-key"
     write_key_file(path, "vk_abcdefgh_secret")

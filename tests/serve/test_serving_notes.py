@@ -213,7 +213,7 @@ def test_batch_patients_with_documents_become_notes(tmp_path):
     import json
 
     from verdict.data_gen.sources import load_patients
-    from verdict.serve.match_batch import patient_input
+    from verdict.serve.batch.match_batch import patient_input
 
     rows = [
         {"_id": "P1", "documents": NOTES},

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from verdict.serve.vllm_server import free_port
+from verdict.serve.vllm.server import free_port
 
 from tests.fixtures.vllm import vllm_available, vllm_python
 from tests.serve.conftest import verdict_command

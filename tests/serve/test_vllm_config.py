@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from verdict.serve.config import load_serve_config
 from verdict.serve.errors import ServeConfigError
-from verdict.serve.vllm_config import ENV_PYTHON, VLLMConfig, adapter_rank, vllm_rank_slot
+from verdict.serve.vllm.config import ENV_PYTHON, VLLMConfig, adapter_rank, vllm_rank_slot
 
 from tests.support import REPO
 

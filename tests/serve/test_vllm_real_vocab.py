@@ -36,8 +36,8 @@ CLOSERS = ['"', '"}', '"]', '"}]', "}", "]", "}]", "]}", '"},', "},", "false", "
 @pytest.fixture(scope="module")
 def real_vocab_server(tmp_path_factory, qwen25_model_dir):
     need(vllm_available(), f"vLLM environment missing ({vllm_python()}): run scripts/setup.sh")
-    from verdict.serve.vllm_config import VLLMConfig
-    from verdict.serve.vllm_server import VLLMServer
+    from verdict.serve.vllm.config import VLLMConfig
+    from verdict.serve.vllm.server import VLLMServer
 
     log = tmp_path_factory.mktemp("vllm-real-vocab") / "vllm.log"
     server = VLLMServer(

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from verdict.serve.errors import VLLMServerError
-from verdict.serve.vllm_config import VLLMConfig
-from verdict.serve.vllm_server import VLLMServer, _group_alive
+from verdict.serve.vllm.config import VLLMConfig
+from verdict.serve.vllm.server import VLLMServer, _group_alive
 
 from tests.fixtures.vllm import vllm_available, vllm_python
 from tests.serve.test_vllm_config import write_adapter
@@ -238,7 +238,7 @@ def test_supervisor_cleans_up_after_a_sigkilled_leader(tmp_path):
     import signal
     import threading
 
-    from verdict.serve.vllm_server import exit_note
+    from verdict.serve.vllm.server import exit_note
 
     py = executable(tmp_path / "python", FORKING_STANDIN.format(python=sys.executable))
     cfg = VLLMConfig(model=str(tiny_model_folder(tmp_path)), python=str(py), ready_timeout_s=30)
@@ -347,8 +347,8 @@ def test_real_vllm_killed_under_serve_up_leaves_nothing_behind(tmp_path, student
 LAUNCHER = """
 import json, sys
 from pathlib import Path
-from verdict.serve.vllm_config import VLLMConfig
-from verdict.serve.vllm_server import VLLMServer
+from verdict.serve.vllm.config import VLLMConfig
+from verdict.serve.vllm.server import VLLMServer
 model, python, out = sys.argv[1:]
 server = VLLMServer(VLLMConfig(model=model, python=python, ready_timeout_s=30)).start()
 Path(out).write_text(json.dumps({"leader": server.pid, "tmp_dir": str(server.tmp_dir)}))
@@ -401,7 +401,7 @@ def test_server_and_its_children_die_with_a_sigkilled_launcher(tmp_path):
 def test_a_temp_folder_left_by_a_dead_launcher_is_removed_at_the_next_start(tmp_path, monkeypatch):
     import tempfile
 
-    from verdict.serve.vllm_server import TMP_PREFIX, remove_orphaned_tmp_dirs
+    from verdict.serve.vllm.server import TMP_PREFIX, remove_orphaned_tmp_dirs
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     gone = subprocess.Popen([sys.executable, "-c", "pass"])

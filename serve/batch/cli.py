@@ -153,7 +153,7 @@ def rescreen_cmd(
     """Re-decide stored resolved patients with the core, no LLM call, after a policy or program change.
     Prints the changed decisions (old and new side by side), writes them as superseding decisions and
     the whole report as JSON. Rerunning writes nothing new."""
-    from .reviews.rescreen import run_rescreen
+    from ..reviews.rescreen import run_rescreen
 
     if (config is None) == (db is None):
         fail("give --config NAME or --db PATH|URL")

@@ -7,7 +7,7 @@ that launched it, so that a `kill -9` of the launcher leaves no engine process a
   SIGTERM when its launcher dies. Linux sends it when the launching *thread* ends, so it is only set
   for a child started from the main thread; it reaches the child only, not the engine processes the
   child spawns.
-- `Reaper`: a small watcher process (`python -m verdict.serve.process_reaper PGID TMP_DIR`) that
+- `Reaper`: a small watcher process (`python -m verdict.serve.vllm.process_reaper PGID TMP_DIR`) that
   blocks reading a pipe only the launcher holds open. When the launcher dies, the pipe ends; the
   reaper then stops the whole process group (SIGTERM, then SIGKILL) and removes the temp folder.
   The launcher closes the pipe itself after stopping the server on purpose.
@@ -50,7 +50,7 @@ class Reaper:
 
     def __init__(self, pgid: int, tmp_dir: Path | None):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "verdict.serve.process_reaper", str(pgid), str(tmp_dir or "")],
+            [sys.executable, "-m", "verdict.serve.vllm.process_reaper", str(pgid), str(tmp_dir or "")],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -31,10 +31,10 @@ from pydantic import BaseModel
 from verdict.core.progress import Progress
 from verdict.slurm.local_cluster import pid_alive
 
-from .errors import VLLMServerError
-from .preflight import check_vllm
+from ..errors import VLLMServerError
+from ..preflight import check_vllm
+from .config import VLLMConfig
 from .process_reaper import Reaper, parent_death_signal
-from .vllm_config import VLLMConfig
 
 LOG_TAIL_LINES = 40
 TMP_PREFIX = "verdict-vllm-"

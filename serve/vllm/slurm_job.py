@@ -16,9 +16,9 @@ from typing import Literal
 
 from verdict.core.configs import find_config
 
-from .config import load_serve_config
-from .errors import ServeConfigError
-from .preflight import PreflightError, missing_inputs
+from ..config import load_serve_config
+from ..errors import ServeConfigError
+from ..preflight import PreflightError, missing_inputs
 
 # the compute node's fully qualified name, expanded by the job's shell (never in an #SBATCH line)
 NODE_HOST = "$(hostname -f)"

@@ -16,8 +16,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 from verdict.core.configs import StrictModel, source_checkout
 
-from .errors import ServeConfigError
-from .site_paths import adapter_folder
+from ..errors import ServeConfigError
+from ..site_paths import adapter_folder
 
 ENV_PYTHON = "VERDICT_VLLM_PYTHON"
 DEFAULT_PYTHON = Path(".venv-vllm") / "bin" / "python"

@@ -22,17 +22,17 @@ import time
 from pathlib import Path
 
 import typer
+
 from verdict.core.configs import shipped
 from verdict.core.engine import Engine
 from verdict.core.errors import VerdictError
 from verdict.core.policy import load_policy, resolve
-
-from . import students
-from .api_keys import KeyStore
-from .config import load_serve_config
-from .errors import ServeConfigError
-from .site_paths import adapter_folder
-from .students import teacher_programs, teacher_values
+from verdict.serve import students
+from verdict.serve.api_keys import KeyStore
+from verdict.serve.config import load_serve_config
+from verdict.serve.errors import ServeConfigError
+from verdict.serve.site_paths import adapter_folder
+from verdict.serve.students import teacher_programs, teacher_values
 
 RECORDS = shipped("examples", "demo", "teacher_records.json")
 

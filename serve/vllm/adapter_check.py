@@ -20,9 +20,9 @@ from pydantic import BaseModel, Field
 from verdict.core.configs import StrictModel
 from verdict.core.progress import Progress
 
-from .errors import AdapterCheckError
-from .vllm_config import VLLMConfig
-from .vllm_server import VLLMServer
+from ..errors import AdapterCheckError
+from .config import VLLMConfig
+from .server import VLLMServer
 
 
 class AdapterCheckConfig(StrictModel):

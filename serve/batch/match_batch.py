@@ -34,13 +34,13 @@ from verdict.data_gen.formalizer.accounting import PairCost
 from verdict.data_gen.formalizer.accounting import total as cost_total
 from verdict.data_gen.sources import load_pairs, load_patients, load_trials
 
-from .audit import AuditStore
-from .config import load_serve_config
-from .errors import BatchError, ServiceError
-from .matching.protocol import MatchRequest
-from .protocol import NoteInput, PatientInput
-from .services import Services
-from .vllm_server import VLLMServer
+from ..audit import AuditStore
+from ..config import load_serve_config
+from ..errors import BatchError, ServiceError
+from ..matching.protocol import MatchRequest
+from ..protocol import NoteInput, PatientInput
+from ..services import Services
+from ..vllm.server import VLLMServer
 
 PLAN = "plan.json"
 # Outcomes a rerun does not retry: a decision, or a model output that failed validation (greedy
