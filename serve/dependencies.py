@@ -1,10 +1,10 @@
 """What a route needs, as typed FastAPI dependencies: a router names the part it uses
 (`matching: Matching`, `trials: Trials`, ...) instead of reaching into `request.app.state`.
 
-The app (serve/app.py) sets `app.state.services` (serve/services.py), `app.state.reviews` and
-`app.state.pages` once; the edge (`auth.Authenticate`) sets the caller's key and session on
-`request.state`. Nothing here is documented in the OpenAPI document: each accessor reads only the
-request itself.
+The app (serve/app.py) sets `app.state.services` (serve/services.py), `app.state.reviews`,
+`app.state.cds_hooks` and `app.state.pages` once; the edge (`auth.Authenticate`) sets the caller's
+key and session on `request.state`. Nothing here is documented in the OpenAPI document: each
+accessor reads only the request itself.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from fastapi import Depends, Request
 from .api_keys import KeyEntry, KeyStore
 from .audit import AuditStore
 from .auth import FailedAttempts
+from .cds_hooks.serving import CdsHooksService
 from .health.serving import HealthService
 from .matching.serving import MatchingService
 from .metrics import ServiceMetrics
@@ -64,6 +65,10 @@ def review_service(request: Request) -> ReviewService:
     return request.app.state.reviews
 
 
+def cds_hooks_service(request: Request) -> CdsHooksService:
+    return request.app.state.cds_hooks
+
+
 def page_context(request: Request) -> PageContext:
     return request.app.state.pages
 
@@ -85,6 +90,7 @@ Probes = Annotated[HealthService, Depends(health_service)]
 Metrics = Annotated[ServiceMetrics, Depends(service_metrics)]
 Audit = Annotated[AuditStore, Depends(audit_store)]
 Reviews = Annotated[ReviewService, Depends(review_service)]
+CdsHooks = Annotated[CdsHooksService, Depends(cds_hooks_service)]
 Pages = Annotated[PageContext, Depends(page_context)]
 CurrentSession = Annotated[Session | None, Depends(current_session)]
 Entry = Annotated[KeyEntry, Depends(key_entry)]

@@ -1,4 +1,4 @@
-"""HTTP routes of the CDS Hooks 2.0 service; the logic is in `serving.py` (`app.state.cds_hooks`).
+"""HTTP routes of the CDS Hooks 2.0 service; the logic is in `serving.py` (`CdsHooks`, serve/dependencies.py).
 
 GET  /cds-services                   discovery: the patient-view service
 POST /cds-services/{id}              a patient-view call -> cards from decisions already made
@@ -18,6 +18,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ..api_config import CdsClient
+from ..dependencies import CdsHooks, cds_hooks_service
 from ..error_mapping import error_body
 from ..errors import ServiceError
 from ..middleware import send_json
@@ -61,15 +62,12 @@ class JwtFirst:
         return await self.app(scope, receive, send)
 
 
-def hooks(request: Request) -> CdsHooksService:
-    return request.app.state.cds_hooks
-
-
 async def client(
     request: Request, _creds: Annotated[HTTPAuthorizationCredentials | None, Depends(jwt_bearer)]
 ) -> CdsClient:
     """The EHR whose JWT `JwtFirst` accepted (404 while the service is off)."""
-    hooks(request).check_service(request.path_params.get("service_id", hooks(request).cfg.service_id))
+    hooks = cds_hooks_service(request)
+    hooks.check_service(request.path_params.get("service_id", hooks.cfg.service_id))
     found = getattr(request.state, "cds_client", None)
     if found is None:
         raise JwtRefused("missing JWT: the EHR signs each hook call (Authorization: Bearer <JWT>)")
@@ -91,24 +89,24 @@ router = APIRouter(tags=["cds-hooks"])
 
 
 @router.get(PREFIX, response_model=CdsServices, response_model_exclude_none=True, responses=_ERRORS)
-async def discovery(request: Request, _client: Client) -> CdsServices:
+async def discovery(hooks: CdsHooks, _client: Client) -> CdsServices:
     """CDS Hooks discovery: the `patient-view` service and the prefetch it asks for."""
-    return hooks(request).discovery()
+    return hooks.discovery()
 
 
 @router.post(PREFIX + "/{service_id}", response_model=CdsResponse, response_model_exclude_none=True,
              responses=_ERRORS)  # fmt: skip
-async def call_hook(service_id: str, req: HookRequest, request: Request, client: Client) -> CdsResponse:
+async def call_hook(service_id: str, req: HookRequest, hooks: CdsHooks, client: Client) -> CdsResponse:
     """A `patient-view` call: one card per eligible or near-miss trial, best first, read from the
     decisions already made within `api.cds_hooks.answer_within_s` (no model call); a patient not yet
     screened against every registered trial is queued for a screening (empty list until it is done)."""
-    return await hooks(request).cards(service_id, req, client)
+    return await hooks.cards(service_id, req, client)
 
 
 @router.post(PREFIX + "/{service_id}/feedback", response_model=FeedbackResponse, responses=_ERRORS)
 async def feedback(
-    service_id: str, req: FeedbackRequest, request: Request, client: Client
+    service_id: str, req: FeedbackRequest, hooks: CdsHooks, client: Client
 ) -> FeedbackResponse:
     """Outcomes of cards: each is recorded in the decision's lineage (audit chain); an override with
     a reason is also a flag on the decision for its reviewers (GET /v1/trials/{id}/flags)."""
-    return await hooks(request).feedback(service_id, req, client)
+    return await hooks.feedback(service_id, req, client)
