@@ -24,7 +24,7 @@ from verdict.core.program import TrialProgram
 from verdict.core.rationale import md
 from verdict.core.solver_pool import SolverPool
 from verdict.data_gen.formalizer import Formalizer
-from verdict.data_gen.formalizer.optional_stages import definition_conflicts, redecide
+from verdict.data_gen.formalizer.arbiter import definition_conflicts, redecide
 from verdict.data_gen.protocol import PatientDoc
 
 from .api_config import FormalizerConfig

@@ -8,9 +8,12 @@ reason.
     res = await fz.parse_trial(trial)                         # StageResult, res.output: TrialProgram
     inc = await fz.mine_values(res.output, patient, "inclusion")  # res.output: list[MinedValue]
 
-Modules: `runtime.py` (the endpoint, stage loop, cache, single flight; arbiter and verbalizer),
-`parser.py` (trial parser, per criterion), `criteria.py` (the criteria split), `assembly.py` (criterion
-outputs -> one program), `miner.py` (value miner), `checks.py` (shared checks and schemas).
+Modules: `stages.py` (`Formalizer`: the entry, every stage a method), `runtime.py` (the endpoint,
+stage loop, cache, single flight; imports no stage), the stages: `parser.py` (trial parser, per
+criterion; `criteria.py` the criteria split, `assembly.py` criterion outputs -> one program),
+`miner.py` (value miner), `reader.py` (a long chart read once; `chart.py` its reductions,
+`routing.py` the fact sheet routed to atom chunks), `staged.py` (the two sides in stages),
+`arbiter.py`, `verbalizer.py`; `checks.py` (shared checks and schemas).
 """
 
 from .assembly import assemble, criterion_outputs
@@ -38,7 +41,7 @@ from .miner import (
     side_atoms,
 )
 from .parser import check_criterion_output, criterion_messages
-from .runtime import Formalizer
+from .stages import Formalizer
 
 __all__ = [
     "REASONS",

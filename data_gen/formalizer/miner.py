@@ -53,7 +53,7 @@ from .passages import Passage, split_document
 from .value_reuse import record_key
 
 if TYPE_CHECKING:
-    from .runtime import Formalizer
+    from .runtime import Runtime
 
 # A fact sheet's routing (`routing.SheetRouter`): (a chunk's atoms, its note budget in tokens, None:
 # no limit) -> the documents that chunk reads.
@@ -487,7 +487,7 @@ def _resplit(group, calls_of, fits, budget, count_text, stage, prompt_budget) ->
 
 
 def plan_for(
-    fz: Formalizer,
+    fz: Runtime,
     program: TrialProgram,
     note,
     side: str,
@@ -643,7 +643,7 @@ def merge_sides(inclusion: MinedValues, exclusion: MinedValues) -> MinedValues:
 
 # ---- the stage ------------------------------------------------------------------------------------
 async def mine_values(
-    fz: Formalizer,
+    fz: Runtime,
     program: TrialProgram,
     note: PatientDoc | NoteDocument | str | list,
     side: str,
@@ -670,7 +670,7 @@ async def mine_values(
         return StageResult(
             **base,
             status="accepted",
-            messages=fz.miner_messages(program, docs[0].text, side, []),
+            messages=miner_messages(program, docs[0].text, side, [], fz.prompts.get(stage)),
             output_json=compact({"values": []}),
             output=MinedValues([]),
         )
@@ -713,7 +713,9 @@ async def mine_values(
             return [(call, res, False)]
         text = note_text(call.passages, by_id)
         halves = await asyncio.to_thread(
-            call.halves, lambda atoms: fz.miner_messages(program, text, side, atoms), fz.tokens.count_messages
+            call.halves,
+            lambda atoms: miner_messages(program, text, side, atoms, fz.prompts.get(stage)),
+            fz.tokens.count_messages,
         )
         asked = await asyncio.gather(*(one(h) for h in halves))
         return [(call, res, True), *(x for part in asked for x in part)]
@@ -733,7 +735,7 @@ async def mine_values(
                     status="rejected",
                     reason=BUDGET,
                     problems=[e.summary],
-                    messages=fz.miner_messages(program, docs[0].text, side, ask_names),
+                    messages=miner_messages(program, docs[0].text, side, ask_names, fz.prompts.get(stage)),
                 )
             )
         answered = [x for out in await asyncio.gather(*(one(c) for c in plan)) for x in out]
@@ -833,7 +835,9 @@ async def mine_values(
     return StageResult(
         **base,
         status="accepted",
-        messages=results[0].messages if results else fz.miner_messages(program, docs[0].text, side, names),
+        messages=results[0].messages
+        if results
+        else miner_messages(program, docs[0].text, side, names, fz.prompts.get(stage)),
         output_json=miner_target(merged.values, sparse=sparse),
         output=merged,
         attempts=[a for r in cut + results for a in r.attempts],

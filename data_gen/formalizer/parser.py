@@ -36,7 +36,7 @@ from .checks import Check, compact, core_schema, parse_output
 from .criteria import CriterionText, Split, split_trial
 
 if TYPE_CHECKING:
-    from .runtime import Formalizer
+    from .runtime import Runtime
 
 SCHEMA = "parsed-criterion"
 SCHEMA_NAME = "parsed_criterion"
@@ -99,15 +99,18 @@ def _local(problem: str) -> str:
     return _PROBE_PATH.sub("formula", problem)
 
 
-def trial_criteria(fz: Formalizer, trial: TrialDoc) -> Split:
+def trial_criteria(fz: Runtime, trial: TrialDoc) -> Split:
     """The trial's criteria, each within the endpoint's parser prompt budget where it can be."""
     budget = fz.prompt_budget("parser")
     if budget is None:
         return split_trial(trial)
-    return split_trial(trial, lambda c: fz.tokens.count_messages(fz.criterion_messages(c)) <= budget)
+    return split_trial(
+        trial,
+        lambda c: fz.tokens.count_messages(criterion_messages(c, fz.prompts.get("parser", "v1"))) <= budget,
+    )
 
 
-def trial_request_key(fz: Formalizer, trial: TrialDoc) -> str:
+def trial_request_key(fz: Runtime, trial: TrialDoc) -> str:
     """What a parse of this trial depends on, hashed: its id, title and criteria as split, the
     endpoint (model), the prompt and repair templates (version + hash) and the output schema. The
     service keys its trial cache on it."""
@@ -130,7 +133,7 @@ def trial_request_key(fz: Formalizer, trial: TrialDoc) -> str:
 
 
 async def parse_criterion(
-    fz: Formalizer,
+    fz: Runtime,
     c: CriterionText,
     *,
     trial_id: str = "",
@@ -149,11 +152,10 @@ async def parse_criterion(
 
     # At most `concurrency` criterion calls of an endpoint wait at once (each holds a budget
     # reservation while it waits): a 40-criterion trial does not reserve 40 worst cases up front.
-    slots = fz.__dict__.setdefault("_criterion_slots", asyncio.Semaphore(max(1, t.concurrency)))
-    async with slots:
+    async with fz.stage_slots("parser"):
         res = await fz.run_stage(
             "parser",
-            fz.criterion_messages(c),
+            criterion_messages(c, fz.prompts.get("parser", "v1")),
             core_schema(SCHEMA),
             SCHEMA_NAME,
             validate,
@@ -165,7 +167,7 @@ async def parse_criterion(
     return res.model_copy(update={"item": c.id})
 
 
-async def parse_trial(fz: Formalizer, trial: TrialDoc) -> StageResult:
+async def parse_trial(fz: Runtime, trial: TrialDoc) -> StageResult:
     """Criteria text -> per-criterion calls -> assembled, checked TrialProgram. Trial text is public."""
     t = fz.endpoint
     split = trial_criteria(fz, trial)

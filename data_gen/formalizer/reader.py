@@ -58,7 +58,7 @@ from .routing import SheetRouter, atom_term
 from .value_reuse import record_key
 
 if TYPE_CHECKING:
-    from .runtime import Formalizer
+    from .runtime import Runtime
 
 log = logging.getLogger(__name__)
 STAGE = "reader"
@@ -195,7 +195,7 @@ def plan_reader_calls(
     ]
 
 
-def plan_for(fz: Formalizer, documents: list[NoteDocument]) -> list[ReaderCall]:
+def plan_for(fz: Runtime, documents: list[NoteDocument]) -> list[ReaderCall]:
     return plan_reader_calls(
         documents,
         count_messages=fz.tokens.count_messages,
@@ -310,7 +310,7 @@ def recorded_reader_result(
 
 
 # ---- reading -------------------------------------------------------------------------------------
-async def read_chart(fz: Formalizer, reduced: ReducedChart, *, data_class: str, ids: str) -> FactSheet:
+async def read_chart(fz: Runtime, reduced: ReducedChart, *, data_class: str, ids: str) -> FactSheet:
     """Read the reduced chart: one reader call per passage group (concurrently), the sheet in
     document order (duplicates of one excerpt kept once)."""
     plan = await asyncio.to_thread(plan_for, fz, reduced.documents)  # exact counts: off the loop
@@ -416,7 +416,7 @@ class FactSheets:
             del self._sheets[key]
 
 
-def sheet_key(fz: Formalizer, docs: list[NoteDocument], selection: DocumentSelection) -> str:
+def sheet_key(fz: Runtime, docs: list[NoteDocument], selection: DocumentSelection) -> str:
     tmpl = fz.prompt(STAGE)
     base = record_key(docs, STAGE, f"{tmpl.ident}#{tmpl.sha256}", fz.endpoint.model)
     sel = json.dumps(selection.model_dump(mode="json"), sort_keys=True)
@@ -424,12 +424,12 @@ def sheet_key(fz: Formalizer, docs: list[NoteDocument], selection: DocumentSelec
 
 
 # ---- mining against the sheet --------------------------------------------------------------------
-def chart_tokens(fz: Formalizer, docs: list[NoteDocument]) -> int:
+def chart_tokens(fz: Runtime, docs: list[NoteDocument]) -> int:
     return sum(fz.tokens.count_text(d.text) for d in docs)
 
 
 async def mine_chart(
-    fz: Formalizer,
+    fz: Runtime,
     program: TrialProgram,
     note: PatientDoc | NoteDocument | str | list,
     side: str,
@@ -500,7 +500,7 @@ def _pid(pid: str) -> str:
     return pid if pid != "-" else "chart"
 
 
-def _no_text(fz: Formalizer, program: TrialProgram, side: str, skip, chart_read: ChartRead) -> StageResult:
+def _no_text(fz: Runtime, program: TrialProgram, side: str, skip, chart_read: ChartRead) -> StageResult:
     """No text left to mine (every document dropped, or nothing kept by the reading): every atom
     null, no call."""
     names = [n for n in side_atoms(program, side) if n not in skip]

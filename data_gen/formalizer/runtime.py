@@ -1,41 +1,41 @@
 """The formalizer runtime: one endpoint (a teacher or a student), the shared stage loop (call ->
 validate -> one repair), the request cache with single flight, the ledger and the egress check.
-The stages themselves live beside it: `parser.py` (trial parser), `miner.py` (value miner); the
-arbiter and verbalizer stages are here.
+
+The stages are modules of their own beside it (`parser.py`, `miner.py`, `reader.py`, `arbiter.py`,
+`verbalizer.py`), each a function of a `Runtime`; `stages.py` gathers them as the methods of
+`Formalizer`, the package's entry. This module imports no stage: stages depend on the runtime,
+never the other way round.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING
 
-from verdict.core.engine import Engine, apply_overrides
-from verdict.core.formula import render
-from verdict.core.patient import value_type_problems
-from verdict.core.program import TrialProgram
+from verdict.core.engine import Engine
 
 from ..cache import CachedCall, CallCache, CallMeta, canonical_key
 from ..client import EndpointClient, build_request
 from ..egress import EgressPolicy
 from ..ledger import Ledger, worst_case_cost
 from ..prompt_templates import PromptTemplate, load_prompt, stage_prompt
-from ..protocol import ArbiterOutput, Attempt, PatientDoc, StageResult, TrialDoc, Usage, VerbalizerOutput
+from ..protocol import Attempt, StageResult, Usage
 from ..teacher_config import TeacherConfig
 from .budget import TokenCounter, counter_for
-from .checks import Check, compact, parse_output, quote_in_note, with_atom_enum
-from .criteria import CriterionText
-from .miner import miner_messages
-from .parser import criterion_messages
-from .reader import ChartReading, FactSheets
-from .value_reuse import ValueReuse
+from .checks import Check
+
+if TYPE_CHECKING:  # type-only: the stages' state (those modules import no runtime at run time)
+    from .reader import ChartReading, FactSheets
+    from .value_reuse import ValueReuse
 
 log = logging.getLogger("verdict.data_gen.formalizer")
 
 
-class Formalizer:
-    """Formalizer stages against one endpoint (a teacher or a student)."""
+class Runtime:
+    """One endpoint (a teacher or a student) and the loop every stage calls it through
+    (`run_stage`); the stages' own state (value reuse, chart reading) is set by `Formalizer`."""
 
     def __init__(
         self,
@@ -48,16 +48,14 @@ class Formalizer:
         prompts: dict[str, str] | None = None,
         run: str = "adhoc",
         client: EndpointClient | None = None,
-        value_reuse: ValueReuse | None = None,
-        reading: ChartReading | None = None,
     ):
         self.endpoint = endpoint
         # Mined values of a patient record reused across trials (value_reuse.py); None: mine every time.
-        self.value_reuse = value_reuse
+        self.value_reuse: ValueReuse | None = None
         # Long charts read once per patient record version, the fact sheets shared by every trial
         # (reader.py); None: every chart is mined whole.
-        self.reading = reading
-        self.fact_sheets = FactSheets()
+        self.reading: ChartReading | None = None
+        self.fact_sheets: FactSheets | None = None
         # The engine that checks outputs (satisfiability, the arbiter's overrides): the caller's, so
         # checks run under its solver limit and a program compiled for a check serves its decisions
         # too. Without one, the formalizer has an engine of its own (the core's default limits).
@@ -72,6 +70,7 @@ class Formalizer:
         # one patient across trials) share one call instead of both missing the cache.
         self._pending: dict[str, _Flight] = {}
         self._tokens: TokenCounter | None = None
+        self._slots: dict[str, asyncio.Semaphore] = {}
 
     @property
     def tokens(self) -> TokenCounter:
@@ -93,28 +92,6 @@ class Formalizer:
     def prompt(self, stage: str) -> PromptTemplate:
         return stage_prompt(stage, self.prompts.get(stage))
 
-    # -- requests (also used by dry runs) ----------------------------------------------------------
-    def criterion_messages(self, criterion: CriterionText) -> list[dict[str, str]]:
-        """The parser request of one criterion (see `parser.py`)."""
-        return criterion_messages(criterion, self.prompts.get("parser", "v1"))
-
-    def parser_key(self, trial: TrialDoc) -> str:
-        """The key of a whole trial parse (criteria + endpoint + prompt version; see `parser.py`)."""
-        from .parser import trial_request_key
-
-        return trial_request_key(self, trial)
-
-    def trial_criteria(self, trial: TrialDoc):
-        """The trial's criteria as this endpoint's parser calls them (split to fit its budget)."""
-        from .parser import trial_criteria
-
-        return trial_criteria(self, trial)
-
-    def miner_messages(
-        self, program: TrialProgram, note: str, side: str, names: list[str]
-    ) -> list[dict[str, str]]:
-        return miner_messages(program, note, side, names, self.prompts.get(f"miner_{side}"))
-
     def request_key(
         self, stage: str, messages: list[dict[str, str]], schema: dict | None, schema_name: str
     ) -> tuple[str, dict]:
@@ -130,141 +107,12 @@ class Formalizer:
         }
         return canonical_key(ident), request
 
-    # -- stages ------------------------------------------------------------------------------------
-    async def parse_trial(self, trial: TrialDoc) -> StageResult:
-        """Criteria text -> one call per criterion -> assembled, checked TrialProgram (see `parser.py`)."""
-        from .parser import parse_trial
-
-        return await parse_trial(self, trial)
-
-    async def mine_values(
-        self,
-        program: TrialProgram,
-        note: PatientDoc | str,
-        side: str,
-        *,
-        data_class: str | None = None,
-        skip: Collection[str] = (),
-    ) -> StageResult:
-        """Patient record + the side's atoms (less `skip`) -> checked values with evidence (see
-        `miner.py`); a long chart through its fact sheet, read once (see `reader.py`)."""
-        from .reader import mine_chart
-
-        return await mine_chart(self, program, note, side, data_class=data_class, skip=skip)
-
-    async def arbitrate(
-        self, program: TrialProgram, note: PatientDoc | str, patient, conflicts
-    ) -> StageResult:
-        """Re-read the chart for atoms whose values contradict definitions; output: list[Override]."""
-        from verdict.core.decision import Override
-
-        text = note.text if isinstance(note, PatientDoc) else note
-        dclass = note.data_class if isinstance(note, PatientDoc) else "private"
-        atoms = sorted({a for c in conflicts for a in c.atoms})
-        defs = sorted({d for c in conflicts for d in c.definitions})
-        have = patient.by_atom()
-        table = program.atom_table()
-        values = "\n".join(
-            compact(
-                {
-                    "atom": a,
-                    "type": table[a].domain,
-                    "value": have[a].value if a in have else None,
-                    "evidence": (have[a].evidence or "") if a in have else "",
-                }
-            )
-            for a in atoms
-        )
-        by_id = {d.id: d for d in program.definitions}
-        constraints = "\n".join(
-            f"- {d}: {render(by_id[d].formula)}" + (f" ({by_id[d].text})" if by_id[d].text else "")
-            for d in defs
-            if d in by_id
-        )
-        messages = self.prompt("arbiter").render(
-            NOTE=text.strip(), VALUES=values, CONSTRAINTS=constraints or "(none)"
-        )
-        schema = with_atom_enum(ArbiterOutput.model_json_schema(), atoms)
-
-        def validate(call: CachedCall) -> Check:
-            out, problems = parse_output(
-                call.content, call.finish_reason, self.endpoint.max_tokens.arbiter, ArbiterOutput
-            )
-            if out is None:
-                return Check(problems)
-            for i, o in enumerate(out.overrides):
-                where = f"overrides[{i}] '{o.atom}'"
-                if o.atom not in atoms:
-                    problems.append(("coverage", f"{where}: not one of the conflicting atoms"))
-                    continue
-                problems += [
-                    ("type", f"{where}: {p}")
-                    for p in value_type_problems(table[o.atom].domain, o.value, None)
-                ]
-                if o.value is not None and not quote_in_note(o.evidence, text):
-                    problems.append(("evidence", f"{where}: evidence is not a verbatim quote from the note"))
-            overrides = [Override(atom=o.atom, value=o.value, reason=o.reason) for o in out.overrides]
-            if not problems and overrides:
-                problems += _still_conflicting(self.engine, program, patient, overrides)
-            return Check(problems, overrides, compact(out.model_dump(mode="json")))
-
-        return await self.run_stage(
-            "arbiter",
-            messages,
-            schema,
-            "arbiter_output",
-            validate,
-            patient_text=True,
-            data_class=dclass,
-            ids=f"trial={program.trial_id} patient={patient.patient_id}",
-            sensitive=(text,),
-            solver=True,
-        )
-
-    async def verbalize(
-        self, program: TrialProgram, patient, decision, *, data_class: str = "private"
-    ) -> StageResult:
-        """Restate a Decision for clinicians; output: the rationale text. It may decide nothing."""
-        try:
-            from verdict.core.rationale import render_markdown
-
-            record = render_markdown(program, patient, decision)
-        except ImportError:
-            record = decision.canonical_json()
-        messages = self.prompt("verbalizer").render(RECORD=record)
-        allowed = {_num(x) for x in _NUMBER.findall(record)}
-
-        def validate(call: CachedCall) -> Check:
-            out, problems = parse_output(
-                call.content, call.finish_reason, self.endpoint.max_tokens.verbalizer, VerbalizerOutput
-            )
-            if out is None:
-                return Check(problems)
-            if out.decision != decision.decision:
-                problems.append(
-                    ("decision", f"decision is '{out.decision}' but the record says '{decision.decision}'")
-                )
-            extra = sorted({x for x in _NUMBER.findall(out.rationale) if _num(x) not in allowed})
-            if extra:
-                problems.append(
-                    (
-                        "unsupported_number",
-                        f"the rationale states numbers not in the record: {', '.join(extra[:8])}",
-                    )
-                )
-            return Check(problems, out.rationale, compact(out.model_dump(mode="json")))
-
-        return await self.run_stage(
-            "verbalizer",
-            messages,
-            VerbalizerOutput.model_json_schema(),
-            "verbalizer_output",
-            validate,
-            patient_text=True,
-            data_class=data_class,
-            ids=f"trial={program.trial_id} patient={patient.patient_id}",
-            sensitive=(record,),
-        )
+    def stage_slots(self, stage: str) -> asyncio.Semaphore:
+        """At most `concurrency` calls of this stage wait at once on this endpoint (each holds a
+        budget reservation while it waits), one semaphore per stage."""
+        if stage not in self._slots:
+            self._slots[stage] = asyncio.Semaphore(max(1, self.endpoint.concurrency))
+        return self._slots[stage]
 
     # -- the shared stage loop: the public stage interface ------------------------------------------
     async def run_stage(
@@ -486,24 +334,3 @@ class _Flight:
         self.task = task
         self.waiters = 0
         self.claimed = False  # whether a waiter has taken the answer as its own (not a cache hit)
-
-
-_NUMBER = re.compile(r"(?<![A-Za-z_])\d+(?:\.\d+)?")
-
-
-def _num(x: str) -> float:
-    return float(x)
-
-
-def _still_conflicting(engine: Engine, program: TrialProgram, patient, overrides) -> list[tuple[str, str]]:
-    """Apply the overrides as the engine does; any extraction conflict left is a problem."""
-    d = engine.decide(program, apply_overrides(patient, overrides))
-    if d.conflicts:
-        atoms = sorted({a for c in d.conflicts for a in c.atoms})
-        return [
-            (
-                "consistency",
-                f"after the overrides these atoms still contradict the definitions: {', '.join(atoms)}",
-            )
-        ]
-    return []

@@ -31,7 +31,7 @@ from .miner import MinedValues, merge_sides, side_atoms
 if TYPE_CHECKING:
     from verdict.core.engine import Engine
 
-    from .runtime import Formalizer
+    from .stages import Formalizer
 
 FIRST, THEN = "exclusion", "inclusion"
 
