@@ -26,6 +26,7 @@ from verdict.data_gen.teacher_config import EgressConfig
 from verdict.serve.vllm.config import VLLMConfig
 
 from .backends import BackendConfig, backend_config
+from .chart_reading import ChartReadingConfig
 from .counterfactual import CounterfactualConfig
 from .datasets import DatasetConfig
 from .protocol import BenchError
@@ -86,6 +87,7 @@ class BenchConfig(StrictModel):
     scoring: ScoringConfig = Field(default_factory=ScoringConfig)
     ranking: RankingConfig = Field(default_factory=RankingConfig)
     counterfactual: CounterfactualConfig = Field(default_factory=CounterfactualConfig)
+    chart_reading: ChartReadingConfig = Field(default_factory=ChartReadingConfig)
     reference_points: list[ReferencePoint] = Field(default_factory=list)
 
     @field_validator("backends", mode="before")
@@ -110,7 +112,7 @@ class BenchConfig(StrictModel):
 
     # -- what the results depend on (a resumed run must not mix configs) ---------------------------
     def work_identity(self) -> dict:
-        return {
+        out = {
             "dataset": self.dataset.model_dump(mode="json"),
             "backends": [b.model_dump(mode="json") for b in self.backends],
             "policy": self.policy,
@@ -123,6 +125,9 @@ class BenchConfig(StrictModel):
                 "served_model_name": self.vllm.served_model_name,
             },
         }
+        if self.chart_reading.enabled:  # its records depend on the charts, rows and reading settings
+            out["chart_reading"] = self.chart_reading.model_dump(mode="json", exclude={"max_listed"})
+        return out
 
     @property
     def run_dir(self) -> Path:

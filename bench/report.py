@@ -306,6 +306,7 @@ def _usd(x) -> str:
 
 def render_markdown(s: dict) -> str:
     ds = s["dataset"]
+    from .chart_reading import render_chart_reading
     from .counterfactual import render_cf
     from .ranking_report import render_ranking
 
@@ -453,6 +454,7 @@ def render_markdown(s: dict) -> str:
         )
     lines += render_ranking(s, check)
     lines += render_cf(s, check)
+    lines += render_chart_reading(s, check)
     fails = [(name, reason, k) for name, b in s["backends"].items() for reason, k in b["failures"].items()]
     if fails:
         lines += ["", "## Failed pairs by reason", "", "| backend | reason | pairs |", "|---|---|---|"]
@@ -486,6 +488,7 @@ def compare_runs(path_a: str | Path, path_b: str | Path) -> str:
     """Markdown: both runs' backends side by side, then agreement and McNemar's tests between
     every backend of A and every backend of B on the pairs both scored."""
     from .bench_config import ScoringConfig
+    from .chart_reading import compare_chart_reading
     from .counterfactual import compare_cf
     from .ranking_report import compare_ranking
 
@@ -546,5 +549,5 @@ def compare_runs(path_a: str | Path, path_b: str | Path) -> str:
                 f"{_f(d['mcnemar_p'], 4)} | {_f(c['f1']['a'])} / {_f(c['f1']['b'])} | "
                 f"{_f(c['correctness']['mcnemar_p'], 4)} |"
             )
-    lines += compare_ranking(a, b) + compare_cf(a, b)
+    lines += compare_ranking(a, b) + compare_cf(a, b) + compare_chart_reading(a, b)
     return "\n".join(lines) + "\n"

@@ -84,7 +84,13 @@ class BenchRun:
                     "differ): use another name, or --restart to discard them"
                 )
         if self.restart and self.dir.exists():
-            for name in ("pairs.jsonl", "counterfactual.jsonl", "results.json", "report.md"):
+            for name in (
+                "pairs.jsonl",
+                "counterfactual.jsonl",
+                "chart_reading.jsonl",
+                "results.json",
+                "report.md",
+            ):
                 (self.dir / name).unlink(missing_ok=True)
             for f in self.dir.glob("cache-repeat-*.sqlite*"):
                 f.unlink()
@@ -140,7 +146,17 @@ class BenchRun:
 
                 cf = CounterfactualStage(cfg.counterfactual, ctx, backends, cfg.concurrency)
                 cf.preflight()
-            needs_calls = cf is not None or any(b.kind in ("formalizer", "llm_match") for b in backends)
+            charts = None
+            if cfg.chart_reading.enabled:
+                from .chart_reading import ChartReadingStage
+
+                charts = ChartReadingStage(cfg.chart_reading, ctx, backends, cfg.concurrency)
+                charts.preflight()
+            needs_calls = (
+                cf is not None
+                or charts is not None
+                or any(b.kind in ("formalizer", "llm_match") for b in backends)
+            )
             if needs_calls:
                 from verdict.data_gen.ledger import Ledger
 
@@ -184,6 +200,16 @@ class BenchRun:
                 stop, paid, failed = await cf.run(done, self.dir)
                 outcome.paid_usd += paid
                 outcome.endpoint_failures += failed
+                if stop:
+                    outcome.status, outcome.message = "stopped_budget", stop
+            if charts is not None and outcome.status == "complete":
+                self.progress(
+                    "chart_reading stage: each pair mined exhaustively and from the chart read once"
+                )
+                stop, paid, failed = await charts.run(self.dir)
+                outcome.paid_usd += paid
+                outcome.endpoint_failures += failed
+                problems += charts.problems
                 if stop:
                     outcome.status, outcome.message = "stopped_budget", stop
             if outcome.endpoint_failures and outcome.status == "complete":
@@ -287,6 +313,7 @@ class BenchRun:
         self, dataset: BenchDataset | None = None, problems: list[str] | None = None, status: str = "complete"
     ) -> dict[str, str]:
         """results.json, report.md and plots/ from everything in pairs.jsonl (also after a stop)."""
+        from .chart_reading import summarize_chart_reading
         from .counterfactual import summarize_cf
         from .plots import write_plots
         from .report import load_pairs, render_markdown, summarize
@@ -296,6 +323,7 @@ class BenchRun:
         results = load_pairs(self.dir)
         summary = summarize(self.config, dataset, results, problems or [], status=status)
         summary["counterfactual"] = summarize_cf(self.dir, self.config)
+        summary["chart_reading"] = summarize_chart_reading(self.dir, self.config)
         plots = write_plots(summary, self.dir / "plots")
         summary["plots"] = [str(p.relative_to(self.dir)) for p in plots]
         (self.dir / "results.json").write_text(json.dumps(summary, indent=2))

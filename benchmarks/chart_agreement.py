@@ -3,6 +3,7 @@ before (v1 dense answers, exhaustive mining, the chart mined whole) and after (v
 staged mining, the chart read once).
 
     .venv/bin/python benchmarks/chart_agreement.py [--chart-tokens 8000] [--policy prescreen]
+    .venv/bin/python benchmarks/chart_agreement.py --write-script FILE   # the bench stage's scripted server
 
 Each reference file (`../shared/data/reference/v6/<patient>/<trial>__full.json`) is a pair: the
 recorded program and the values the authors' miner read from the SIGIR note
@@ -39,16 +40,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 SHARED = REPO.parent / "shared" / "data"
-READER_MARK = "You read part of a patient's chart"
-REFUSED: list[str] = []  # recorded value lines our check refuses (not replayed)
-
-
-@dataclass
-class Pair:
-    patient_id: str
-    program: object
-    note: str
-    values: dict[str, dict]  # atom -> recorded value line (observed values only)
 
 
 @dataclass
@@ -60,81 +51,19 @@ class Run:
     settled: list[int] = field(default_factory=list)
 
 
-def load_pairs() -> list[Pair]:
-    from verdict.core.reference import load_reference
-    from verdict.data_gen.formalizer import check_miner_output, compact, side_atoms
-    from verdict.data_gen.recorded import fit_to_grammar, recorded_answer
+def load_pairs() -> list:
+    """The reference files as recorded pairs (`verdict.bench.long_charts`)."""
+    from verdict.bench.long_charts import load_recorded_pairs
 
     notes = {}
     for line in (SHARED / "benchmarks" / "patients_sigir.jsonl").read_text().splitlines():
         row = json.loads(line)
         notes[row["_id"]] = row["text"]
-    out = []
-    for f in sorted((SHARED / "reference" / "v6").glob("*/*__full.json")):
-        case = fit_to_grammar(load_reference(f))
-        note = notes[f.parent.name]
-        values = {}
-        for side in ("inclusion", "exclusion"):
-            answer = recorded_answer(case, side, side_atoms(case.program, side), note, sparse=True)
-            for v in json.loads(answer)["values"]:
-                # a recorded line our check refuses (a quote not in the note, a wrong type) is left out,
-                # as the recorded import leaves its record out: counted, never replayed
-                line = compact({"values": [v]})
-                if check_miner_output(
-                    line, "stop", case.program, [v["atom"]], note, max_tokens=0, sparse=True
-                ).ok:
-                    values[v.pop("atom")] = v
-                else:
-                    REFUSED.append(f"{f.parent.name}/{f.name}:{v['atom']}")
-        out.append(Pair(f.parent.name, case.program, note, values))
-    return out
-
-
-def filler(exclude: set[str], tokens: int, count, quotes: set[str]) -> list:
-    """Other trials' criteria texts, distinct, about `tokens` tokens in all; none holds a piece of a
-    recorded quote (`quotes`: it would put the patient's quoted words elsewhere in the chart)."""
-    from verdict.data_gen.formalizer.checks import normalize_ws, split_pieces
-    from verdict.data_gen.protocol import NoteDocument
-
-    pieces = {p for q in quotes for p in split_pieces(q)}
-    docs, total, seen = [], 0, set()
-    for line in (SHARED / "benchmarks" / "trials.jsonl").read_text().splitlines():
-        t = json.loads(line)
-        text = f"{t['title']}\n\n{t.get('inclusion') or ''}\n\n{t.get('exclusion') or ''}".strip()
-        if t["nct_id"] in exclude or text in seen or count(text) > 1500:
-            continue
-        flat = normalize_ws(text)
-        if any(p in flat for p in pieces):
-            continue
-        seen.add(text)
-        docs.append(NoteDocument(id=f"doc-{t['nct_id']}", text=text, kind="other_trial"))
-        total += count(text)
-        if total >= tokens:
-            break
-    return docs
-
-
-def chart_of(pair: Pair, docs: list) -> object:
-    from verdict.data_gen.protocol import NoteDocument, PatientDoc
-
-    mid = len(docs) // 2
-    note = NoteDocument(id="note", text=pair.note, kind="admission_note")
-    return PatientDoc(patient_id=pair.patient_id, documents=[*docs[:mid], note, *docs[mid:]])
-
-
-def script(pair: Pair, quotes: list[str], sparse: bool):
-    from verdict.data_gen.scripted_server import Match, Rule, Script
-    from verdict.data_gen.scripted_server import ScriptedResponse as R
-
-    return Script(
-        rules=[
-            Rule(match=Match(contains=[READER_MARK]), responses=[R(auto="excerpts", auto_excerpts=quotes)])
-        ],
-        default=R(auto="sparse" if sparse else "nulls", auto_values=pair.values, only_quoted=True),
-    )
+    return load_recorded_pairs(SHARED / "reference" / "v6", notes)
 
 
 async def run(name, pairs, srv, qwen, policy, *, version, staged, chart=None, reading=False) -> Run:
+    from verdict.bench.long_charts import replay_script
     from verdict.core.engine import Engine
     from verdict.data_gen.formalizer import Formalizer
     from verdict.data_gen.formalizer.reader import ChartReading
@@ -152,15 +81,13 @@ async def run(name, pairs, srv, qwen, policy, *, version, staged, chart=None, re
     )
     quotes: dict[str, list[str]] = {}
     for p in pairs:
-        quotes.setdefault(p.patient_id, []).extend(
-            v["evidence"] for v in p.values.values() if v.get("evidence")
-        )
+        quotes.setdefault(p.patient_id, []).extend(p.quotes())
     engine, out = Engine(), Run(name)
     prompts = {"miner_inclusion": version, "miner_exclusion": version}
     fz = Formalizer(teacher, prompts=prompts, reading=ChartReading(enabled=reading), engine=engine)
     try:
         for i, p in enumerate(pairs):
-            srv.set_script(script(p, quotes[p.patient_id], sparse=version != "v1"))
+            srv.set_script(replay_script(p.values, quotes[p.patient_id], sparse=version != "v1"))
             record = chart(p) if chart else PatientDoc(patient_id=p.patient_id, text=p.note)
             pair, _, d = await decide_pair(fz, engine, p.program, record, policy, staged=staged)
             out.decisions[i] = d.decision
@@ -182,26 +109,39 @@ def main(argv=None) -> None:
     ap.add_argument("--chart-tokens", type=int, default=8000)
     ap.add_argument("--policy", default="prescreen")
     ap.add_argument("--limit", type=int, default=None, help="only the first N pairs (a quick look)")
+    ap.add_argument(
+        "--write-script",
+        metavar="FILE",
+        help="write the scripted server's script for every reference pair (the bench's "
+        "chart-reading-scripted config) to FILE and stop",
+    )
     a = ap.parse_args(argv)
+    from verdict.bench.long_charts import chart_of, filler_documents, reference_script
     from verdict.core.policy import load_policy
     from verdict.data_gen.formalizer.budget import qwen25_counter
     from verdict.data_gen.scripted_server import ScriptedServer
 
-    qwen = qwen25_counter()
     pairs = load_pairs()[: a.limit]
+    if a.write_script:
+        Path(a.write_script).write_text(reference_script(pairs).model_dump_json(exclude_defaults=True))
+        print(f"wrote {a.write_script}: the scripted reader and miner for {len(pairs)} reference pairs")
+        return
+    qwen = qwen25_counter()
     policy = load_policy(a.policy)
     taken = {p.program.trial_id for p in pairs}
-    quotes = {v["evidence"] for p in pairs for v in p.values.values() if v.get("evidence")}
-    docs = filler(taken, a.chart_tokens, qwen.count_text, quotes)
+    quotes = {q for p in pairs for q in p.quotes()}
+    docs = filler_documents(
+        SHARED / "benchmarks" / "trials.jsonl", taken, a.chart_tokens, qwen.count_text, quotes
+    )
     n_chart = sum(qwen.count_text(d.text) for d in docs)
-    print(f"recorded value lines refused by the check (not replayed): {len(REFUSED)}")
+    print(f"recorded value lines refused by the check (not replayed): {sum(len(p.refused) for p in pairs)}")
     print(
         f"pairs {len(pairs)}; long chart: {len(docs)} other trials' criteria texts "
         f"({n_chart} tokens) + the note"
     )
 
     def chart(p):
-        return chart_of(p, docs)
+        return chart_of(p.patient_id, p.note, docs)
 
     srv = ScriptedServer(count_tokens=qwen.count_text).start()
     try:

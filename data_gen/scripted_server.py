@@ -20,7 +20,8 @@ Script (YAML/JSON, or the `Script` model)::
 `auto: nulls` answers a value-miner request with every atom null, reading the atom names from the
 request's structured-output schema; `auto_values: {atom: {value, evidence}}` answers those of its
 atoms the request asks (a script then fits any atom chunking), with `only_quoted: true` only when
-the evidence is in the text the request was sent. `auto: excerpts` plays the chart reader:
+the evidence is in the text the request was sent (an atom may list several lines, e.g. one per
+patient: the first whose evidence is shown is answered). `auto: excerpts` plays the chart reader:
 `auto_excerpts` (recorded quotes) answer their pieces that are verbatim in the request's text, a
 reader that misses nothing it is shown. `auto: sparse` answers as the sparse (v2) miner prompt
 asks: only the `auto_values` of the asked atoms (with `only_quoted`, those shown), no null lines.
@@ -54,15 +55,22 @@ from verdict.core.errors import VerdictError
 class ScriptedResponse(StrictModel):
     content: str | dict | list | None = None
     auto: Literal["nulls", "sparse", "excerpts"] | None = None
-    auto_values: dict[str, dict] = Field(
+    auto_values: dict[str, dict | list[dict]] = Field(
         default_factory=dict,
         description="with auto nulls: atom -> its value line ({value, evidence, bounds?}) "
-        "for the atoms the request asks (the others null), so a script fits any atom chunking",
+        "for the atoms the request asks (the others null), so a script fits any atom chunking; "
+        "a list of lines: the first whose evidence is shown (with only_quoted), else the first",
     )
     only_quoted: bool = Field(
         False,
         description="with auto_values: answer a value only when every piece of its evidence is in "
         "the text the request was sent (else null): a miner that misses nothing it is shown",
+    )
+    quoted_in: Literal["request", "note"] = Field(
+        "request",
+        description="what only_quoted and auto excerpts look in: the request's user text, or only the "
+        'note (the first """-quoted block of the prompt, as the miner and reader prompts quote it): a '
+        "script serving many patients then never answers a quote that only the atom list holds",
     )
     auto_excerpts: list[str] = Field(
         default_factory=list,
@@ -240,6 +248,18 @@ def request_text(body: dict) -> str:
     )
 
 
+def note_text(body: dict) -> str:
+    """The note a request quotes (the first \"\"\"-delimited block of its user text), whitespace-normalized;
+    the whole user text if it quotes none."""
+    from .formalizer.checks import normalize_ws
+
+    for m in body.get("messages", []):
+        parts = str(m.get("content", "")).split('"""') if m.get("role") == "user" else []
+        if len(parts) >= 3:
+            return normalize_ws(parts[1])
+    return request_text(body)
+
+
 def _shown(evidence: str, shown: str) -> bool:
     from .formalizer.checks import split_pieces
 
@@ -247,11 +267,11 @@ def _shown(evidence: str, shown: str) -> bool:
     return bool(pieces) and all(p in shown for p in pieces)
 
 
-def auto_excerpts(body: dict, quotes: list[str]) -> list[str]:
-    """The pieces of `quotes` verbatim in the request's text, each once, in the order given."""
+def auto_excerpts(body: dict, quotes: list[str], quoted_in: str = "request") -> list[str]:
+    """The pieces of `quotes` verbatim in the request's text (or its note), each once, in the order given."""
     from .formalizer.checks import split_pieces
 
-    shown = request_text(body)
+    shown = note_text(body) if quoted_in == "note" else request_text(body)
     return list(dict.fromkeys(p for q in quotes for p in split_pieces(q) if p in shown))
 
 
@@ -368,17 +388,18 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if resp.auto in ("nulls", "sparse"):
             values = auto_nulls(body)["values"]
-            shown = request_text(body)
-            said = {
-                a: line
-                for a, line in resp.auto_values.items()
-                if not resp.only_quoted or _shown(line.get("evidence", ""), shown)
-            }
+            shown = note_text(body) if resp.quoted_in == "note" else request_text(body)
+            said = {}
+            for a, lines in resp.auto_values.items():
+                for line in lines if isinstance(lines, list) else [lines]:
+                    if not resp.only_quoted or _shown(line.get("evidence", ""), shown):
+                        said[a] = line
+                        break
             if resp.auto == "sparse":  # only the established atoms, no null lines
                 values = [v for v in values if v["atom"] in said]
             content = json.dumps({"values": [{"atom": v["atom"], **said.get(v["atom"], v)} for v in values]})
         elif resp.auto == "excerpts":
-            content = json.dumps({"excerpts": auto_excerpts(body, resp.auto_excerpts)})
+            content = json.dumps({"excerpts": auto_excerpts(body, resp.auto_excerpts, resp.quoted_in)})
         elif isinstance(resp.content, (dict, list)):
             content = json.dumps(resp.content)
         else:

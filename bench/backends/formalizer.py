@@ -160,7 +160,9 @@ class FormalizerBackend(Backend):
             )
         return self._fz[key]
 
-    async def _parsed(self, trial_id: str, repeat: int):
+    async def parsed(self, trial_id: str, repeat: int = 0):
+        """The trial's parse (a StageResult): once per trial and repeat, its pairs (and the bench's
+        chart_reading stage) wait on it."""
         key = (repeat, trial_id)
         if key not in self._parses:  # one parse per trial; its pairs wait on it
             self._parses[key] = asyncio.ensure_future(
@@ -177,7 +179,7 @@ class FormalizerBackend(Backend):
         from verdict.core.policy import resolve
         from verdict.data_gen.formalizer import merge_sides
 
-        parsed = await self._parsed(pair.trial_id, repeat)
+        parsed = await self.parsed(pair.trial_id, repeat)
         parser_fz = self.formalizer(repeat, "parser")
         stages = {"parser": stage_stat(parsed, parser_fz.cache, shared=True)}
         if not parsed.accepted:

@@ -92,6 +92,29 @@ def test_auto_values_answer_only_the_atoms_a_request_asks(scripted_server):
     }  # z is not asked
 
 
+def test_an_atom_with_several_lines_answers_the_one_its_note_shows(scripted_server):
+    """A script for many patients: each atom lists one line per patient; with quoted_in "note" only the
+    note the prompt quotes counts as shown, never the atom list beside it."""
+    lines = [{"value": 70, "evidence": "aged 70"}, {"value": 45, "evidence": "45-year-old"}]
+    schema = {"properties": {"atom": {"type": "string", "enum": ["age"]}, "value": {}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+
+    def answer(text, quoted_in):
+        scripted_server.set_script(
+            Script(
+                default=R(auto="sparse", auto_values={"age": lines}, only_quoted=True, quoted_in=quoted_in)
+            )
+        )
+        content = post(scripted_server, body(text, response_format=fmt)).json()["choices"][0]["message"]
+        return json.loads(content["content"])["values"]
+
+    note = 'Patient note:\n"""\nA 45-year-old man.\n"""\nAtoms: age (e.g. aged 70)'
+    assert answer(note, "note") == [{"atom": "age", "value": 45, "evidence": "45-year-old"}]
+    # the whole request: "aged 70" in the atom list is shown too, and the first shown line wins
+    assert answer(note, "request") == [{"atom": "age", "value": 70, "evidence": "aged 70"}]
+    assert answer('Patient note:\n"""\nA man.\n"""\nAtoms: age', "note") == []
+
+
 def test_log_holds_hashes_not_content(tmp_path):
     log = tmp_path / "server.log"
     with ScriptedServer(Script(default=R(content="ok")), log_path=log) as srv:
