@@ -11,6 +11,7 @@ pytest_plugins = [
     "tests.fixtures.models",
     "tests.fixtures.oauth_server",
     "tests.fixtures.postgres",
+    "tests.fixtures.omop",  # after postgres: it builds on that cluster
     "tests.fixtures.scripted_api",
     "tests.fixtures.sft",
     "tests.fixtures.slurm",

@@ -119,6 +119,12 @@ def _fhir() -> typer.Typer:
     return part
 
 
+def _omop() -> typer.Typer:
+    from verdict.data_gen.omop.cli import app as part
+
+    return part
+
+
 def _bench() -> typer.Typer:
     from verdict.bench.cli import app as part
 
@@ -145,6 +151,7 @@ PARTS: dict[str, tuple[Callable[[], typer.Typer], str, str]] = {
     "serve": (_serve, "vLLM students + the FastAPI matching service.", "serve"),
     "match": (_match, "Batch matching (site-wide screening as SLURM arrays).", "serve"),
     "fhir": (_fhir, "Patients from FHIR R4: bundle, Bulk Data NDJSON, REST server.", "fhir"),
+    "omop": (_omop, "Patients from an OMOP CDM 5.4 database (PostgreSQL).", "serve"),
     "bench": (_bench, "Benchmarks: core latency, local vs API formalizers.", "bench"),
 }
 # name -> (loader of the function, extra) of single commands that live in a part.

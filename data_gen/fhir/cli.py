@@ -40,6 +40,7 @@ def load(
 
     from .code_map import load_code_map
     from .rest import load_rest_config
+    from .show import show_result
     from .sources import load_source
 
     try:
@@ -48,51 +49,7 @@ def load(
         fail(f"--at: '{at}' is not a date YYYY-MM-DD")
     rest = load_rest_config(config, source) if config is not None else None
     result = load_source(source, day, patient=patient, code_map=load_code_map(codes), rest=rest)
-    for rec in result.records:
-        age = (
-            rec.age_years
-            if rec.age_years is not None
-            else (f"{rec.age_range[0]}-{rec.age_range[1]}" if rec.age_range else "unknown")
-        )
-        typer.echo(
-            f"Patient/{rec.patient_id}: age {age} at {rec.reference_date}, gender {rec.gender or 'unknown'}; "
-            f"{len(rec.documents)} documents, {len(rec.facts)} facts, {len(rec.conversions())} conversions, "
-            f"{len(rec.problems)} problems"
-        )
-        for d in rec.documents:
-            typer.echo(f"  document {d.id} {d.date or 'undated'} ({len(d.text)} chars)")
-        for f in rec.facts:
-            code = f.code
-            what = f.canonical or (f"{code.system}|{code.code}" if code else "uncoded")
-            value = (
-                ""
-                if f.value is None or not isinstance(f.value, (int, float))
-                else f" {f.value:g} {f.unit or ''}"
-            )
-            typer.echo(
-                f"  fact {f.resource}{'' if f.component is None else f' component[{f.component}]'}: "
-                f"{f.category} {what}{value} {f.effective or 'undated'} {f.status or ''}".rstrip()
-            )
-            if f.converted is not None and f.converted.rule != "same unit":
-                typer.echo(f"    converted: {f.converted.value:g} {f.converted.unit} ({f.converted.rule})")
-            if f.conversion_problem:
-                typer.echo(f"    not converted: {f.conversion_problem}")
-        for p in rec.problems:
-            typer.echo(f"  problem {p}")
-    for p in result.problems:
-        typer.echo(f"problem {p}")
-    if result.skipped_types:
-        typer.echo(
-            "skipped (types not read): "
-            + ", ".join(f"{k} {v}" for k, v in sorted(result.skipped_types.items()))
-        )
-    typer.echo(f"{len(result.records)} patients from {result.kind} source")
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("w") as fh:
-            for rec in result.records:
-                fh.write(rec.model_dump_json() + "\n")
-        typer.echo(f"wrote {len(result.records)} records to {out}")
+    show_result(result, out)
 
 
 @app.command("smart-jwks")

@@ -1,5 +1,5 @@
-"""The site code map (configs/fhir/codes.yaml): which codes (LOINC, SNOMED CT, RxNorm, ICD-10) mean
-which canonical fact, in which canonical unit, and which words name that fact in an atom.
+"""The site code map (configs/fhir/codes.yaml): which codes (LOINC, SNOMED CT, RxNorm, ICD-10, OMOP
+concept ids) mean which canonical fact, in which canonical unit, and which words name that fact in an atom.
 
 Each analyte also states the range of values a patient can have (`plausible`, in its canonical unit),
 and `dates` bounds reference dates and ages (`plausible.py`): a value outside is refused.
@@ -75,6 +75,10 @@ class CodeMap(StrictModel):
     dates: PlausibleDates = Field(
         default_factory=PlausibleDates, description="plausible reference dates and ages"
     )
+    unit_concepts: dict[int, str] = Field(
+        default_factory=dict,
+        description="OMOP unit concept id -> UCUM code, for a database without the unit's concept row",
+    )
     _by_code: dict | None = PrivateAttr(None)
 
     @model_validator(mode="after")
@@ -103,6 +107,11 @@ class CodeMap(StrictModel):
                 ucum_code(a.unit)
             except UnitConversionError as e:
                 problems.append(f"analytes.{name}.unit: {e}")
+        for concept_id, unit in self.unit_concepts.items():
+            try:
+                ucum_code(unit)
+            except UnitConversionError as e:
+                problems.append(f"unit_concepts.{concept_id}: {e}")
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -143,7 +143,7 @@ def _codings(concept: Any) -> tuple[list[Coding], str | None]:
     return codings, concept.text
 
 
-def _canonical(code_map: CodeMap, codings: list[Coding]) -> tuple[str, str] | None:
+def canonical_of(code_map: CodeMap, codings: list[Coding]) -> tuple[str, str] | None:
     for c in codings:
         found = code_map.lookup(c.system, c.code)
         if found:
@@ -191,7 +191,7 @@ def _value(obs: Any, name: str, path: str, problems: list[str]) -> tuple[Any, st
     return None, None
 
 
-def _checked(fact: CodedFact, code_map: CodeMap, problems: list[str]) -> CodedFact:
+def checked_fact(fact: CodedFact, code_map: CodeMap, problems: list[str]) -> CodedFact:
     """The fact, converted; a value outside its plausible range is refused: reported, value unset."""
     why = code_map.implausible(fact)
     if why is None:
@@ -219,7 +219,7 @@ def facts_of(model: BaseModel, code_map: CodeMap, problems: list[str]) -> list[C
 
     def add(category, concept, *, value=None, unit=None, effective=None, status=None, component=None):
         codings, text = _codings(concept)
-        found = _canonical(code_map, codings)
+        found = canonical_of(code_map, codings)
         fact = CodedFact(
             resource=name,
             category=category,
@@ -232,7 +232,7 @@ def facts_of(model: BaseModel, code_map: CodeMap, problems: list[str]) -> list[C
             effective=iso(effective),
             status=status,
         )
-        out.append(_checked(fact, code_map, problems))
+        out.append(checked_fact(fact, code_map, problems))
 
     if rtype == "Condition":
         add(

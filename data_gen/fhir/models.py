@@ -1,9 +1,10 @@
-"""The internal patient record made from FHIR: the miner's documents plus coded facts.
+"""The internal patient record made from FHIR (and from an OMOP CDM, `verdict.data_gen.omop`): the
+miner's documents plus coded facts.
 
 `documents` are exactly what the value miner reads (`verdict.data_gen.protocol.NoteDocument`); `facts` are
 the coded resources (Condition, Observation, MedicationStatement/Request, Procedure), each naming
-its resource (`Observation/123`). Problems name resources by `Type/id` and fields by path, never
-by content.
+its resource (`Observation/123`; an OMOP row: `measurement/123`). Problems name resources by `Type/id`
+and fields by path, never by content.
 """
 
 from __future__ import annotations
@@ -69,7 +70,13 @@ class FhirPatientRecord(StrictModel):
     """One patient as read from FHIR, at a stated reference date."""
 
     format: Literal["verdict.fhir_patient/v1"] = RECORD_FORMAT
-    patient_id: str = Field(description="Patient resource id")
+    patient_id: str = Field(description="Patient resource id (OMOP: the person_id)")
+    patient_source: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_]{1,40}/[A-Za-z0-9._-]{1,64}$",
+        description="what the birth date and gender come from when it is not Patient/{patient_id} "
+        "(an OMOP record: person/{person_id})",
+    )
     reference_date: str = Field(description="the date ages are computed at (ISO), as the caller stated it")
     birth_date: str | None = Field(None, description="Patient.birthDate as given (may be YYYY or YYYY-MM)")
     gender: str | None = Field(None, description="Patient.gender (administrative gender)")
@@ -80,6 +87,11 @@ class FhirPatientRecord(StrictModel):
     problems: list[str] = Field(
         default_factory=list, description="per resource: Type/id: field path: problem"
     )
+
+    @property
+    def patient_ref(self) -> str:
+        """The resource or row the birth date and gender come from (evidence of the age)."""
+        return self.patient_source or f"Patient/{self.patient_id}"
 
     def patient_doc(self) -> PatientDoc | None:
         """The documents as the miner's input (None when the patient has no document)."""

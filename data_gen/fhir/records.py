@@ -37,6 +37,26 @@ def age_at(birth: str, at: dt.date) -> tuple[int, int] | None:
     return years(last), years(first)
 
 
+def birth_fields(
+    birth: str, at: dt.date, code_map: CodeMap, where: str, problems: list[str]
+) -> tuple[str | None, int | None, tuple[int, int] | None]:
+    """(birth date kept, age in full years, possible ages) of a birth date at `at`: an exact date gives
+    the age, a partial one the range; one after `at` gives neither, one giving an age over the plausible
+    maximum is refused (`where`: the row or resource and field, named in the problem; never the value)."""
+    span = age_at(birth, at)
+    too_old = code_map.dates.age_problem(span[1]) if span is not None else None
+    if span is None or span[0] < 0:
+        problems.append(f"{where}: after the reference date {at.isoformat()}")
+    elif too_old:
+        problems.append(f"{where}: {too_old}; not used")
+        return None, None, None
+    elif span[0] == span[1]:
+        return birth, span[0], None
+    else:
+        return birth, None, (max(span[0], 0), span[1])
+    return birth, None, None
+
+
 def build_records(
     validated: Validated,
     at: dt.date,
@@ -91,22 +111,12 @@ def _record(
     else:
         gender = patient.gender
         if patient.birthDate is not None:
-            birth = (
+            given = (
                 patient.birthDate.isoformat()
                 if isinstance(patient.birthDate, dt.date)
                 else str(patient.birthDate)
             )
-            span = age_at(birth, at)
-            too_old = code_map.dates.age_problem(span[1]) if span is not None else None
-            if span is None or span[0] < 0:
-                problems.append(f"Patient/{pid}: birthDate: after the reference date {at.isoformat()}")
-            elif too_old:
-                problems.append(f"Patient/{pid}: birthDate: {too_old}; not used")
-                birth = None
-            elif span[0] == span[1]:
-                age = span[0]
-            else:
-                age_range = (max(span[0], 0), span[1])
+            birth, age, age_range = birth_fields(given, at, code_map, f"Patient/{pid}: birthDate", problems)
     documents, facts = [], []
     for m in models:
         rtype = m.get_resource_type()

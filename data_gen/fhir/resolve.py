@@ -163,7 +163,7 @@ def _age(
         return None, "age: an age at an event, not at the reference date; left for the miner"
     if atom.unit and atom.unit.strip().lower() not in ("years", "year", "a", "yr", "y"):
         return None, f"age: unit '{atom.unit[:20]}' is not years; left for the miner"
-    source, at = f"Patient/{record.patient_id}", record.reference_date
+    source, at = record.patient_ref, record.reference_date
     oldest = record.age_years if record.age_years is not None else (record.age_range or (0, 0))[1]
     too_old = code_map.dates.age_problem(oldest)
     if too_old:

@@ -32,7 +32,7 @@ def _say(msg: str) -> None:
 @app.command("batch")
 def batch_cmd(
     config: str = typer.Option(..., "--config", "-c", help="serve config (its vllm and api sections)"),
-    patients: Path = typer.Option(..., help="patients JSONL ({_id, text})"),
+    patients: Path | None = typer.Option(None, help="patients JSONL ({_id, text}); or --omop"),
     trials: Path = typer.Option(..., help="trials JSONL (benchmark layout) or ClinicalTrials.gov study JSON"),
     out: Path = typer.Option(..., help="batch folder (plan, shard results, merged results)"),
     pairs: Path | None = typer.Option(None, help="pairs JSONL ({patient_id, nct_id}); default: every pair"),
@@ -47,10 +47,32 @@ def batch_cmd(
     submit: bool = typer.Option(True, help="submit the array and the merge job (else: only render them)"),
     wait: bool = typer.Option(False, help="wait for the jobs, showing progress, then print the summary"),
     timeout: float = typer.Option(24 * 3600, help="with --wait: give up after this many seconds"),
+    omop: str | None = typer.Option(
+        None, "--omop", help="patients from an OMOP CDM 5.4 database: postgresql://USER@HOST/DB (no password)"
+    ),
+    omop_config: Path | None = typer.Option(None, exists=True, dir_okay=False, help="OMOP config YAML"),
+    omop_cohort: int | None = typer.Option(None, help="only the persons of this cohort"),
+    omop_person_ids: Path | None = typer.Option(
+        None, exists=True, dir_okay=False, help="only these person_ids (one per line)"
+    ),
+    at: str | None = typer.Option(None, "--at", help="with --omop: reference date YYYY-MM-DD (ages)"),
 ) -> None:
     """Plan a batch, render its SLURM array (+ merge job) and submit it. Rerunning the same command on
     the same folder resumes: finished pairs are never matched again."""
     from .match_batch import merge_results, plan_batch, render_batch_jobs
+
+    if (patients is None) == (omop is None):
+        fail("give the patients: --patients FILE or --omop URL (one of them)")
+    if omop is not None:
+        if at is None:
+            fail("--omop needs --at YYYY-MM-DD (ages are computed at it, never at 'today')")
+        from verdict.data_gen.omop.cli import omop_config as read_omop_config
+        from verdict.data_gen.omop.cli import reference_date
+
+        from .omop_patients import omop_patients_file
+
+        cfg = read_omop_config(omop, omop_config, omop_cohort, omop_person_ids)
+        patients = omop_patients_file(out, cfg, reference_date(at), _say)
 
     plan = plan_batch(
         out,

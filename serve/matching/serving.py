@@ -391,7 +391,7 @@ def fhir_meta(rec: FhirPatientRecord | None, coded: CodedResolutions | None) -> 
     if rec is None or coded is None:
         return None
     return {
-        "patient": f"Patient/{rec.patient_id}",
+        "patient": rec.patient_ref,
         "reference_date": rec.reference_date,
         "coded_atoms": {r.atom: r.evidence_source for r in coded.resolutions},
         "left_for_miner": coded.notes,

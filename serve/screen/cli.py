@@ -4,6 +4,7 @@
     verdict screen --url ... --trial NCT00000001 --patients population.jsonl      # one trial, many patients
     verdict screen --url ... --fhir-server https://fhir.site.example/r4 --fhir-patient 123 --at 2024-05-01
     verdict screen --url ... --trial NCT00000001 --fhir-ndjson export/ --at 2024-05-01
+    verdict screen --url ... --trial NCT00000001 --omop postgresql://reader@cdm.example/omop --at 2024-05-01
 
 Patients from FHIR (a Bundle file, a Bulk Data NDJSON folder, or a REST server: SMART Backend
 Services configured in `--fhir-config FILE`, or for development a bearer token from
@@ -18,6 +19,12 @@ Prints the ranked table; `--out FILE` also writes the whole response as JSON. Th
 source (`source`, recorded with the run): the FHIR server's base URL without credentials or query,
 the export folder's, bundle's or patients file's name (never a path), `text` for --note files.
 
+Patients from an OMOP CDM 5.4 database (`--omop URL`, password from $VERDICT_OMOP_PASSWORD, host
+checked against the egress allowlist before any connection; `--omop-cohort ID` or `--omop-person-ids
+FILE` limit the population) are read by `verdict.data_gen.omop` into the same record and sent the
+same way. `--omop-write-cohorts` (admin key; the OMOP config's `cohort_ids` range) writes the eligible
+pairs into the results schema's `cohort` table (`omop_cohorts`).
+
 `--write-back` (with --fhir-server; the key must hold the admin role, which the service checks) writes
 one ResearchSubject per ranked pair back to that FHIR server (`write_back`); without it nothing is written.
 
@@ -31,6 +38,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import typer
 from verdict.core.cli_errors import fail
@@ -54,33 +62,46 @@ def _patients(path: Path) -> list[dict]:
 
 
 def _fhir_patients(source: str, at: str, patient: str | None, rest=None) -> list[dict]:
-    """The patients of one FHIR source as `PatientInput`s (`fhir` form); each problem is printed by
-    resource id (never content), a patient without a document is left out with the reason."""
-    import datetime as dt
-
+    """The patients of one FHIR source as `PatientInput`s (`fhir` form)."""
     from verdict.core.errors import VerdictError
     from verdict.data_gen.fhir.sources import load_source
 
     try:
-        day = dt.date.fromisoformat(at)
-    except ValueError:
-        fail(f"--at: '{at}' is not a date YYYY-MM-DD")
-    try:
-        loaded = load_source(source, day, patient=patient, rest=rest)
+        loaded = load_source(source, _day(at), patient=patient, rest=rest)
     except VerdictError as e:  # EgressRefused included: nothing was sent
         fail(str(e))
-    for problem in loaded.problems:
-        typer.echo(f"fhir: {problem}", err=True)
-    out = []
-    for rec in loaded.records:
-        for problem in rec.problems:
-            typer.echo(f"fhir: {problem}", err=True)
-        if not rec.documents:
-            typer.echo(
-                f"fhir: Patient/{rec.patient_id}: no document for the value miner; not screened", err=True
-            )
-            continue
-        out.append({"patient_id": rec.patient_id, "fhir": rec.model_dump(mode="json")})
+    return _record_inputs(loaded, "fhir")
+
+
+def _omop_patients(cfg, at: str) -> list[dict]:
+    """The persons of an OMOP database as `PatientInput`s (the same `fhir` record form)."""
+    from verdict.core.errors import VerdictError
+    from verdict.data_gen.omop.sources import load_omop
+
+    try:
+        loaded = load_omop(cfg, _day(at))
+    except VerdictError as e:  # EgressRefused included: no connection was opened
+        fail(str(e))
+    return _record_inputs(loaded, "omop")
+
+
+def _day(at: str):
+    import datetime as dt
+
+    try:
+        return dt.date.fromisoformat(at)
+    except ValueError:
+        fail(f"--at: '{at}' is not a date YYYY-MM-DD")
+
+
+def _record_inputs(loaded, prefix: str) -> list[dict]:
+    """Each screenable record as a `PatientInput` (problems printed by row or resource id)."""
+    from verdict.data_gen.fhir.show import screenable
+
+    out = [
+        {"patient_id": rec.patient_id, "fhir": rec.model_dump(mode="json")}
+        for rec in screenable(loaded, lambda line: typer.echo(line, err=True), prefix)
+    ]
     if not out:
         fail(f"no patient to screen in the {loaded.kind} source")
     return out
@@ -156,7 +177,28 @@ def screen(
         help="REST client config YAML for --fhir-server (FhirRestConfig: `smart:` SMART Backend "
         "Services, paging, timeouts); its base_url is --fhir-server",
     ),
-    at: str | None = typer.Option(None, "--at", help="reference date YYYY-MM-DD of a FHIR source (ages)"),
+    omop: str | None = typer.Option(
+        None,
+        "--omop",
+        help="patients from an OMOP CDM 5.4 database: postgresql://USER@HOST[:PORT]/DB (no password in "
+        "the URL: $VERDICT_OMOP_PASSWORD or PGPASSWORD)",
+    ),
+    omop_config: Path | None = typer.Option(
+        None, exists=True, dir_okay=False, help="OMOP config YAML (schemas, password variable, cohort_ids)"
+    ),
+    omop_cohort: int | None = typer.Option(None, help="only the persons of this cohort (results.cohort)"),
+    omop_person_ids: Path | None = typer.Option(
+        None, exists=True, dir_okay=False, help="only these person_ids (a file, one per line)"
+    ),
+    omop_write_cohorts: bool = typer.Option(
+        False,
+        "--omop-write-cohorts",
+        help="also write the eligible pairs into the OMOP results schema's cohort table (the API key "
+        "needs the admin role; the OMOP config sets the cohort_ids range)",
+    ),
+    at: str | None = typer.Option(
+        None, "--at", help="reference date YYYY-MM-DD of a FHIR or OMOP source (ages)"
+    ),
     policy: str | None = typer.Option(None, help="policy name (default: the service's)"),
     key_env: str = typer.Option(
         KEY_ENV, help="environment variable holding the API key (role match; admin for --write-back)"
@@ -182,8 +224,10 @@ def screen(
     fhir = [str(x) for x in (fhir_bundle, fhir_ndjson, fhir_server) if x is not None]
     if write_back and fhir_server is None:
         fail("--write-back writes to the FHIR server the patients came from: it needs --fhir-server URL")
-    if len(fhir) > 1:
-        fail("give one FHIR source: --fhir-bundle, --fhir-ndjson or --fhir-server")
+    if omop_write_cohorts and omop is None:
+        fail("--omop-write-cohorts writes to the OMOP database the patients came from: it needs --omop URL")
+    if len(fhir) + (omop is not None) > 1:
+        fail("give one record source: --fhir-bundle, --fhir-ndjson, --fhir-server or --omop")
     if fhir_config is not None and fhir_server is None:
         fail("--fhir-config configures the REST client: it needs --fhir-server URL")
     rest = None
@@ -191,20 +235,27 @@ def screen(
         from verdict.data_gen.fhir.rest import load_rest_config
 
         rest = load_rest_config(fhir_config, fhir_server)  # a bad config: `error: ...` before anything
-    if fhir:
+    omop_cfg = None
+    if omop is not None:
+        from verdict.data_gen.omop.cli import omop_config as read_omop_config
+
+        omop_cfg = read_omop_config(omop, omop_config, omop_cohort, omop_person_ids)
+    if fhir or omop_cfg is not None:
         if note or patients or patient_id:
             fail(
-                "a FHIR source gives the patients: drop --note / --patients / --patient-id "
-                "(use --fhir-patient)"
+                "a FHIR or OMOP source gives the patients: drop --note / --patients / --patient-id "
+                "(use --fhir-patient, --omop-person-ids)"
             )
         if at is None:
-            fail("a FHIR source needs --at YYYY-MM-DD (ages are computed at it, never at 'today')")
+            fail("a FHIR or OMOP source needs --at YYYY-MM-DD (ages are computed at it, never at 'today')")
         body = (
             {"trial_id": trial}
             if trial is not None
             else ({"trial_ids": list(trial_ids)} if trial_ids else {})
         )
-        if fhir_server is not None:
+        if omop_cfg is not None:
+            body["source"] = _source("omop", urlsplit(omop_cfg.url).path.strip("/") or None)
+        elif fhir_server is not None:
             body["source"] = _source("fhir_server", _server_label(fhir_server))
         else:
             body["source"] = _source(
@@ -240,14 +291,14 @@ def screen(
         EgressPolicy.from_config().check(target, carries_patient_text=True, what="verdict screen")
     except EgressRefused as e:
         fail(e.summary)
-    if fhir:  # read only once the service may receive it
-        found = _fhir_patients(fhir[0], at, fhir_patient, rest)
+    if fhir or omop_cfg is not None:  # read only once the service may receive it
+        found = _fhir_patients(fhir[0], at, fhir_patient, rest) if fhir else _omop_patients(omop_cfg, at)
         if trial is not None:
             body["patients"] = found
         elif len(found) != 1:
             fail(
-                f"the FHIR source holds {len(found)} patients: pick one with --fhir-patient ID, "
-                "or screen a trial against them all with --trial"
+                f"the source holds {len(found)} patients: pick one with --fhir-patient ID or "
+                "--omop-person-ids FILE, or screen a trial against them all with --trial"
             )
         else:
             body["patient"] = found[0]
@@ -273,6 +324,10 @@ def screen(
     typer.echo(
         f"recorded as screening {result['screening_id']} (GET /v1/screenings/ID, role audit)", err=True
     )
+    if omop_write_cohorts:
+        from .omop_cohorts import write_omop_cohorts
+
+        typer.echo(write_omop_cohorts(url, result, key, timeout, omop_cfg, _day(at)), err=True)
     if write_back:
         from .write_back import fetch_subjects, write_subjects
 

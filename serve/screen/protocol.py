@@ -24,7 +24,7 @@ from ..protocol import (
     unique_patient_ids,
 )
 
-SourceKind = Literal["text", "fhir_bundle", "fhir_ndjson", "fhir_server", "patients_file", "api"]
+SourceKind = Literal["text", "fhir_bundle", "fhir_ndjson", "fhir_server", "omop", "patients_file", "api"]
 MAX_SOURCE_LABEL = 200
 WORD = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 LABEL_WORD = re.compile(WORD)  # a label, or each path segment of a server's URL
@@ -61,13 +61,13 @@ class ScreenSource(StrictModel):
     )
 
     kind: SourceKind = Field(
-        description="text | fhir_bundle | fhir_ndjson | fhir_server | patients_file | api"
+        description="text | fhir_bundle | fhir_ndjson | fhir_server | omop | patients_file | api"
     )
     label: str | None = Field(
         None,
         min_length=1,
         max_length=MAX_SOURCE_LABEL,
-        description="e.g. https://fhir.site.example/r4, export-2024-05, patients.jsonl",
+        description="e.g. https://fhir.site.example/r4, export-2024-05, patients.jsonl, omop_cdm",
     )
 
     @field_validator("label")

@@ -28,8 +28,11 @@ class Written:
     updated: int = 0
 
 
-def fetch_subjects(service_url: str, screening_id: str, key: str, timeout: float) -> list[dict]:
-    """The run's ResearchSubjects from the service; a key without the admin role stops here."""
+def fetch_subjects(
+    service_url: str, screening_id: str, key: str, timeout: float, target: str = "the FHIR server"
+) -> list[dict]:
+    """The run's ResearchSubjects from the service; a key without the admin role stops here, before
+    anything is written to `target`."""
     import httpx  # here: heavy optional dependency, httpx (serve extra)
 
     target = f"{service_url.rstrip('/')}/v1/screenings/{screening_id}/research-subjects"
@@ -39,8 +42,8 @@ def fetch_subjects(service_url: str, screening_id: str, key: str, timeout: float
         fail(f"the service at {service_url} did not answer: {type(e).__name__}")
     if r.status_code == 403:
         fail(
-            "--write-back needs an API key with the admin role (`verdict serve keys add --role admin`); "
-            f"nothing was written to the FHIR server (screening {screening_id} is recorded)"
+            "writing results back needs an API key with the admin role (`verdict serve keys add --role "
+            f"admin`); nothing was written to {target} (screening {screening_id} is recorded)"
         )
     if r.status_code != 200:
         fail(f"HTTP {r.status_code} asking the service for the ResearchSubjects of screening {screening_id}")
