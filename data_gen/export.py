@@ -30,7 +30,7 @@ from pathlib import Path
 from verdict.core.errors import VerdictError
 
 from .records import Record, RecordStore
-from .sft_record import DATASET_TASKS, TASKS, SftRecord, features
+from .sft_record import DATASET_TASKS, TASKS, SftRecord, datasets_quietly, features
 
 SPLITS = ("train", "validation", "test")
 
@@ -144,9 +144,6 @@ def export_datasets(
     """Write one dataset folder per task; return the dataset cards. `provenance` (record id -> dict)
     adds a `provenance` column; `card_extra` is merged into every card (e.g. `data_class`)."""
     from datasets import Dataset, DatasetDict
-    from datasets.utils.logging import disable_progress_bar
-
-    disable_progress_bar()  # a few small shards: the bars would only clutter the command's output
 
     if abs(sum(fractions) - 1) > 1e-6 or any(f < 0 for f in fractions):
         raise VerdictError(f"split fractions must be >= 0 and sum to 1 (got {fractions})")
@@ -202,7 +199,8 @@ def export_datasets(
             }
         )
         # one shard per split: an empty split saved with none cannot be loaded again (load_from_disk fails)
-        dd.save_to_disk(str(task_dir), num_shards={s: 1 for s in SPLITS})
+        with datasets_quietly():
+            dd.save_to_disk(str(task_dir), num_shards={s: 1 for s in SPLITS})
         for s in SPLITS:
             with open(task_dir / f"{s}.jsonl", "w", encoding="utf-8") as f:
                 for row in rows[s]:

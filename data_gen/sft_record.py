@@ -9,6 +9,8 @@ JSON the student must emit for it.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -59,7 +61,7 @@ def target(row: dict) -> str:
 
 def features(with_provenance: bool = False):
     """The `datasets` column types of a row."""
-    from datasets import Features, Value
+    from datasets import Features, Value  # heavy optional dependency: datasets (teacher/train extra)
 
     text = Value("string")
     cols = {
@@ -76,3 +78,19 @@ def features(with_provenance: bool = False):
 
 def write_jsonl(path: str | Path, rows: list[dict]) -> None:
     Path(path).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+@contextmanager
+def datasets_quietly() -> Iterator[None]:
+    """No `datasets` progress bars inside ("Saving the dataset" per split: a few small shards, the
+    bars would only clutter the command's own progress lines); as they were after."""
+    # heavy optional dependency: datasets (teacher/train extra)
+    from datasets.utils.logging import disable_progress_bar, enable_progress_bar, is_progress_bar_enabled
+
+    was = is_progress_bar_enabled()
+    disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            enable_progress_bar()

@@ -26,7 +26,7 @@ from verdict.data_gen.formalizer.criteria import normalize_criterion
 from verdict.data_gen.formalizer.miner import miner_target, plan_for
 from verdict.data_gen.prompt_templates import PROMPTS_DIR
 from verdict.data_gen.protocol import PatientDoc
-from verdict.data_gen.sft_record import TASKS, SftRecord, features, write_jsonl  # noqa: F401  (TASKS: re-exported for the demo and tests)
+from verdict.data_gen.sft_record import TASKS, SftRecord, datasets_quietly, features, write_jsonl  # noqa: F401  (TASKS: re-exported for the demo and tests)
 
 from .api_config import FormalizerConfig
 from .trials.protocol import TrialText
@@ -198,9 +198,9 @@ def write_student_export(records: dict, out: str | Path, limits=None) -> Path:
         # Every split holds the same records: the students are meant to memorize them.
         splits = {"train": rows, "validation": rows[:2], "test": rows[:2]}
         folder = out / task
-        DatasetDict({s: Dataset.from_list(r, features=features()) for s, r in splits.items()}).save_to_disk(
-            str(folder)
-        )
+        dd = DatasetDict({s: Dataset.from_list(r, features=features()) for s, r in splits.items()})
+        with datasets_quietly():
+            dd.save_to_disk(str(folder))
         for s, r in splits.items():
             write_jsonl(folder / f"{s}.jsonl", r)
         (folder / "dataset_card.json").write_text(

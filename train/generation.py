@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from .peft_quiet import peft_quietly
+
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 
@@ -52,7 +54,8 @@ class Generator:
         if adapter:
             from peft import PeftModel
 
-            model = PeftModel.from_pretrained(model, adapter)
+            with peft_quietly():
+                model = PeftModel.from_pretrained(model, adapter)
         self.model = model.to(device).eval()
         vocab = self.tokenizer.get_vocab()
         self.stop_ids = [vocab[t] for t in STOP_TOKENS if t in vocab] or [self.tokenizer.eos_token_id]

@@ -26,6 +26,7 @@ from verdict.core.progress import Progress, to_stderr
 
 from . import sft_data
 from .model_card import render_model_card
+from .peft_quiet import peft_quietly
 from .run_dir import RunDir, RunError, code_version, library_versions, write_atomic
 from .sft_config import TrainConfig
 
@@ -404,7 +405,8 @@ def build_trainer(prep: Prepared, run: RunDir, callbacks: list):
     )
     peft_config = None
     if cfg.init_adapter:
-        model = PeftModel.from_pretrained(model, cfg.init_adapter, is_trainable=True)
+        with peft_quietly():
+            model = PeftModel.from_pretrained(model, cfg.init_adapter, is_trainable=True)
     else:
         peft_config = LoraConfig(
             r=cfg.lora.r,
@@ -446,15 +448,16 @@ def build_trainer(prep: Prepared, run: RunDir, callbacks: list):
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    trainer = SFTTrainer(
-        model=model,
-        args=args,
-        train_dataset=prep.train_set,
-        eval_dataset=prep.eval_set,
-        processing_class=prep.tokenizer,
-        peft_config=peft_config,
-        callbacks=callbacks,
-    )
+    with peft_quietly():  # the trainer wraps the model with peft (get_peft_model)
+        trainer = SFTTrainer(
+            model=model,
+            args=args,
+            train_dataset=prep.train_set,
+            eval_dataset=prep.eval_set,
+            processing_class=prep.tokenizer,
+            peft_config=peft_config,
+            callbacks=callbacks,
+        )
     trainer.remove_callback(PrinterCallback)  # raw dicts on stdout; Progress logs readable lines instead
     return trainer
 
@@ -556,7 +559,8 @@ def merge(run_path: str | Path, out: str | Path | None = None, progress: Progres
     base = AutoModelForCausalLM.from_pretrained(
         cfg.base_model, dtype=torch.bfloat16 if cfg.bf16 else torch.float32
     )
-    merged = PeftModel.from_pretrained(base, str(run.adapter)).merge_and_unload()
+    with peft_quietly():
+        merged = PeftModel.from_pretrained(base, str(run.adapter)).merge_and_unload()
     merged.save_pretrained(str(dest))
     AutoTokenizer.from_pretrained(str(run.adapter)).save_pretrained(str(dest))
     progress(f"merged model written to {dest}")

@@ -19,6 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 from verdict.core.configs import StrictModel
 from verdict.core.progress import Progress
+from verdict.train.peft_quiet import peft_quietly
 
 from ..errors import AdapterCheckError
 from .config import VLLMConfig
@@ -140,7 +141,8 @@ class TransformersRunner:
         import torch  # here: heavy optional dependency, torch (train extra)
         from peft import PeftModel  # here: heavy optional dependency, peft (train extra)
 
-        model = PeftModel.from_pretrained(self.base, adapter_path)
+        with peft_quietly():
+            model = PeftModel.from_pretrained(self.base, adapter_path)
         model.eval()
         outs = []
         try:

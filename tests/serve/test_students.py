@@ -67,3 +67,17 @@ def test_miner_rows_are_chunked_and_split_as_the_service_asks():
             seen.setdefault(v.atom, []).append(v.value)
     assert sorted(seen) == sorted(f"finding_{i}" for i in range(N))
     assert all(vals.count(True) == 1 for vals in seen.values())  # each fact found exactly once
+
+
+def test_the_student_export_prints_no_datasets_progress_bar_and_restores_the_setting(tmp_path, capfd):
+    """`verdict demo` wrote a "Saving the dataset" bar per split (issue 25); the project's own lines stay."""
+    from datasets.utils.logging import enable_progress_bar, is_progress_bar_enabled
+    from verdict.core.configs import shipped
+    from verdict.serve.students import write_student_export
+
+    demo_records = json.loads(shipped("examples", "demo", "teacher_records.json").read_text())
+    enable_progress_bar()  # as a fresh process has it (another test may have turned it off)
+    write_student_export(demo_records, tmp_path / "export")
+    assert "Saving the dataset" not in capfd.readouterr().err
+    assert (tmp_path / "export" / "value_miner" / "dataset_dict.json").is_file()
+    assert is_progress_bar_enabled()  # only inside the save
