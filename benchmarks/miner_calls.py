@@ -192,7 +192,10 @@ def route_of(prog, router):
         return None
     from verdict.data_gen.formalizer.reader import ChartReading
 
-    cap = ChartReading().route_tokens
+    reading = ChartReading()
+    if router.total_tokens() <= reading.route_above_tokens:
+        return None  # a sheet this small is read whole by every chunk (`mine_chart`)
+    cap = reading.route_tokens
     return lambda names, budget: router.documents(router.pick(prog, names, cap if budget is None else budget))
 
 

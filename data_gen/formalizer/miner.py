@@ -743,7 +743,9 @@ async def mine_values(
         plan = [c for c, _, was_cut in answered if not was_cut]
         results = [r for _, r, was_cut in answered if not was_cut]
         rejected = [(c, r) for c, r in zip(plan, results) if not r.accepted]
-        if len(rejected) == len(results):  # nothing read: the side is rejected (502 in the service)
+        # Nothing read: the side is rejected (502 in the service). No call at all (a routed sheet
+        # with nothing that bears on these atoms) is no finding, not a failure: the atoms stay null.
+        if results and len(rejected) == len(results):
             usage = Usage()
             for r in results + cut:
                 usage = usage.add(r.usage)

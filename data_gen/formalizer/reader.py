@@ -83,6 +83,13 @@ class ChartReading(StrictModel):
     selection: DocumentSelection = Field(
         default_factory=DocumentSelection, description="the documents a site reads (default: every one)"
     )
+    route_above_tokens: int = Field(
+        4096,
+        ge=0,
+        description="a fact sheet of at most this many tokens is read whole by every atom chunk (in "
+        "as many calls as it takes); a larger one is routed: each chunk reads the excerpts that bear "
+        "on its atoms, so a pair's cost stops growing with the chart",
+    )
     route_tokens: int = Field(
         2048,
         ge=64,
@@ -489,8 +496,11 @@ async def mine_chart(
         routed.append(len(chosen) < len(router.excerpts))
         return router.documents(chosen)
 
+    large = router.total_tokens() > reading.route_above_tokens
     record = PatientDoc(patient_id=_pid(pid), documents=sheet_docs, data_class=dclass)
-    res = await mine_values(fz, program, record, side, data_class=dclass, skip=skip, route=route)
+    res = await mine_values(
+        fz, program, record, side, data_class=dclass, skip=skip, route=route if large else None
+    )
     if res.accepted:
         res = res.model_copy(update={"output": _checked_against_sheet(res.output, sheet)})
     return res.model_copy(update={"chart_read": chart_read.model_copy(update={"routed": any(routed)})})

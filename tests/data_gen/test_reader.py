@@ -175,6 +175,40 @@ def test_a_long_chart_is_read_once_for_two_trials_and_mined_against_its_sheet(sc
     assert inc1.output.sources["age_years"] == "d3"
 
 
+def test_a_large_fact_sheet_is_routed_to_the_atoms_and_a_smaller_one_read_whole(scripted_server):
+    """A reader that keeps every paragraph makes a sheet as long as the chart: above
+    `route_above_tokens` each atom chunk reads only what bears on its atoms (no filler reaches the
+    miner, the facts still do); at or below it, every chunk reads the whole sheet."""
+    from tests.data_gen.teacher_data import filler
+
+    keep_all = [filler(i) for i in range(1, 13)] + [AGE, COND_1]
+    scripted_server.set_script(
+        Script(
+            rules=[
+                Rule(
+                    match=Match(contains=[READER_MARK]),
+                    responses=[R(auto="excerpts", auto_excerpts=keep_all)],
+                )
+            ],
+            default=script().default,
+        )
+    )
+    routed = ChartReading(route_above_tokens=0)
+    (inc, exc), _ = match_two_trials(scripted_server.url, long_chart(), routed)
+    assert inc.chart_read.routed and inc.chart_read.excerpts_kept >= 14
+    miner = [r for r in scripted_server.requests if READER_MARK not in r.body["messages"][0]["content"]]
+    assert miner and not any("was cleaned" in r.body["messages"][1]["content"] for r in miner)
+    got = {mv.atom: mv.value for res in (inc, exc) for mv in res.output}
+    assert got["age_years"] == 52 and got["has_condition_1"] is True
+    before = len(scripted_server.requests)
+    (inc, _), _ = match_two_trials(scripted_server.url, long_chart(), ChartReading(route_above_tokens=10**6))
+    assert not inc.chart_read.routed
+    whole = [
+        r for r in scripted_server.requests[before:] if READER_MARK not in r.body["messages"][0]["content"]
+    ]
+    assert any("was cleaned" in r.body["messages"][1]["content"] for r in whole)  # the whole sheet
+
+
 def test_a_small_chart_is_mined_directly_without_a_reader_call(scripted_server):
     scripted_server.set_script(script())
     small = PatientDoc(patient_id="p", documents=[doc(1, f"{AGE}, {COND_1}."), doc(2, "No other history.")])
