@@ -1,6 +1,6 @@
 """The matching API: the service, keys and state, the routers, and the middleware. Routes are one
-router per endpoint group (health/, trials/, matching/, audit/, screen/, reviews/, pages/,
-cds_hooks/: `router.py`, naming what it needs through serve/dependencies.py); models are
+router per endpoint group (health/, trials/, matching/, audit/, screen/, reviews/, rereads/,
+pages/, cds_hooks/: `router.py`, naming what it needs through serve/dependencies.py); models are
 `protocol.py`, logic `serving.py`, the parts they share are built once by serve/services.py; the
 one error shape is `error_mapping.install_error_handlers`.
 
@@ -38,6 +38,8 @@ from .metrics import ServiceMetrics
 from .middleware import AccessLog, BodyLimit, SecurityHeaders
 from .pages.router import router as pages_router
 from .pages.session import SessionStore
+from .rereads.router import router as rereads_router
+from .rereads.serving import RereadService
 from .reviews.router import router as reviews_router
 from .reviews.serving import ReviewService
 from .roles import Forbidden, RoleFirst, Unauthorized  # noqa: F401 - importable from here as before
@@ -81,6 +83,7 @@ def create_app(config: ApiConfig, base_url: str, *, services: Services | None = 
     app.state.services = services
     app.state.reviews = ReviewService(services)  # reviews, history, revisions, flags (serve/reviews)
     app.state.cds_hooks = CdsHooksService(services, app.state.reviews)  # matches in the EHR (serve/cds_hooks)
+    app.state.rereads = RereadService(app.state.reviews)  # the chart read again (serve/rereads)
 
     install_error_handlers(app, metrics)  # one error shape everywhere (serve/error_mapping.py)
 
@@ -96,6 +99,7 @@ def create_app(config: ApiConfig, base_url: str, *, services: Services | None = 
         audit_router,  # GET /v1/decisions/{id} (serve/audit)
         screen_router,  # POST /v1/screen (serve/screen)
         reviews_router,  # reviews, history, revisions, flags (serve/reviews)
+        rereads_router,  # atoms read again in the whole chart, staged mining completed (serve/rereads)
         # the HTML pages: login, the clinician page and its review forms (serve/pages)
         pages_router,
         cds_hooks_router,  # /cds-services: CDS Hooks 2.0, an EHR's signed JWT (serve/cds_hooks)

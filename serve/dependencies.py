@@ -2,9 +2,9 @@
 (`matching: Matching`, `trials: Trials`, ...) instead of reaching into `request.app.state`.
 
 The app (serve/app.py) sets `app.state.services` (serve/services.py), `app.state.reviews`,
-`app.state.cds_hooks` and `app.state.pages` once; the edge (`auth.Authenticate`) sets the caller's
-key and session on `request.state`. Nothing here is documented in the OpenAPI document: each
-accessor reads only the request itself.
+`app.state.rereads`, `app.state.cds_hooks` and `app.state.pages` once; the edge
+(`auth.Authenticate`) sets the caller's key and session on `request.state`. Nothing here is
+documented in the OpenAPI document: each accessor reads only the request itself.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from .health.serving import HealthService
 from .matching.serving import MatchingService
 from .metrics import ServiceMetrics
 from .pages.session import Session, SessionStore
+from .rereads.serving import RereadService
 from .reviews.serving import ReviewService
 from .services import Services
 from .trials.serving import TrialService
@@ -69,6 +70,10 @@ def cds_hooks_service(request: Request) -> CdsHooksService:
     return request.app.state.cds_hooks
 
 
+def reread_service(request: Request) -> RereadService:
+    return request.app.state.rereads
+
+
 def page_context(request: Request) -> PageContext:
     return request.app.state.pages
 
@@ -91,6 +96,7 @@ Metrics = Annotated[ServiceMetrics, Depends(service_metrics)]
 Audit = Annotated[AuditStore, Depends(audit_store)]
 Reviews = Annotated[ReviewService, Depends(review_service)]
 CdsHooks = Annotated[CdsHooksService, Depends(cds_hooks_service)]
+Rereads = Annotated[RereadService, Depends(reread_service)]
 Pages = Annotated[PageContext, Depends(page_context)]
 CurrentSession = Annotated[Session | None, Depends(current_session)]
 Entry = Annotated[KeyEntry, Depends(key_entry)]

@@ -10,24 +10,33 @@ to the caller is not changed: it has the note anyway.
 
 from __future__ import annotations
 
+import re
+
 from verdict.core.rationale import md
+from verdict.core.settled import NOT_ASKED
 
 from .quote_hash import QuoteHasher
 
 QUOTE_KEYS = frozenset({"evidence", "quote"})  # verbatim quotes of the note
 FREE_TEXT_KEYS = frozenset({"note", "assessment"})  # the miner's words about the note
+# The service's own fixed words in a note: no patient text, and read back (a re-derivation keeps
+# atoms staged mining left unasked open, and completes their mining: serve/reviews/reading.py).
+KEPT_TEXTS = frozenset({NOT_ASKED})
+HIDDEN = "[not kept: "  # how every replacement starts
+# A replacement made before (a re-derivation's artifacts hold its parent's): kept as it is.
+_REPLACED = re.compile(r"\[not kept: [\w.:-]+(, (offset \d+|not found in the note))?(, \d+ chars)?\]")
 
 
 def quote_ref(quote: str, note: str, hasher: QuoteHasher) -> str:
     """A quote as the store keeps it without the note: keyed hash, offset and length."""
     at = note.find(quote)
     where = f"offset {at}" if at >= 0 else "not found in the note"
-    return f"[not kept: {hasher.ref(quote)}, {where}, {len(quote)} chars]"
+    return f"{HIDDEN}{hasher.ref(quote)}, {where}, {len(quote)} chars]"
 
 
 def hidden(text: str, hasher: QuoteHasher) -> str:
     """Text not from the note (a reviewer's evidence) as the store keeps it: keyed hash and length."""
-    return f"[not kept: {hasher.ref(text)}, {len(text)} chars]"
+    return f"{HIDDEN}{hasher.ref(text)}, {len(text)} chars]"
 
 
 def note_free(artifacts: dict, note: str, hasher: QuoteHasher) -> dict:
@@ -38,12 +47,12 @@ def note_free(artifacts: dict, note: str, hasher: QuoteHasher) -> dict:
             return {k: strip(v, k) for k, v in x.items()}
         if isinstance(x, list):
             return [strip(v, key) for v in x]
-        if isinstance(x, str) and x:
+        if isinstance(x, str) and x and x not in KEPT_TEXTS and not _REPLACED.fullmatch(x):
             if key in QUOTE_KEYS:
                 quotes.setdefault(x, quote_ref(x, note, hasher))
                 return quotes[x]
             if key in FREE_TEXT_KEYS:
-                return f"[not kept: {hasher.ref(x)}]"
+                return f"{HIDDEN}{hasher.ref(x)}]"
         return x
 
     out = strip(artifacts)

@@ -23,6 +23,7 @@ from verdict.data_gen.protocol import ChartRead
 from .audit import DecisionRow
 from .audit.artifacts import DecisionArtifacts
 from .quote_hash import quote_hashing
+from .stored_record import stored_documents
 from .trial_versions import TrialVersion
 
 # Worded per side: an exclusion criterion "met" would read as "the patient has the excluding condition".
@@ -293,16 +294,6 @@ def _when(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=UTC).strftime(TIME_FORMAT)
 
 
-def stored_documents(row: DecisionRow) -> list[dict]:
-    """The stored patient text as documents [{id, text}]: a `notes` request stored them as a JSON
-    list (its `documents` artifact says so); a single note is the one document 'note'."""
-    if row.note_text is None:
-        return []
-    if row.artifacts.get("documents") is not None:
-        return [{"id": str(d["id"]), "text": str(d["text"])} for d in json.loads(row.note_text)]
-    return [{"id": "note", "text": row.note_text}]
-
-
 def change_view(c, name) -> ChangeView:
     """A recorded change in words; `name(atom)` gives an atom's readable name."""
     value = "unknown" if c.value is None else _val(c.value)
@@ -316,6 +307,21 @@ def change_view(c, name) -> ChangeView:
         tail = f": {c.note or ''}"
     elif c.type == "feedback":
         head, tail = "EHR card", f" {(c.details or {}).get('outcome', '')}"
+    elif c.type == "reread":
+        details = c.details or {}
+        found = details.get("status") == "observed"
+        where = f" (document {details['document']})" if found and details.get("document") else ""
+        head, tail = (
+            "re-read in the whole chart",
+            f" = {value}{where}" if found else ": not found in the chart",
+        )
+    elif c.type == "complete":
+        details = c.details or {}
+        asked, found = len(details.get("atoms") or []), len(details.get("found") or [])
+        head, tail = (
+            "completed the mining",
+            f": {asked} atom(s) not asked were read, {found} found in the chart",
+        )
     else:
         head, tail = "re-screened", json.dumps(c.details or {}, sort_keys=True)
     return ChangeView(

@@ -95,12 +95,15 @@ def _names(dirs: Sequence[Path]) -> list[str]:
     return sorted({f.stem for d in dirs if d.is_dir() for f in d.glob("*.y*ml")})
 
 
+def closest(key: str, known: Sequence[str]) -> str:
+    """' (did you mean 'x'?)' for the closest of ``known``, else ''."""
+    close = difflib.get_close_matches(key, list(known), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
 def suggest(key: str, known: Sequence[str], label: str = "known keys") -> str:
     """' (did you mean 'x'?)' for the closest of ``known``, else the list of them."""
-    close = difflib.get_close_matches(key, list(known), n=1)
-    if close:
-        return f" (did you mean '{close[0]}'?)"
-    return f" ({label}: {', '.join(sorted(known)) or 'none'})"
+    return closest(key, known) or f" ({label}: {', '.join(sorted(known)) or 'none'})"
 
 
 # ---- reading ------------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """The decision record's artifacts as a type: what each audit row keeps besides its columns.
 
 Two writers build it: `MatchingService._record` (serve/matching/serving.py: a match) and
-`reviews.serving.superseding_decision` (a review or a re-screening). `schema_version` says which
-shape a row has: rows written before the type existed have none and load as version 0. Unknown keys
-are kept as they are (`extra="allow"`): a newer writer may add a field without breaking older
-readers, and a row is never rewritten.
+`reviews.serving.superseding_decision` (a review, a re-read of the chart or a re-screening).
+`schema_version` says which shape a row has: rows written before the type existed have none and
+load as version 0. Unknown keys are kept as they are (`extra="allow"`): a newer writer may add a
+field without breaking older readers, and a row is never rewritten.
 """
 
 from __future__ import annotations
@@ -43,7 +43,15 @@ class DecisionArtifacts(BaseModel):
         None, description="how the chart was read once for every trial (null: mined whole, or an older row)"
     )
     cost: PairCost | None = Field(
-        None, description="what the match cost the formalizer (null for a review: it calls no model)"
+        None,
+        description="what the match cost the formalizer (null for a review that read nothing: it calls "
+        "no model; a re-read or a completed mining: what its reading cost)",
+    )
+    reread: list[dict[str, Any]] | None = Field(
+        None,
+        description="the chart readings a re-derivation made (serve/reviews/reading.py): per reading the "
+        "atoms, how the chart was read ('whole', or 'as matched' to complete staged mining), the model and "
+        "its value-miner stages; null: nothing was read again",
     )
 
     @classmethod

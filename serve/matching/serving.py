@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from ..note_free import note_free
 from ..optional_stages import OptionalStages, arbiter_markdown
 from ..quote_hash import QuoteHasher
 from ..stage_runner import StageRunner
+from ..stored_record import documents_meta, sha256_text, stored_record
 from ..trial_versions import InactiveUse, TrialVersion
 from ..trials.serving import TrialService, trial_doc
 from .protocol import Links, MatchRequest, MatchResponse, ModelIds
@@ -299,7 +299,7 @@ class MatchingService:
                 trial_id=program.trial_id,
                 program_hash=program.content_hash,
                 patient_id=record.patient_id,
-                note_hash=_sha256(stored_note),
+                note_hash=sha256_text(stored_note),
                 patient_hash=d.patient.content_hash(),
                 policy_name=policy.name,
                 policy_version=policy.version,
@@ -313,17 +313,7 @@ class MatchingService:
                         {
                             "decision": d.decision.model_dump(mode="json", by_alias=True),
                             "patient": d.patient.model_dump(mode="json"),
-                            "value_miner": {
-                                r.stage: {
-                                    "output": json.loads(r.output_json or "null"),
-                                    "attempts": len(r.attempts),
-                                    "prompt": r.prompt_version,
-                                    "calls": [{"item": c.item, "attempts": len(c.attempts)} for c in r.calls],
-                                    "sources": r.output.sources,
-                                    "not_asked": (r.assembly or {}).get("not_asked", []),
-                                }
-                                for r in (d.inc, d.exc)
-                            },
+                            "value_miner": miner_stages(d.inc, d.exc),
                             "documents": documents_meta(req.patient.note, record),
                             "fhir": fhir_meta(req.patient.fhir, coded),
                             "extraction_conflicts": [c.model_dump(mode="json") for c in d.mined.conflicts],
@@ -366,23 +356,20 @@ async def _both(a, b):
         raise
 
 
-def stored_record(note: str | None, record: PatientDoc) -> str:
-    """The patient text as the audit store keeps it: a single `note` as is; several documents as the
-    JSON list [{"id", "text"}] (the decision's `documents` artifact says which)."""
-    if note is not None:
-        return note
-    docs = [{"id": d.id, "text": d.text} for d in record.note_documents()]
-    return json.dumps(docs, ensure_ascii=False, separators=(",", ":"))
-
-
-def documents_meta(note: str | None, record: PatientDoc) -> list[dict] | None:
-    """The documents of a `notes` request (ids, dates, kinds, hashes; no text); None for a `note`."""
-    if note is not None:
-        return None
-    return [
-        {"id": d.id, "date": d.date, "kind": d.kind, "sha256": _sha256(d.text)}
-        for d in record.note_documents()
-    ]
+def miner_stages(*results: StageResult) -> dict:
+    """The value-miner stages as a decision record keeps them: per stage its output, attempts, prompt,
+    calls (ids only), the documents its values came from and the atoms it left unasked."""
+    return {
+        r.stage: {
+            "output": json.loads(r.output_json or "null"),
+            "attempts": len(r.attempts),
+            "prompt": r.prompt_version,
+            "calls": [{"item": c.item, "attempts": len(c.attempts)} for c in r.calls],
+            "sources": r.output.sources,
+            "not_asked": (r.assembly or {}).get("not_asked", []),
+        }
+        for r in results
+    }
 
 
 def fhir_meta(rec: FhirPatientRecord | None, coded: CodedResolutions | None) -> dict | None:
@@ -411,10 +398,6 @@ def conflicts_markdown(conflicts: list[PassageConflict]) -> str:
         )
         out.append(f"- {c.atom}: {said}")
     return "\n".join(out)
-
-
-def _sha256(text: str) -> str:
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def _ms(t0: float) -> float:

@@ -97,17 +97,20 @@ class ReviewRequest(StrictModel):
 
 # ---- what the store records -----------------------------------------------------------------------
 class RecordedChange(BaseModel):
-    """One change as the lineage records it (a review's change, or a re-screening)."""
+    """One change as the lineage records it (a review's change, a re-screening, or a reading of the
+    chart: an atom re-read in the whole chart, or the mining of atoms not asked completed)."""
 
-    type: Literal["confirm", "correct", "flag", "rescreen", "feedback"]
+    type: Literal["confirm", "correct", "flag", "rescreen", "feedback", "reread", "complete"]
     atom: str | None = Field(None, description="confirm / correct: the atom")
     criterion: str | None = Field(
         None, description="flag: the criterion id; null: the decision as a whole (an override in the EHR)"
     )
     value: StrictBool | StrictInt | StrictFloat | None = Field(
-        None, description="the value set (typed); null: unknown"
+        None, description="the value set (typed); null: unknown (reread: nothing found, or bounds only)"
     )
-    established: str | None = Field(None, description="confirm: screening_visit or chart; correct: reviewer")
+    established: str | None = Field(
+        None, description="confirm: screening_visit or chart; correct: reviewer; reread: chart"
+    )
     evidence: str | None = Field(None, description="the reviewer's evidence text, if any")
     note: str | None = Field(None, description="flag: the note for the trial's owner")
     previous: dict[str, Any] | None = Field(
@@ -120,14 +123,15 @@ class RecordedChange(BaseModel):
     details: dict[str, Any] | None = Field(
         None,
         description="rescreen: what triggered it (policy, program); feedback: the EHR's outcome on the "
-        "CDS Hooks card (outcome, card, service, override reason)",
+        "CDS Hooks card (outcome, card, service, override reason); reread: the atom's new status and "
+        "the document its value came from; complete: the atoms mined and those found",
     )
 
 
 class Lineage(BaseModel):
     """What a superseding decision records about how it came about."""
 
-    kind: Literal["review", "rescreen"]
+    kind: Literal["review", "rescreen", "reread"]
     parent_id: str = Field(description="the decision it supersedes")
     changes: list[RecordedChange]
 
@@ -135,7 +139,7 @@ class Lineage(BaseModel):
 class HistoryEntry(BaseModel):
     decision_id: str
     parent_id: str | None = Field(description="the decision this one superseded; null for the first")
-    kind: Literal["match", "review", "rescreen"] = Field(description="how the decision came about")
+    kind: Literal["match", "review", "rescreen", "reread"] = Field(description="how the decision came about")
     created_at: float
     created_by: str = Field(description="API key id")
     program_hash: str = Field(description="the program version decided against")

@@ -7,6 +7,9 @@ what does not come from the decision's policy:
 - values imputed by another source (e.g. the authors' recorded miner) are kept;
 - an atom left open because the record disagrees with itself (an extraction conflict) stays open:
   no policy imputes over contradicting evidence (`verdict.core.policy.resolve`);
+- an atom staged mining left unasked ("not asked: the decision was already settled") stays open:
+  it was never read, so no default stands in for it (reading.py completes the mining when it
+  matters);
 - other open atoms are opened again, their note without the policy's reason text.
 
 Then the changes are applied (a confirmed or corrected value is observed, with the reviewer's
@@ -23,6 +26,7 @@ from verdict.core.formula import number_problem
 from verdict.core.patient import Resolution, ResolvedPatient
 from verdict.core.policy import Policy, impute
 from verdict.core.program import Atom, TrialProgram
+from verdict.core.settled import NOT_ASKED
 
 TRUE_WORDS = frozenset({"true", "yes", "present", "positive", "1"})
 FALSE_WORDS = frozenset({"false", "no", "absent", "negative", "0"})
@@ -137,7 +141,7 @@ def rederive(
         elif r.status == "imputed":
             own = r.imputation is not None and r.imputation.policy == stored_policy
             out.append(impute(program, name, policy, note=r.note) if own else r)
-        elif name in conflicts:
+        elif name in conflicts or r.note == NOT_ASKED:
             out.append(r)
         else:
             out.append(impute(program, name, policy, note=_without_reasons(r.note, reasons)))

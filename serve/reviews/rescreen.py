@@ -33,8 +33,9 @@ from ..audit import AuditStore, DecisionRow
 from ..audit.store import Superseded, open_store
 from ..config import load_serve_config
 from .protocol import Lineage, RecordedChange
+from .reading import policy_reasons
 from .rederive import conflict_atoms, rederive, same_atoms
-from .serving import policy_reasons, stored_patient, superseding_decision
+from .serving import stored_patient, superseding_decision
 
 
 @dataclass

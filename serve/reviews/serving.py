@@ -8,8 +8,16 @@
 
 A review makes no language-model call: the stored resolved patient is re-derived with the changes
 (`rederive.py`), decided by the core in a worker thread under the service's solver limit, rendered,
-and appended as a new decision whose lineage names its parent. A decision already superseded is
-refused (409 naming the newer one): a reviewer acts on the current decision, lineages never fork.
+and appended as a new decision whose lineage names its parent. One exception: atoms staged mining
+left unasked stay open through a review, and when the changes make them able to change the decision
+(the core no longer shows it settled), the review completes the mining first (`reading.py`: the
+value miner on those atoms, as a match mines them, against the stored chart), in the same new
+decision; the lineage records it as a `complete` change and the response its cost. Under
+`store_notes: false` the store has no chart: such a review is refused (409 `chart_needed`, naming
+POST /v1/decisions/{id}/rereads, which takes the record) and nothing is stored.
+
+A decision already superseded is refused (409 naming the newer one): a reviewer acts on the current
+decision, lineages never fork.
 
 What a lineage can hold is bounded (`api.reviews`): superseding decisions per lineage (422 past
 it), the text of one review (413) and a flag's note (422); nothing stored is changed by a refusal.
@@ -30,6 +38,7 @@ from verdict.core.patient import Resolution, ResolvedPatient
 from verdict.core.policy import Policy, load_policy
 from verdict.core.program import TrialProgram
 from verdict.core.rationale import rationale_json, render_markdown
+from verdict.data_gen.formalizer.accounting import PairCost
 from verdict.data_gen.formalizer.miner import PassageConflict
 
 from ..api_keys import KeyEntry
@@ -40,7 +49,8 @@ from ..audit.store import ACTIVE_ORDER, Guard, Superseded
 from ..errors import InvalidInput, NotFound, ServiceError
 from ..matching.protocol import Links, MatchResponse, ModelIds
 from ..matching.serving import conflicts_markdown
-from ..note_free import hidden
+from ..note_free import hidden, note_free
+from ..quote_hash import QuoteHasher
 from ..roles import Forbidden
 from ..services import Services
 from ..trial_versions import TrialVersion
@@ -59,7 +69,8 @@ from .protocol import (
     RevisionResponse,
     TrialFlags,
 )
-from .rederive import conflict_atoms, parse_value, previous_of, rederive
+from .reading import COMPLETED_BY_REVIEW, ChartReading, Mined, cost_of, read_changes, rederived
+from .rederive import parse_value, previous_of
 
 REVIEW_ROLES = ("review",)
 REVISION_ROLES = ("trial_owner",)  # admin holds every role
@@ -96,12 +107,46 @@ def policy_named(name: str) -> Policy:
         ) from None
 
 
-def policy_reasons(name: str) -> set[str]:
-    """Reason texts the named policy writes into notes (its current file; empty if it is gone)."""
+def changed_patient(
+    program: TrialProgram,
+    stored: ResolvedPatient,
+    row: DecisionRow,
+    policy: Policy,
+    mined: list[Mined],
+    overrides: dict[str, Resolution | None],
+) -> tuple[ResolvedPatient, set[str]]:
+    """`reading.rederived`, a change that does not fit the program a 422."""
     try:
-        return {r.reason for r in load_policy(name).rules}
-    except VerdictError:
-        return set()
+        return rederived(program, stored, row, policy, mined, overrides)
+    except (PatientError, ValidationError, ValueError) as e:
+        raise InvalidInput(
+            "the changes do not fit the decision's program", [("changes", str(e)[:300])]
+        ) from None
+
+
+def reviewed(
+    parent: DecisionRow,
+    stored: DecisionRow,
+    result: MatchResponse,
+    cls: type[ReviewResponse] = ReviewResponse,
+    **extra,
+):
+    """The answer to a review (or, as `cls` with its `extra` fields, a re-read): the new decision and
+    the changes its lineage records."""
+    return cls(
+        decision_id=stored.decision_id,
+        parent_id=parent.decision_id,
+        previous_decision=parent.decision,
+        changed=stored.decision != parent.decision,
+        result=result,
+        changes=[RecordedChange.model_validate(c) for c in (stored.lineage or {}).get("changes", [])],
+        links=ReviewLinks(
+            decision=f"/v1/decisions/{stored.decision_id}",
+            page=f"/v1/decisions/{stored.decision_id}/page",
+            history=f"/v1/decisions/{stored.decision_id}/history",
+        ),
+        **extra,
+    )
 
 
 def kind_of(row: DecisionRow) -> str:
@@ -111,6 +156,7 @@ def kind_of(row: DecisionRow) -> str:
 class ReviewService:
     def __init__(self, services: Services):
         self.services = services
+        self.reading = ChartReading(services)  # re-derivations that read the chart (reading.py)
 
     @property
     def audit(self):
@@ -121,27 +167,15 @@ class ReviewService:
         _allowed(key, REVIEW_ROLES)
         t_start = time.perf_counter()
         self._check_size(req)
-        row, program = await asyncio.to_thread(self._reviewable, decision_id)
+        row, program = await asyncio.to_thread(self.reviewable, decision_id)
         policy = policy_named(row.policy_name)
         stored = stored_patient(row)
         now = time.time()
         overrides, changes = self._changes(program, stored, req, key, now)
         stored_row, response = await self._supersede(
-            row, program, policy, stored, overrides, changes, key.id, t_start
+            row, program, policy, stored, overrides, changes, key.id, t_start, list(key.roles)
         )
-        return ReviewResponse(
-            decision_id=stored_row.decision_id,
-            parent_id=row.decision_id,
-            previous_decision=row.decision,
-            changed=stored_row.decision != row.decision,
-            result=response,
-            changes=changes,
-            links=ReviewLinks(
-                decision=f"/v1/decisions/{stored_row.decision_id}",
-                page=f"/v1/decisions/{stored_row.decision_id}/page",
-                history=f"/v1/decisions/{stored_row.decision_id}/history",
-            ),
-        )
+        return reviewed(row, stored_row, response)
 
     async def annotate(self, decision_id: str, changes: list[RecordedChange], caller: str) -> DecisionRow:
         """A superseding decision that changes no fact: the same patient decided again, its lineage
@@ -149,7 +183,7 @@ class ReviewService:
         an override as a flag for the reviewers). Refused like a review: a superseded decision (409),
         a full lineage (422)."""
         t_start = time.perf_counter()
-        row, program = await asyncio.to_thread(self._reviewable, decision_id)
+        row, program = await asyncio.to_thread(self.reviewable, decision_id)
         policy = policy_named(row.policy_name)
         stored_row, _ = await self._supersede(
             row, program, policy, stored_patient(row), {}, changes, caller, t_start
@@ -166,24 +200,30 @@ class ReviewService:
         changes: list[RecordedChange],
         caller: str,
         t_start: float,
+        roles: list[str] | None = None,
     ) -> tuple[DecisionRow, MatchResponse]:
         """Re-derive the stored patient with `overrides`, decide, and append as the row's successor
-        whose lineage (kind review) records `changes`."""
-        conflicts = conflict_atoms(row.artifacts) - set(overrides)
+        whose lineage (kind review) records `changes`. Atoms staged mining left unasked because they
+        could not change the decision stay open; when the overrides make them able to, their mining
+        is completed first (reading.py), in this decision, and the lineage says so."""
         t0 = time.perf_counter()
-        try:
-            patient = rederive(
-                program, stored, row.policy_name, policy, conflicts=conflicts, overrides=overrides,
-                reasons=policy_reasons(row.policy_name),
-            )  # fmt: skip
-        except (PatientError, ValidationError, ValueError) as e:
-            raise InvalidInput(
-                "the changes do not fit the decision's program", [("changes", str(e)[:300])]
-            ) from None
+        patient, conflicts = changed_patient(program, stored, row, policy, [], overrides)
         timings = {"resolve": _ms(t0)}
+        mined: list[Mined] = []
+        unasked = await self.reading.unsettled(program, patient)
+        if unasked:
+            why = f"the review lets {len(unasked)} atom(s) not asked change decision '{row.decision_id}'"
+            record = self.reading.stored_chart(row, why)
+            t0 = time.perf_counter()
+            mined = [await self.reading.mine(program, record, unasked, whole=False)]
+            timings["value_miner"] = _ms(t0)
+            patient, conflicts = changed_patient(program, stored, row, policy, mined, overrides)
+            changes = changes + read_changes(
+                mined, stored, patient, COMPLETED_BY_REVIEW, caller, roles or [], time.time()
+            )
         lineage = Lineage(kind="review", parent_id=row.decision_id, changes=changes)
-        return await self._decide_and_store(
-            row, program, policy, patient, conflicts, lineage, caller, timings, t_start
+        return await self.decide_and_store(
+            row, program, policy, patient, conflicts, lineage, caller, timings, t_start, mined
         )
 
     def _check_size(self, req: ReviewRequest) -> None:
@@ -210,7 +250,7 @@ class ReviewService:
         if long_notes:
             raise InvalidInput("flag note too long (api.reviews.max_flag_note_chars)", long_notes)
 
-    def _reviewable(self, decision_id: str) -> tuple[DecisionRow, TrialProgram]:
+    def reviewable(self, decision_id: str) -> tuple[DecisionRow, TrialProgram]:
         """The decision and its program, if it may be reviewed: current (409 otherwise) and with room
         in its lineage (422 otherwise). Reads the store: call it in a thread."""
         row = decision_row(self.audit, decision_id)
@@ -294,7 +334,7 @@ class ReviewService:
             )
         return overrides, recorded
 
-    async def _decide_and_store(
+    async def decide_and_store(
         self,
         parent: DecisionRow,
         program: TrialProgram,
@@ -305,9 +345,11 @@ class ReviewService:
         caller: str,
         timings: dict[str, float],
         t_start: float,
+        mined: list[Mined] | None = None,
     ) -> tuple[DecisionRow, MatchResponse]:
         """Decide (in the solver pool, under the solver limit), render, and append as the parent's
-        successor."""
+        successor. `mined`: the chart readings this decision made (reading.py), recorded with their
+        cost."""
         t0 = time.perf_counter()
         decision = await self.services.engine.adecide(program, patient)
         timings["solve"] = _ms(t0)
@@ -323,9 +365,14 @@ class ReviewService:
             caller,
             timings,
             t_start,
+            mined=mined or [],
+            hasher=self.services.quote_hasher,
         )
         stored = await asyncio.to_thread(row)
-        self.services.metrics.decisions.labels(decision.decision).inc()
+        metrics = self.services.metrics
+        metrics.decisions.labels(decision.decision).inc()
+        if mined:
+            metrics.observe_pair(cost_of(mined))
         return stored, response(stored)
 
     # -- history ---------------------------------------------------------------------------------
@@ -443,10 +490,26 @@ class ReviewService:
 
 
 def superseding_decision(
-    audit, parent, program, policy, patient, conflicts, decision, lineage, caller, timings, t_start
+    audit,
+    parent,
+    program,
+    policy,
+    patient,
+    conflicts,
+    decision,
+    lineage,
+    caller,
+    timings,
+    t_start,
+    *,
+    mined: list[Mined] | None = None,
+    hasher: QuoteHasher | None = None,
 ):
     """(a callable that appends the new decision, a function of the stored row -> MatchResponse).
-    Shared by reviews and `verdict match rescreen`."""
+    Shared by reviews, re-reads and `verdict match rescreen`. `conflicts`: the parent's extraction
+    conflicts still open; `mined`: the chart readings this decision made (their conflicts, what was
+    read and its cost are recorded; under `store_notes: false` their quotes are hashed, `hasher`)."""
+    mined = mined or []
     t0 = time.perf_counter()
     passage_conflicts = []
     for c in parent.artifacts.get("extraction_conflicts") or []:
@@ -456,10 +519,12 @@ def superseding_decision(
             continue
         if pc.atom in conflicts:
             passage_conflicts.append(pc)
+    passage_conflicts += [c for m in mined for c in m.conflicts]
     markdown = render_markdown(program, patient, decision) + conflicts_markdown(passage_conflicts)
     rationale = rationale_json(program, patient, decision)
     rationale["extraction_conflicts"] = [c.model_dump(mode="json") for c in passage_conflicts]
     version = lineage_version(audit, parent, program)
+    cost = cost_of(mined)
     timings["render"] = _ms(t0)
     timings["total"] = _ms(t_start)
     artifacts = typed_artifacts(
@@ -477,11 +542,16 @@ def superseding_decision(
                 for c in parent.artifacts.get("extraction_conflicts") or []
                 if not isinstance(c, dict)
                 or not (set([c.get("atom")]) | set(c.get("set_aside") or [])).isdisjoint(conflicts)
-            ],  # fmt: skip
+            ]
+            + [c.model_dump(mode="json") for m in mined for c in m.conflicts],  # fmt: skip
             "rationale_markdown": markdown,
             "trial_version": version.model_dump(mode="json"),
+            "reread": [m.artifact() for m in mined] or None,
+            "cost": cost and cost.model_dump(mode="json"),
         }
     )
+    if mined and hasher is not None:  # the new quotes, as the store keeps a match's (already hidden: kept)
+        artifacts = note_free(artifacts, mined[0].chart, hasher)
     append = functools.partial(
         audit.add_decision,
         created_by=caller, trial_id=program.trial_id, program_hash=program.content_hash,
@@ -500,7 +570,8 @@ def superseding_decision(
             decision_id=stored.decision_id, trial_id=program.trial_id, program_hash=program.content_hash,
             patient_id=parent.patient_id, policy=policy.ref, decision=decision, patient=patient,
             rationale=rationale, rationale_markdown=markdown, extraction_conflicts=passage_conflicts,
-            models=ModelIds(**models), timings_ms=timings, trial_cached=True, trial_version=version,
+            models=ModelIds(**models), timings_ms=timings, cost=cost or PairCost(), trial_cached=True,
+            trial_version=version,
             links=Links(decision=f"/v1/decisions/{stored.decision_id}",
                         page=f"/v1/decisions/{stored.decision_id}/page"),
         )  # fmt: skip
