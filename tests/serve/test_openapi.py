@@ -63,6 +63,7 @@ def test_openapi_documents_every_route_and_the_key(svc):
         "/v1/match/batch",
         "/v1/decisions/{decision_id}",
         "/v1/decisions/{decision_id}/page",
+        "/v1/decisions/{decision_id}/rereads",
         "/healthz",
         "/readyz",
         "/metrics",
@@ -174,6 +175,7 @@ def validator(spec: dict, name: str):
 
 
 NOTE = {"patient_id": "p1", "note": "45 years old."}
+REREAD = "/v1/decisions/dec_none/rereads"
 # (route, schema, body, valid by the document): the server must agree with the document on each
 EXAMPLES = [
     ("/v1/trials", "TrialRequest", {"program": {}}, False),
@@ -224,6 +226,12 @@ EXAMPLES = [
         False,
     ),
     ("/v1/screen", "ScreenRequest", {"patients": [NOTE]}, False),
+    # a re-read: atoms, or complete, or both (unknown decision: a 404, not a 422)
+    (REREAD, "RereadRequest", {"atoms": ["is_pregnant"], "reason": "r"}, True),
+    (REREAD, "RereadRequest", {"complete": True, "atoms": None, "reason": "r", "patient": NOTE}, True),
+    (REREAD, "RereadRequest", {"complete": False, "reason": "r"}, False),
+    (REREAD, "RereadRequest", {"atoms": ["a", "a"], "reason": "r"}, False),
+    (REREAD, "RereadRequest", {"atoms": ["a"], "reason": " "}, False),
 ]
 
 
@@ -270,7 +278,12 @@ def also_checked(spec: dict, name: str, seen=None) -> list[str]:
 
 @pytest.mark.parametrize(
     "route,schema",
-    [("/v1/match", "MatchRequest"), ("/v1/match/batch", "BatchRequest"), ("/v1/screen", "ScreenRequest")],
+    [
+        ("/v1/match", "MatchRequest"),
+        ("/v1/match/batch", "BatchRequest"),
+        ("/v1/screen", "ScreenRequest"),
+        ("/v1/decisions/{decision_id}/rereads", "RereadRequest"),
+    ],
 )
 def test_schema_valid_requests_are_refused_only_by_rules_the_document_states(svc, route, schema):
     """Requests drawn from the document (schemathesis, positive data only, a bounded sample) are never
