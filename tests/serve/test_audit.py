@@ -264,6 +264,27 @@ def test_store_notes_off_hashes_are_keyed_and_older_rows_read_as_unkeyed(locatio
     store.close()
 
 
+def test_note_free_keeps_the_not_asked_mark_and_what_it_hid_before(tmp_path):
+    """Issue 23: a re-derivation's artifacts hold its parent's, already note-free, beside new quotes;
+    only the new ones are hashed. The not-asked mark (the service's own words) is kept: a later
+    review or re-read reads it back to know which atoms were never read."""
+    from verdict.core.settled import NOT_ASKED
+    from verdict.serve.note_free import note_free
+    from verdict.serve.quote_hash import QuoteHasher
+
+    hasher = QuoteHasher.from_file(tmp_path / "audit_hash.key")
+    note = "A 58-year-old woman, smoker."
+    first = note_free(
+        {"patient": [{"atom": "a", "note": NOT_ASKED}, {"atom": "b", "evidence": "smoker", "note": "x"}]},
+        note,
+        hasher,
+    )
+    assert first["patient"][0]["note"] == NOT_ASKED and "smoker" not in json.dumps(first)
+    again = note_free({**first, "reread": {"evidence": "58-year-old"}}, note, hasher)
+    assert again["patient"] == first["patient"]  # hidden once, not hashed again
+    assert again["reread"]["evidence"].startswith(f"[not kept: {hasher.ref('58-year-old')}, offset 2,")
+
+
 def _fields(row) -> dict:
     keep = ("created_by", "trial_id", "program_hash", "patient_id", "note_hash", "patient_hash",
             "policy_name", "policy_version", "engine_version", "decision", "models", "timings")  # fmt: skip
