@@ -225,15 +225,7 @@ class MatchingService:
                 sources=mined.sources,
             )
         except PatientError as e:  # the formalizer checks types; this is a second line of defence
-            raise FormalizerFailed(  # the problems can quote values from the note: counted only
-                "value-miner output does not fit the trial program",
-                [
-                    (
-                        "value_miner",
-                        f"{len(e.problems)} problem(s) (details withheld: they may quote the note)",
-                    )
-                ],
-            ) from None
+            raise values_unfit(e) from None
         if coded is not None:
             patient = coded.apply(patient)
         timings["resolve"] = self._observe("resolve", t0)
@@ -354,6 +346,15 @@ async def _both(a, b):
             t.cancel()
         await asyncio.gather(ta, tb, return_exceptions=True)
         raise
+
+
+def values_unfit(e: PatientError) -> FormalizerFailed:
+    """Mined values that do not fit the program, as a 502: the problems can quote values from the
+    note, so they are counted only."""
+    return FormalizerFailed(
+        "value-miner output does not fit the trial program",
+        [("value_miner", f"{len(e.problems)} problem(s) (details withheld: they may quote the note)")],
+    )
 
 
 def miner_stages(*results: StageResult) -> dict:

@@ -38,8 +38,8 @@ from verdict.data_gen.formalizer.miner import (
 from verdict.data_gen.protocol import PatientDoc, StageResult
 
 from ..audit import DecisionRow
-from ..errors import FormalizerFailed, InvalidInput, ServiceError
-from ..matching.serving import miner_stages
+from ..errors import InvalidInput, ServiceError
+from ..matching.serving import miner_stages, values_unfit
 from ..protocol import PatientInput
 from ..services import Services
 from ..stored_record import record_hash, stored_chart
@@ -90,16 +90,8 @@ class Mined:
                 held_open=values.held_open(),
                 sources=values.sources,
             )
-        except PatientError as e:  # the miner's check types values; the problems may quote the chart
-            raise FormalizerFailed(
-                "value-miner output does not fit the trial program",
-                [
-                    (
-                        "value_miner",
-                        f"{len(e.problems)} problem(s) (details withheld: they may quote the note)",
-                    )
-                ],
-            ) from None
+        except PatientError as e:  # the miner's check types values; a second line of defence
+            raise values_unfit(e) from None
         by_atom = patient.by_atom()
         return {a: by_atom[a] for a in self.atoms}
 
