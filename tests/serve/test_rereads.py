@@ -275,6 +275,36 @@ def test_a_store_without_text_needs_the_chart_and_refuses_another(exhaustive):
     assert PREG not in stored and "[not kept: " in stored  # the new quotes hashed, as a match's
 
 
+def test_without_the_chart_in_the_store_a_review_that_needs_it_is_refused(tmp_path_factory, scripted):
+    """Staged and `store_notes: false`: the not-asked marks survive in the store (the service's own
+    words), a review that would need the chart is refused with what to do, the re-read with the
+    record completes the mining."""
+    svc = start(
+        tmp_path_factory.mktemp("rereads-staged-hashes"),
+        scripted.url,
+        formalizer={**FORMALIZER, "staged_mining": True},
+        store_notes=False,
+    )
+    try:
+        patient = {"patient_id": "P-NO-TEXT", "note": note("no text")}
+        first = match(svc, patient)
+        stored = a_record(svc, first["decision_id"])["artifacts"]
+        assert not_asked(stored) == ["age_years", "has_condition_1"] and PREG not in json.dumps(stored)
+        correct = {"type": "correct", "atom": "is_pregnant", "value": False, "reason": "negative"}
+        with svc.client("review") as c:
+            r = c.post(f"/v1/decisions/{first['decision_id']}/reviews", json={"changes": [correct]})
+            assert r.status_code == 409 and r.json()["error"] == "chart_needed", r.text
+            assert "/rereads" in r.json()["message"]
+            r = c.post(
+                f"/v1/decisions/{first['decision_id']}/rereads",
+                json={"complete": True, "reason": "before the review", "patient": patient},
+            )
+        assert r.status_code == 200 and r.json()["completed"] == ["age_years", "has_condition_1"], r.text
+        assert [e["kind"] for e in a_history(svc, r.json()["decision_id"])] == ["match", "reread"]
+    finally:
+        svc.stop()
+
+
 def test_a_cancelled_concurrent_reread_leaves_the_store_consistent(staged, scripted):
     from verdict.serve.audit import AuditStore
 
@@ -300,7 +330,9 @@ def test_a_cancelled_concurrent_reread_leaves_the_store_consistent(staged, scrip
     t.join()
     assert cancelled and fast.status_code in (200, 409), fast.text
     # the cancelled one ran to its end in the service (refused at the append if the other came first)
-    wait_for(lambda: rereads_answered(staged) == answered + 2)
+    wait_for(lambda: sum(rereads_answered(staged).values()) == sum(answered.values()) + 2)
+    if fast.status_code == 200:  # the cancelled one came second: refused at its append (409)
+        assert rereads_answered(staged).get("409", 0) == answered.get("409", 0) + 1
     store = AuditStore(staged.folder / "audit.sqlite", read_only=True)
     try:
         assert store.verify().ok
@@ -312,15 +344,16 @@ def test_a_cancelled_concurrent_reread_leaves_the_store_consistent(staged, scrip
         store.close()
 
 
-def rereads_answered(svc) -> int:
-    """Re-read requests the service has answered (the access log's count, whatever the status)."""
+def rereads_answered(svc) -> dict[str, int]:
+    """Re-read requests the service has answered, by status (the access log's count)."""
     with svc.client("audit") as a:
         metrics = a.get("/metrics").text
-    return sum(
-        int(float(line.rsplit(" ", 1)[1]))
-        for line in metrics.splitlines()
-        if line.startswith("verdict_requests_total{") and "/rereads" in line
-    )
+    out: dict[str, int] = {}
+    for line in metrics.splitlines():
+        if line.startswith("verdict_requests_total{") and "/rereads" in line:
+            status = line.split('status="')[1].split('"')[0]
+            out[status] = out.get(status, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return out
 
 
 def wait_for(condition, deadline_s: float = 60.0) -> None:
