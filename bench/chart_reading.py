@@ -202,7 +202,7 @@ def fhir_charts(source: str, at: dt.date, data_class: str) -> tuple[dict[str, ob
 @dataclass
 class Row:
     name: str
-    endpoint: object  # TeacherConfig of the value miner
+    endpoint: object  # EndpointConfig of the value miner
     prompts: dict
     backend: object  # the formalizer backend (its parser), or the recorded backend
     recorded: dict | None = None  # pair id -> [RecordedPair] for a recorded backend
@@ -389,7 +389,7 @@ class ChartReadingStage:
     async def run(self, run_dir: Path) -> tuple[str | None, float, int]:
         """Every pending comparison: (the budget stop's message if it stopped, paid USD, comparisons
         left for the next run after endpoint errors)."""
-        from verdict.data_gen.errors import BudgetExhausted, EndpointError
+        from verdict.data_gen.formalizer.errors import BudgetExhausted, EndpointError
 
         await asyncio.to_thread(self._recorded)
         charts = await asyncio.to_thread(self.charts)

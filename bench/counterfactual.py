@@ -5,7 +5,7 @@ For every pair a backend decided with flip targets (`formalizer`: its primary δ
 stated as the trial's requirement with the atom's current and target values, both directions;
 `llm_match`: the criteria it stated as reasons for an ineligible verdict, one direction):
 1. the modifier endpoint rewrites the chart minimally to address the targets
-   (`data_gen/prompts/cf_modifier`);
+   (`data_gen/formalizer/prompts/cf_modifier`);
 2. the validator endpoint checks the rewrite: addresses the targets, changes nothing else bearing
    on eligibility, adds no blocker, stays clinically coherent (`cf_validator`); a rejected rewrite
    is left out of SF_raw's denominator and counted with the failed check;
@@ -117,7 +117,7 @@ GOAL = {
 
 def _caller_class():
     from verdict.data_gen.formalizer import Formalizer
-    from verdict.data_gen.prompt_templates import load_prompt
+    from verdict.data_gen.formalizer.prompt_templates import load_prompt
 
     class CfCaller(Formalizer):
         """The formalizer runtime with the two counterfactual stages (cache, ledger, egress)."""
@@ -265,7 +265,7 @@ class CounterfactualStage:
     async def run(self, results: dict, run_dir: Path) -> tuple[str | None, float, int]:
         """Every pending counterfactual: (the budget stop's message if it stopped there, paid USD,
         counterfactuals left for the next run after endpoint errors)."""
-        from verdict.data_gen.errors import BudgetExhausted, EndpointError
+        from verdict.data_gen.formalizer.errors import BudgetExhausted, EndpointError
 
         store = cf_store(run_dir)
         done = {x.key for x in store.load()}

@@ -108,7 +108,7 @@ def filler_documents(
     in all; none of the trials in `exclude`, none holding a piece of a recorded quote (`quotes`: it
     would put the patient's quoted words elsewhere in the chart)."""
     from verdict.data_gen.formalizer.checks import normalize_ws, split_pieces
-    from verdict.data_gen.protocol import NoteDocument
+    from verdict.data_gen.formalizer.protocol import NoteDocument
 
     pieces = {p for q in quotes for p in split_pieces(q)}
     docs, total, seen = [], 0, set()
@@ -134,7 +134,7 @@ def filler_documents(
 
 def chart_of(patient_id: str, note: str, docs: list, data_class: str = "private"):
     """The patient's long chart: the note (document `note`) in the middle of `docs`."""
-    from verdict.data_gen.protocol import NoteDocument, PatientDoc
+    from verdict.data_gen.formalizer.protocol import NoteDocument, PatientDoc
 
     mid = len(docs) // 2
     doc = NoteDocument(id="note", text=note, kind="admission_note")

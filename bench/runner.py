@@ -105,7 +105,7 @@ class BenchRun:
     async def run(self) -> RunOutcome:
         from verdict.core.engine import Engine
         from verdict.core.policy import load_policy
-        from verdict.data_gen.egress import EgressPolicy
+        from verdict.data_gen.formalizer.egress import EgressPolicy
 
         from .backends import RunContext, make_backend
 
@@ -158,7 +158,7 @@ class BenchRun:
                 or any(b.kind in ("formalizer", "llm_match") for b in backends)
             )
             if needs_calls:
-                from verdict.data_gen.ledger import Ledger
+                from verdict.data_gen.formalizer.ledger import Ledger
 
                 ledger_cache = ctx.cache(0)
                 ctx.ledger = Ledger(ledger_cache, f"bench:{cfg.name}", cfg.budget_usd)
@@ -245,7 +245,7 @@ class BenchRun:
         self, backend, repeat: int, dataset: BenchDataset, done: dict, store: JsonlStore, outcome: RunOutcome
     ) -> bool:
         """Decide the backend's pending pairs; True if the run must stop (budget, fatal error)."""
-        from verdict.data_gen.errors import BudgetExhausted, EgressRefused, EndpointError
+        from verdict.data_gen.formalizer.errors import BudgetExhausted, EgressRefused, EndpointError
 
         todo = dataset.all_pairs
         pending = [p for p in todo if (backend.name, repeat, p.pair_id) not in done]

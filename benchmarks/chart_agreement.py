@@ -66,12 +66,12 @@ async def run(name, pairs, srv, qwen, policy, *, version, staged, chart=None, re
     from verdict.bench.long_charts import replay_script
     from verdict.core.engine import Engine
     from verdict.data_gen.formalizer import Formalizer
+    from verdict.data_gen.formalizer.endpoint_config import EndpointConfig
+    from verdict.data_gen.formalizer.protocol import PatientDoc
     from verdict.data_gen.formalizer.reader import ChartReading
     from verdict.data_gen.formalizer.staged import decide_pair
-    from verdict.data_gen.protocol import PatientDoc
-    from verdict.data_gen.teacher_config import TeacherConfig
 
-    teacher = TeacherConfig(
+    teacher = EndpointConfig(
         name="scripted",
         base_url=srv.url,
         model="recorded",

@@ -111,7 +111,7 @@ def filler_texts(shared: Path):
 def chart_of(size: int, shared: Path, counter, facts: int | None = None):
     """Documents adding up to at least `size` tokens: patient texts (at most about `facts` tokens of
     them when given), then filler."""
-    from verdict.data_gen.protocol import NoteDocument
+    from verdict.data_gen.formalizer.protocol import NoteDocument
 
     docs, total = [], 0
     for kind, source in (("patient", patient_texts(shared)), ("filler", filler_texts(shared))):
@@ -204,7 +204,7 @@ def mining_cost(prog, docs, limits, counter, side_only: str | None = None, route
     by `router` as the product routes it)."""
     from verdict.data_gen.formalizer.checks import compact
     from verdict.data_gen.formalizer.miner import plan_miner_calls
-    from verdict.data_gen.prompt_templates import stage_prompt
+    from verdict.data_gen.formalizer.prompt_templates import stage_prompt
 
     def null_line(a: str) -> int:
         return counter.count_text(compact({"atom": a, "value": None, "evidence": ""}) + ",")
@@ -248,9 +248,9 @@ def terms_from(quotes, leave_out: str | None = None):
 def reading(docs, limits, counter, quotes, share, terms_of=None):
     """The one reading of a chart: its cost, the fact sheet's documents and its router."""
     from verdict.data_gen.formalizer.chart import reduce_chart
+    from verdict.data_gen.formalizer.protocol import ChartRead
     from verdict.data_gen.formalizer.reader import FactSheet, plan_reader_calls
     from verdict.data_gen.formalizer.routing import SheetRouter
-    from verdict.data_gen.protocol import ChartRead
 
     reduced = reduce_chart(docs)
     calls = plan_reader_calls(

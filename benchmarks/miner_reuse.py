@@ -66,10 +66,10 @@ def load(topics: int):
 async def mine_all(url, limits, patients, by_patient, programs, reuse: bool) -> dict[str, list[int]]:
     """patient id -> calls made for each of its trials, in trial order."""
     from verdict.data_gen.formalizer import Formalizer
+    from verdict.data_gen.formalizer.endpoint_config import EndpointConfig
     from verdict.data_gen.formalizer.value_reuse import ValueReuse
-    from verdict.data_gen.teacher_config import TeacherConfig
 
-    t = TeacherConfig(
+    t = EndpointConfig(
         name="scripted",
         base_url=url,
         model="scripted",

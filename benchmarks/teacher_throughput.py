@@ -24,8 +24,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from verdict.data_gen.formalizer.endpoint_config import EndpointConfig  # noqa: E402
 from verdict.data_gen.runner import TeacherRun  # noqa: E402
-from verdict.data_gen.teacher_config import RunConfig, TeacherConfig  # noqa: E402
+from verdict.data_gen.teacher_config import RunConfig  # noqa: E402
 
 from tests.data_gen.teacher_data import parser_script, write_inputs  # noqa: E402
 
@@ -59,7 +60,7 @@ def main() -> None:
     )
     url = srv.stdout.readline().split()[1]
     try:
-        teacher = TeacherConfig(
+        teacher = EndpointConfig(
             name="bench",
             base_url=url,
             model="m",

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .formalizer.budget import StudentLimits, TokenCounter, load_limits
 from .formalizer.checks import compact
-from .protocol import NoteDocument
+from .formalizer.protocol import NoteDocument
 
 SHARED = Path("../shared/data")  # the project's shared corpora, beside the checkout
 DEFAULT_TRIALS = [SHARED / "benchmarks" / "trials.jsonl", SHARED / "benchmarks" / "trials_judged0_only.jsonl"]

@@ -47,9 +47,9 @@ from .formalizer import (
 from .formalizer.assembly import criterion_outputs
 from .formalizer.criteria import CriterionText, split_trial
 from .formalizer.parser import check_criterion_output, criterion_messages
+from .formalizer.prompt_templates import stage_prompt
+from .formalizer.protocol import SINGLE_NOTE_ID, NoteDocument, StageResult, TrialDoc, Usage
 from .formalizer.reader import recorded_reader_result
-from .prompt_templates import stage_prompt
-from .protocol import SINGLE_NOTE_ID, NoteDocument, StageResult, TrialDoc, Usage
 from .records import RecordStore
 from .sources import load_patients, load_trials
 

@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache import open_db
-from .protocol import StageResult
+from .formalizer.cache import open_db
+from .formalizer.protocol import StageResult
 from .teacher_config import TASK_OF_STAGE
 
 SCHEMA = """

@@ -25,15 +25,16 @@ from pathlib import Path
 from verdict.core.engine import Engine
 from verdict.core.program import TrialProgram
 
-from .cache import CallCache
-from .egress import EgressPolicy
-from .errors import BudgetExhausted, EgressRefused, EndpointError, TeacherConfigError
 from .formalizer import Formalizer, side_atoms
-from .ledger import Ledger, estimate_prompt_tokens
-from .protocol import Pair, PatientDoc, TrialDoc
+from .formalizer.cache import CallCache
+from .formalizer.egress import EgressPolicy
+from .formalizer.endpoint_config import EndpointConfig, load_teacher
+from .formalizer.errors import BudgetExhausted, EgressRefused, EndpointError, TeacherConfigError
+from .formalizer.ledger import Ledger, estimate_prompt_tokens
+from .formalizer.protocol import Pair, PatientDoc, TrialDoc
 from .records import RecordStore, record_id
 from .sources import load_pairs, load_patients, load_trials
-from .teacher_config import RunConfig, TeacherConfig, load_teacher
+from .teacher_config import RunConfig
 
 log = logging.getLogger("verdict.data_gen.runner")
 FATAL_STATUS = {401, 403, 404}  # wrong key, no access, unknown model: every further call would fail too
@@ -114,7 +115,7 @@ class TeacherRun:
         *,
         budget_usd: float | None = None,
         progress_bar: bool = True,
-        teachers: dict[str, TeacherConfig] | None = None,
+        teachers: dict[str, EndpointConfig] | None = None,
     ):
         self.config = config
         self.budget = budget_usd if budget_usd is not None else config.budget_usd
@@ -127,7 +128,7 @@ class TeacherRun:
             if name not in self.teachers:
                 self.teachers[name] = load_teacher(name)
 
-    def teacher(self, stage: str) -> TeacherConfig:
+    def teacher(self, stage: str) -> EndpointConfig:
         return self.teachers[self.config.teacher_for(stage)]
 
     @property

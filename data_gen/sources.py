@@ -22,8 +22,8 @@ from typing import Any, Generic, TypeVar
 from pydantic import ValidationError
 from verdict.core.errors import describe_validation_error
 
-from .errors import SourceError
-from .protocol import Pair, PatientDoc, TrialDoc
+from .formalizer.errors import SourceError
+from .formalizer.protocol import Pair, PatientDoc, TrialDoc
 
 T = TypeVar("T")
 _EXCLUSION_HEADING = re.compile(r"^\s*exclusion criteria\s*:?", re.IGNORECASE | re.MULTILINE)

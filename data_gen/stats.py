@@ -8,7 +8,7 @@ from pathlib import Path
 
 from verdict.core.errors import VerdictError
 
-from .cache import CallCache
+from .formalizer.cache import CallCache
 from .records import ASSEMBLED, RecordStore
 
 

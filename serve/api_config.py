@@ -13,8 +13,8 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 from verdict.core.configs import StrictModel
 from verdict.core.solver_pool import SolverPool
+from verdict.data_gen.formalizer.endpoint_config import EgressConfig, EndpointConfig, StageTokens
 from verdict.data_gen.formalizer.reader import ChartReading
-from verdict.data_gen.teacher_config import EgressConfig, StageTokens, TeacherConfig
 
 from .pages.session import SessionConfig
 from .protocol import POLICY_NAME, base_url_problem
@@ -50,7 +50,7 @@ class FormalizerConfig(StrictModel):
     )
     prompts: dict[str, str] = Field(
         default_factory=dict,
-        description="prompt version per stage (data_gen/prompts); default v2 for the value miners "
+        description="prompt version per stage (data_gen/formalizer/prompts); default v2 for the value miners "
         "(sparse answers), v1 for the others",
     )
     max_tokens: StageTokens = Field(
@@ -124,10 +124,10 @@ class FormalizerConfig(StrictModel):
         """The servers this config names (empty: taken from the `vllm` section at start)."""
         return list(self.base_urls) or ([self.base_url] if self.base_url else [])
 
-    def endpoint(self, stage_model: str, base_url: str) -> TeacherConfig:
+    def endpoint(self, stage_model: str, base_url: str) -> EndpointConfig:
         """The data_gen endpoint config of one adapter. No retries here: a down or slow formalizer is
         answered at once with 503 + Retry-After, and the caller decides when to try again."""
-        return TeacherConfig(
+        return EndpointConfig(
             name=f"student:{stage_model}",
             base_url=base_url,
             model=stage_model,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from verdict.data_gen.egress import ENV_ALLOW as EGRESS_ENV
-from verdict.data_gen.egress import RULE as EGRESS_RULE
-from verdict.data_gen.egress import EgressPolicy
+from verdict.data_gen.formalizer.egress import ENV_ALLOW as EGRESS_ENV
+from verdict.data_gen.formalizer.egress import RULE as EGRESS_RULE
+from verdict.data_gen.formalizer.egress import EgressPolicy
 
 from .errors import ServeConfigError
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from verdict.data_gen.client import build_request
-from verdict.data_gen.errors import EndpointError
 from verdict.data_gen.formalizer import Formalizer, core_schema
 from verdict.data_gen.formalizer.checks import with_atom_enum
+from verdict.data_gen.formalizer.client import build_request
 from verdict.data_gen.formalizer.endpoints import PoolMember, failure_reason
+from verdict.data_gen.formalizer.errors import EndpointError
 
 from .egress_check import origin_of
 from .formalizers import Formalizers

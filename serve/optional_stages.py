@@ -25,7 +25,7 @@ from verdict.core.rationale import md
 from verdict.core.solver_pool import SolverPool
 from verdict.data_gen.formalizer import Formalizer
 from verdict.data_gen.formalizer.arbiter import definition_conflicts, redecide
-from verdict.data_gen.protocol import PatientDoc
+from verdict.data_gen.formalizer.protocol import PatientDoc
 
 from .api_config import FormalizerConfig
 from .errors import FormalizerFailed, FormalizerUnavailable

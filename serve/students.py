@@ -24,8 +24,8 @@ from verdict.core.progress import Progress
 from verdict.data_gen.formalizer import Formalizer, compact, criterion_outputs, quote_in_note, side_atoms
 from verdict.data_gen.formalizer.criteria import normalize_criterion
 from verdict.data_gen.formalizer.miner import miner_target, plan_for
-from verdict.data_gen.prompt_templates import PROMPTS_DIR
-from verdict.data_gen.protocol import PatientDoc
+from verdict.data_gen.formalizer.prompt_templates import PROMPTS_DIR
+from verdict.data_gen.formalizer.protocol import PatientDoc
 from verdict.data_gen.sft_record import TASKS, SftRecord, datasets_quietly, features, write_jsonl  # noqa: F401  (TASKS: re-exported for the demo and tests)
 
 from .api_config import FormalizerConfig

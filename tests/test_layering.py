@@ -189,6 +189,21 @@ def test_data_gen_has_no_import_cycle_and_the_formalizer_runtime_imports_no_stag
     assert not {m for m in runtime if m.rsplit(".", 1)[-1] in stages}, runtime
 
 
+def test_the_formalizer_is_self_contained():
+    """`data_gen/formalizer` imports no other module of data_gen (the teacher pipeline around it
+    imports the formalizer, never the other way round)."""
+    graph = import_graph("data_gen")
+    inside = "verdict.data_gen.formalizer"
+    out = {
+        (m, d)
+        for m, deps in graph.items()
+        if m == inside or m.startswith(inside + ".")
+        for d in deps
+        if not (d == inside or d.startswith(inside + ".")) and d != "verdict.data_gen"
+    }
+    assert not out, sorted(out)
+
+
 def test_the_cycle_check_finds_a_cycle_hidden_in_a_function():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert import_cycle(graph) == ["a", "b", "c", "a"]

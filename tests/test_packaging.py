@@ -122,7 +122,7 @@ def test_the_wheel_holds_only_the_namespace_and_its_package_data(installed):
     for generic in ("train", "serve", "bench", "slurm", "data_gen", "benchmarks", "verdict_core", "tests"):
         assert generic not in ours
     assert (site / "verdict" / "configs" / "policies" / "prescreen.yaml").is_file()
-    assert (site / "verdict" / "data_gen" / "prompts" / "criterion_parser.v1.yaml").is_file()
+    assert (site / "verdict" / "data_gen" / "formalizer" / "prompts" / "criterion_parser.v1.yaml").is_file()
     assert (site / "verdict" / "examples" / "cases" / "01_t2d_eligible.json").is_file()
     assert list((site / "verdict" / "slurm" / "templates").glob("*.j2"))
     assert {"base.html", "decision.html", "page.css"} <= {

@@ -41,8 +41,8 @@ class RunContext:
     run_name: str
     run_dir: Path
     cache_path: Path
-    egress: object  # data_gen.egress.EgressPolicy
-    ledger: object | None = None  # data_gen.ledger.Ledger over the main cache
+    egress: object  # data_gen.formalizer.egress.EgressPolicy
+    ledger: object | None = None  # data_gen.formalizer.ledger.Ledger over the main cache
     vllm_url: str | None = None
     _caches: dict = field(default_factory=dict)
 
@@ -50,7 +50,7 @@ class RunContext:
         """The call cache of a repeat: repeat 0 shares the teacher cache (answers already paid for
         are reused); repeat r > 0 has its own file in the run directory, so a repeat really asks
         the endpoint again, and a resumed repeat still never pays twice."""
-        from verdict.data_gen.cache import CallCache
+        from verdict.data_gen.formalizer.cache import CallCache
 
         if repeat not in self._caches:
             path = self.cache_path if repeat == 0 else self.run_dir / f"cache-repeat-{repeat}.sqlite"

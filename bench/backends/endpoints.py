@@ -27,12 +27,12 @@ def resolve_endpoint(ref: EndpointRef, placement: EndpointPlacement, vllm_url: s
     from pydantic import ValidationError
     from verdict.core.configs import describe
     from verdict.core.errors import VerdictError, describe_validation_error
-    from verdict.data_gen.teacher_config import TeacherConfig, load_teacher
+    from verdict.data_gen.formalizer.endpoint_config import EndpointConfig, load_teacher
 
     try:
-        endpoint = load_teacher(ref) if isinstance(ref, str) else TeacherConfig.model_validate(ref)
+        endpoint = load_teacher(ref) if isinstance(ref, str) else EndpointConfig.model_validate(ref)
     except ValidationError as e:
-        raise BenchError(f"{what}: invalid inline endpoint", describe(e, TeacherConfig)) from None
+        raise BenchError(f"{what}: invalid inline endpoint", describe(e, EndpointConfig)) from None
     except VerdictError as e:
         raise BenchError(f"{what}: {e}") from None
     url = placement.base_url
@@ -44,7 +44,7 @@ def resolve_endpoint(ref: EndpointRef, placement: EndpointPlacement, vllm_url: s
         url = vllm_url
     if url:
         try:
-            endpoint = TeacherConfig.model_validate({**endpoint.model_dump(), "base_url": url})
+            endpoint = EndpointConfig.model_validate({**endpoint.model_dump(), "base_url": url})
         except ValidationError as e:
             raise BenchError(f"{what}: bad base_url", describe_validation_error(e, "base_url")) from None
     return endpoint
@@ -53,12 +53,12 @@ def resolve_endpoint(ref: EndpointRef, placement: EndpointPlacement, vllm_url: s
 def endpoint_with_stages(endpoint, limits: dict[str, int]):
     """The endpoint config with output limits for stages `data_gen` does not know (a bench stage)."""
     from pydantic import create_model
-    from verdict.data_gen.teacher_config import StageTokens, TeacherConfig
+    from verdict.data_gen.formalizer.endpoint_config import EndpointConfig, StageTokens
 
     tokens = create_model(
         "BenchStageTokens", __base__=StageTokens, **{k: (int, Field(v, gt=0)) for k, v in limits.items()}
     )
-    with_stages = create_model("BenchEndpoint", __base__=TeacherConfig, max_tokens=(tokens, ...))
+    with_stages = create_model("BenchEndpoint", __base__=EndpointConfig, max_tokens=(tokens, ...))
     data = endpoint.model_dump()
     data["max_tokens"] = {**data["max_tokens"], **limits}
     return with_stages.model_validate(data)

@@ -26,7 +26,7 @@ from .endpoints import EndpointPlacement, EndpointRef, resolve_endpoint
 
 
 class FormalizerPrompts(BaseModel):
-    """The prompt version of each stage (data_gen/prompts); the opt-in stages use their v1."""
+    """The prompt version of each stage (data_gen/formalizer/prompts); the opt-in stages use their v1."""
 
     model_config = ConfigDict(extra="forbid")
     parser: str = Field("v1", description="trial-parser prompt version")

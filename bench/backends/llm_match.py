@@ -7,7 +7,7 @@ endpoint configs as the formalizer backends, for context.
 
 Adapter: `verdict.data_gen.formalizer.Formalizer` knows the paper's formalizer stages only, so
 `DirectMatcher` subclasses it with one more stage, ``llm_match`` (prompt template
-`data_gen/prompts/llm_match.v<N>.yaml`, its own output limit), and reuses everything else: the
+`data_gen/formalizer/prompts/llm_match.v<N>.yaml`, its own output limit), and reuses everything else: the
 structured-output request, the call cache, the ledger and budget, the egress allowlist, the
 validation loop with one repair.
 """
@@ -69,14 +69,15 @@ class LlmMatchConfig(BackendConfig, EndpointPlacement):
     kind: Literal["llm_match"] = "llm_match"
     endpoint: EndpointRef = Field(description="teacher config name, path or inline mapping")
     prompt: str = Field(
-        "v2", description="version of data_gen/prompts/llm_match (v2 adds the score the ranking uses)"
+        "v2",
+        description="version of data_gen/formalizer/prompts/llm_match (v2 adds the score the ranking uses)",
     )
     max_tokens: int = Field(2048, gt=0, description="output limit of the one call")
 
 
 def _direct_matcher_class():
     from verdict.data_gen.formalizer import Formalizer
-    from verdict.data_gen.prompt_templates import load_prompt
+    from verdict.data_gen.formalizer.prompt_templates import load_prompt
 
     class DirectMatcher(Formalizer):
         def __init__(self, *args, prompt_version: str = "v1", **kw):

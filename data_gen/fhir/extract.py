@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from verdict.core.errors import VerdictError
 from verdict.core.formula import number_problem
 
-from ..protocol import NoteDocument
+from ..formalizer.protocol import NoteDocument
 from .code_map import CodeMap
 from .errors import UnitConversionError
 from .html_text import html_to_text

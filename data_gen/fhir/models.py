@@ -1,11 +1,11 @@
 """The internal patient record made from FHIR (and from an OMOP CDM, `verdict.data_gen.omop`): the
 miner's documents plus coded facts.
 
-`documents` are exactly what the value miner reads (`verdict.data_gen.protocol.NoteDocument`); `facts` are
-the coded resources (Condition, Observation, MedicationStatement/Request, Procedure), each naming
-its resource (`Observation/123`; an OMOP row: `measurement/123`). Problems name resources by `Type/id`
-and fields by path, never by content.
-"""
+`documents` are exactly what the value miner reads
+(`verdict.data_gen.formalizer.protocol.NoteDocument`); `facts` are the coded resources (Condition,
+Observation, MedicationStatement/Request, Procedure), each naming its resource (`Observation/123`;
+an OMOP row: `measurement/123`). Problems name resources by `Type/id` and fields by path, never by
+content."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field
 from verdict.core.configs import StrictModel
 
-from ..protocol import NoteDocument, PatientDoc
+from ..formalizer.protocol import NoteDocument, PatientDoc
 
 RECORD_FORMAT = "verdict.fhir_patient/v1"
 FactCategory = Literal["condition", "observation", "medication", "procedure"]

@@ -1,9 +1,10 @@
 """A FHIR R4 REST client that only talks to allowlisted hosts.
 
 Every URL (the base, each `link[next]` page, each attachment URL) goes through the project's egress
-allowlist (`verdict.data_gen.egress.EgressPolicy`) before a connection is opened: a host that is not
-loopback or on `egress.allow_hosts` / $VERDICT_EGRESS_ALLOW is refused with EgressRefused and
-nothing is sent. Redirects are not followed (a redirect could leave the allowlist).
+allowlist (`verdict.data_gen.formalizer.egress.EgressPolicy`) before a connection is opened: a host
+that is not loopback or on `egress.allow_hosts` / $VERDICT_EGRESS_ALLOW is refused with
+EgressRefused and nothing is sent. Redirects are not followed (a redirect could leave the
+allowlist).
 
 Authorization: with `smart` configured, SMART Backend Services (`smart.py`: a signed JWT assertion
 traded for an access token, kept until it nears expiry; on a 401 the token is renewed once and the
@@ -13,9 +14,9 @@ read from the environment variable `token_env` names, at request time. Neither i
 Per patient: `Patient/{id}/$everything` (paged), and when the server does not offer it (404, 400,
 405, 501), `Patient/{id}` plus one search `TYPE?patient={id}` per resource type read (paged).
 
-One write: `put_conditional` (FHIR conditional update, `PUT TYPE?identifier=system|value`): creates the
-resource, or updates the one that holds that identifier, so writing it again never duplicates it.
-"""
+One write: `put_conditional` (FHIR conditional update, `PUT TYPE?identifier=system|value`): creates
+the resource, or updates the one that holds that identifier, so writing it again never duplicates
+it."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ from urllib.parse import quote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..egress import EgressPolicy
-from ..teacher_config import EgressConfig
+from ..formalizer.egress import EgressPolicy
+from ..formalizer.endpoint_config import EgressConfig
 from .errors import FhirServerError, FhirSourceError
 from .smart import SmartBackendAuth, SmartBackendConfig
 from .validate import MAX_ATTACHMENT_BYTES, READ_TYPES, parse_json

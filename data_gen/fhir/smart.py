@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..egress import EgressPolicy, is_loopback
+from ..formalizer.egress import EgressPolicy, is_loopback
 from .errors import FhirServerError
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import EgressRefused
+from ..formalizer.errors import EgressRefused
 from .code_map import CodeMap, load_code_map
 from .errors import FhirSourceError
 from .models import FhirPatientRecord

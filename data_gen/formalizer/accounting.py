@@ -17,7 +17,7 @@ from __future__ import annotations
 from pydantic import Field
 from verdict.core.configs import StrictModel
 
-from ..protocol import StageResult, Usage
+from .protocol import StageResult, Usage
 
 
 class CallCost(StrictModel):

@@ -15,9 +15,9 @@ from verdict.core.formula import render
 from verdict.core.patient import value_type_problems
 from verdict.core.program import TrialProgram
 
-from ..cache import CachedCall
-from ..protocol import ArbiterOutput, PatientDoc, StageResult
+from .cache import CachedCall
 from .checks import Check, compact, parse_output, quote_in_note, with_atom_enum
+from .protocol import ArbiterOutput, PatientDoc, StageResult
 
 if TYPE_CHECKING:
     from .runtime import Runtime

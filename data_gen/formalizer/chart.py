@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pydantic import Field, model_validator
 from verdict.core.configs import StrictModel
 
-from ..protocol import DroppedDocument, NoteDocument, TrimmedDocument
 from .checks import normalize_ws
 from .passages import paragraph_spans
+from .protocol import DroppedDocument, NoteDocument, TrimmedDocument
 
 # Paragraphs shorter than this (after normalization) are never de-duplicated: headings and one-word
 # lines repeat across documents and carry the context of what follows them.

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 from verdict.core.errors import describe_validation_error
 from verdict.core.schemas import json_schema
 
-from ..protocol import StageResult
+from .protocol import StageResult
 
 # Rejection categories, most fundamental first: a result's reason is its first problem's category.
 REASONS = (

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..protocol import TrialDoc
+from .protocol import TrialDoc
 
 Side = Literal["inclusion", "exclusion"]
 SIDE_PREFIX = {"inclusion": "inc", "exclusion": "exc"}

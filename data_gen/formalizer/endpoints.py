@@ -28,10 +28,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..client import Completion, EndpointClient
-from ..egress import EgressPolicy
-from ..errors import EndpointError, TeacherConfigError
-from ..teacher_config import TeacherConfig
+from .client import Completion, EndpointClient
+from .egress import EgressPolicy
+from .endpoint_config import EndpointConfig
+from .errors import EndpointError, TeacherConfigError
 
 log = logging.getLogger("verdict.data_gen.formalizer.endpoints")
 
@@ -99,7 +99,7 @@ class EndpointPool:
 
     def __init__(
         self,
-        teacher: TeacherConfig,
+        teacher: EndpointConfig,
         base_urls: list[str],
         *,
         required_models: list[str],

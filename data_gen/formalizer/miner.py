@@ -45,11 +45,11 @@ from verdict.core.patient import Bounds, MinedValue, Value, ValueMinerOutput, va
 from verdict.core.program import TrialProgram
 from verdict.core.reference import meet as meet_values  # the one rule for two records of one fact
 
-from ..cache import CachedCall
-from ..prompt_templates import stage_prompt
-from ..protocol import SINGLE_NOTE_ID, NoteDocument, PatientDoc, StageResult, Usage
+from .cache import CachedCall
 from .checks import SIDES, Check, compact, core_schema, parse_output, quote_in_note, with_atom_enum
 from .passages import Passage, split_document
+from .prompt_templates import stage_prompt
+from .protocol import SINGLE_NOTE_ID, NoteDocument, PatientDoc, StageResult, Usage
 from .value_reuse import record_key
 
 if TYPE_CHECKING:

@@ -28,12 +28,12 @@ from verdict.core.program import (
     check_program,
 )
 
-from ..cache import CachedCall
-from ..prompt_templates import stage_prompt
-from ..protocol import StageResult, TrialDoc, Usage
 from .assembly import assemble
+from .cache import CachedCall
 from .checks import Check, compact, core_schema, parse_output
 from .criteria import CriterionText, Split, split_trial
+from .prompt_templates import stage_prompt
+from .protocol import StageResult, TrialDoc, Usage
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -114,7 +114,7 @@ def trial_request_key(fz: Runtime, trial: TrialDoc) -> str:
     """What a parse of this trial depends on, hashed: its id, title and criteria as split, the
     endpoint (model), the prompt and repair templates (version + hash) and the output schema. The
     service keys its trial cache on it."""
-    from ..cache import canonical_key
+    from .cache import canonical_key
 
     tmpl, repair = fz.prompt("parser"), fz.repair_prompt
     return canonical_key(

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..protocol import NoteDocument
+from .protocol import NoteDocument
 
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n\s*")
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+|\n\s*")

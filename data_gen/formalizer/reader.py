@@ -38,9 +38,7 @@ from verdict.core.configs import StrictModel
 from verdict.core.patient import MinedValue
 from verdict.core.program import TrialProgram
 
-from ..cache import CachedCall
-from ..prompt_templates import stage_prompt
-from ..protocol import ChartRead, NoteDocument, PatientDoc, StageResult, Usage
+from .cache import CachedCall
 from .chart import DocumentSelection, ReducedChart, document_day, locate, locate_span, reduce_chart
 from .checks import Check, compact, normalize_ws, parse_output, split_pieces
 from .miner import (
@@ -54,6 +52,8 @@ from .miner import (
     side_atoms,
 )
 from .passages import Passage, paragraph_spans, split_document
+from .prompt_templates import stage_prompt
+from .protocol import ChartRead, NoteDocument, PatientDoc, StageResult, Usage
 from .routing import SheetRouter, atom_term
 from .value_reuse import record_key
 

@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..protocol import NoteDocument
 from .miner import HEADER_TOKENS
+from .protocol import NoteDocument
 
 if TYPE_CHECKING:
     from verdict.core.program import TrialProgram

@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING
 
 from verdict.core.engine import Engine
 
-from ..cache import CachedCall, CallCache, CallMeta, canonical_key
-from ..client import EndpointClient, build_request
-from ..egress import EgressPolicy
-from ..ledger import Ledger, worst_case_cost
-from ..prompt_templates import PromptTemplate, load_prompt, stage_prompt
-from ..protocol import Attempt, StageResult, Usage
-from ..teacher_config import TeacherConfig
 from .budget import TokenCounter, counter_for
+from .cache import CachedCall, CallCache, CallMeta, canonical_key
 from .checks import Check
+from .client import EndpointClient, build_request
+from .egress import EgressPolicy
+from .endpoint_config import EndpointConfig
+from .ledger import Ledger, worst_case_cost
+from .prompt_templates import PromptTemplate, load_prompt, stage_prompt
+from .protocol import Attempt, StageResult, Usage
 
 if TYPE_CHECKING:  # type-only: the stages' state (those modules import no runtime at run time)
     from .reader import ChartReading, FactSheets
@@ -39,7 +39,7 @@ class Runtime:
 
     def __init__(
         self,
-        endpoint: TeacherConfig,
+        endpoint: EndpointConfig,
         *,
         engine: Engine | None = None,
         cache: CallCache | None = None,

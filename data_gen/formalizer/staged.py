@@ -24,9 +24,9 @@ from verdict.core.policy import Policy, resolve
 from verdict.core.program import TrialProgram
 from verdict.core.settled import NOT_ASKED, settles
 
-from ..protocol import PatientDoc, StageResult
 from .checks import compact
 from .miner import MinedValues, merge_sides, side_atoms
+from .protocol import PatientDoc, StageResult
 
 if TYPE_CHECKING:
     from verdict.core.engine import Engine

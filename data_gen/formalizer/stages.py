@@ -12,12 +12,12 @@ from collections.abc import Collection
 
 from verdict.core.program import TrialProgram
 
-from ..protocol import PatientDoc, StageResult, TrialDoc
-from ..teacher_config import TeacherConfig
 from .arbiter import arbitrate
 from .criteria import CriterionText
+from .endpoint_config import EndpointConfig
 from .miner import miner_messages
 from .parser import criterion_messages, parse_trial, trial_criteria, trial_request_key
+from .protocol import PatientDoc, StageResult, TrialDoc
 from .reader import ChartReading, FactSheets, mine_chart
 from .runtime import Runtime
 from .value_reuse import ValueReuse
@@ -29,7 +29,7 @@ class Formalizer(Runtime):
 
     def __init__(
         self,
-        endpoint: TeacherConfig,
+        endpoint: EndpointConfig,
         *,
         value_reuse: ValueReuse | None = None,
         reading: ChartReading | None = None,

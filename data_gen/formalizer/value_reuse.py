@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from verdict.core.program import Atom
 
-    from ..protocol import NoteDocument
     from .miner import Finding
+    from .protocol import NoteDocument
 
 
 def record_key(docs: list[NoteDocument], stage: str, prompt: str, model: str) -> str:

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 from verdict.core.program import TrialProgram
 
-from ..cache import CachedCall
-from ..protocol import StageResult, VerbalizerOutput
+from .cache import CachedCall
 from .checks import Check, compact, parse_output
+from .protocol import StageResult, VerbalizerOutput
 
 if TYPE_CHECKING:
     from .runtime import Runtime

@@ -13,7 +13,7 @@ import os
 from pydantic import Field, field_validator, model_validator
 from verdict.core.configs import StrictModel
 
-from ..teacher_config import EgressConfig
+from ..formalizer.endpoint_config import EgressConfig
 from .errors import OmopSourceError
 
 PASSWORD_ENV = "VERDICT_OMOP_PASSWORD"

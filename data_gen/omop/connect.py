@@ -4,7 +4,7 @@
   comes from the config's `password_env` or libpq's own PGPASSWORD / ~/.pgpass.
 - Every host libpq would connect to (`host`, `hostaddr`, several comma-separated ones, or PGHOST /
   PGHOSTADDR when the URL names none) passes the project's egress allowlist
-  (`verdict.data_gen.egress`): loopback, a local socket directory, or a host the site allowed.
+  (`verdict.data_gen.formalizer.egress`): loopback, a local socket directory, or a host the site allowed.
   A `service` (pg_service.conf) entry is refused: its hosts could not be checked.
 - What is shown of a URL is `db_label`: scheme, user, host, port and database, never a password.
 """
@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from ..egress import EgressPolicy
+from ..formalizer.egress import EgressPolicy
 from .config import OmopConfig
 from .errors import OmopSourceError
 

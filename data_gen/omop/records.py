@@ -30,7 +30,7 @@ from ..fhir.code_map import CodeMap
 from ..fhir.extract import canonical_of, checked_fact
 from ..fhir.models import CodedFact, Coding, FactCategory, FhirPatientRecord
 from ..fhir.records import birth_fields
-from ..protocol import NoteDocument
+from ..formalizer.protocol import NoteDocument
 
 OMOP_SYSTEM = "https://fhir-terminology.ohdsi.org"  # the code map's `omop:` prefix: standard concept ids
 VOCABULARIES = {

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from verdict.data_gen.formalizer.accounting import PairCost
-from verdict.data_gen.protocol import ChartRead
+from verdict.data_gen.formalizer.protocol import ChartRead
 
 from ..trial_versions import TrialVersion
 

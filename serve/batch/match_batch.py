@@ -81,8 +81,8 @@ class ResultLine(BaseModel):
 
 
 def patient_input(doc):
-    """A loaded patient (`verdict.data_gen.protocol.PatientDoc`) as the match request takes it: its documents
-    as `notes` when it has several, else its text as `note`."""
+    """A loaded patient (`verdict.data_gen.formalizer.protocol.PatientDoc`) as the match request
+    takes it: its documents as `notes` when it has several, else its text as `note`."""
 
     if doc.fhir is not None:  # read from FHIR: the record goes as it is, its coded facts decide atoms
         return PatientInput(patient_id=doc.patient_id, fhir=FhirPatientRecord.model_validate(doc.fhir))

@@ -26,9 +26,9 @@ from verdict.data_gen.fhir.resolve import CodedResolutions, coded_resolutions
 from verdict.data_gen.formalizer import merge_sides
 from verdict.data_gen.formalizer.accounting import PairCost, pair_cost
 from verdict.data_gen.formalizer.miner import MinedValues, PassageConflict
+from verdict.data_gen.formalizer.protocol import PatientDoc, StageResult
 from verdict.data_gen.formalizer.reader import pair_chart_read
 from verdict.data_gen.formalizer.staged import held_open, mine_pair
-from verdict.data_gen.protocol import PatientDoc, StageResult
 
 from ..api_config import ApiConfig
 from ..audit import AuditStore, DecisionRow, TrialRow

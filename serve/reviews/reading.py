@@ -35,7 +35,7 @@ from verdict.data_gen.formalizer.miner import (
     mine_values,
     side_atoms,
 )
-from verdict.data_gen.protocol import PatientDoc, StageResult
+from verdict.data_gen.formalizer.protocol import PatientDoc, StageResult
 
 from ..audit import DecisionRow
 from ..errors import InvalidInput, ServiceError

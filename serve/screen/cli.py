@@ -218,8 +218,8 @@ def screen(
     """One patient against the site's trials, or one trial against patients, ranked by formal
     distance (eligible; eligible with k to confirm; ineligible with |δ_E| = 1, 2, ...)."""
     import httpx
-    from verdict.data_gen.egress import EgressPolicy
-    from verdict.data_gen.errors import EgressRefused
+    from verdict.data_gen.formalizer.egress import EgressPolicy
+    from verdict.data_gen.formalizer.errors import EgressRefused
 
     fhir = [str(x) for x in (fhir_bundle, fhir_ndjson, fhir_server) if x is not None]
     if write_back and fhir_server is None:

@@ -7,7 +7,7 @@ import pytest
 from verdict.bench.backends import BACKENDS, RunContext, backend_config, make_backend
 from verdict.bench.datasets import BenchDataset
 from verdict.bench.protocol import BenchError, LabeledPair
-from verdict.data_gen.egress import EgressPolicy
+from verdict.data_gen.formalizer.egress import EgressPolicy
 from verdict.data_gen.scripted_server import ScriptedServer
 
 from tests.support import REFERENCE_V6, need
@@ -91,7 +91,7 @@ def test_predictions_file_rows(tmp_path):
 def test_direct_matcher_request_uses_its_template_schema_and_limit(tmp_path):
     """The adapter adds one stage to the shared Formalizer: its prompt template, its JSON schema
     under structured output, its own max_tokens; answers are cached like every formalizer call."""
-    from verdict.data_gen.protocol import PatientDoc, TrialDoc
+    from verdict.data_gen.formalizer.protocol import PatientDoc, TrialDoc
 
     with ScriptedServer(scenario.script()) as srv:
         recs = scenario.records()

@@ -28,8 +28,8 @@ import pytest
 import yaml
 from verdict.bench.bench_config import load_bench_config
 from verdict.bench.runner import BenchRun
-from verdict.data_gen.errors import EgressRefused
 from verdict.data_gen.formalizer import side_atoms
+from verdict.data_gen.formalizer.errors import EgressRefused
 from verdict.data_gen.scripted_server import Match, Rule, Script, ScriptedServer
 
 from tests.fixtures.vllm import teacher_programs, teacher_values

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from verdict.bench.backends import backend_config, make_backend
 from verdict.core.program import load_program
-from verdict.data_gen.protocol import PatientDoc
+from verdict.data_gen.formalizer.protocol import PatientDoc
 from verdict.data_gen.scripted_server import Script, ScriptedServer
 
 from tests.data_gen.teacher_data import accepted_result

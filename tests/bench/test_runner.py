@@ -17,7 +17,7 @@ import yaml
 from verdict.bench.bench_config import load_bench_config
 from verdict.bench.protocol import BenchError, PairResult
 from verdict.bench.runner import BenchRun
-from verdict.data_gen.errors import EgressRefused
+from verdict.data_gen.formalizer.errors import EgressRefused
 from verdict.data_gen.scripted_server import ScriptedServer
 
 from tests.support import VERDICT

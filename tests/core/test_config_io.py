@@ -127,7 +127,7 @@ class Kind:
 
 
 def _prompt(f, tmp_path, monkeypatch):
-    from verdict.data_gen import prompt_templates
+    from verdict.data_gen.formalizer import prompt_templates
 
     monkeypatch.setattr(prompt_templates, "PROMPTS_DIR", f.parent)
     prompt_templates._load.cache_clear()
@@ -190,7 +190,7 @@ KINDS = [
         "teacher",
         "configs/teachers/gpt-5-mini.yaml",
         ("prices", "input_per_million"),
-        _call("verdict.data_gen.teacher_config.load_teacher"),
+        _call("verdict.data_gen.formalizer.endpoint_config.load_teacher"),
     ),
     Kind(
         "teacher run",
@@ -198,7 +198,7 @@ KINDS = [
         ("budget_usd",),
         _call("verdict.data_gen.teacher_config.load_run_config"),
     ),
-    Kind("prompt", "data_gen/prompts/criterion_parser.v1.yaml", ("system",), _prompt),
+    Kind("prompt", "data_gen/formalizer/prompts/criterion_parser.v1.yaml", ("system",), _prompt),
     Kind(
         "scripted-server script",
         "examples/teacher/scripted-demo.yaml",

@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 
 import yaml
-from verdict.data_gen.protocol import NoteDocument, PatientDoc, StageResult, TrialDoc
+from verdict.data_gen.formalizer.endpoint_config import EndpointConfig
+from verdict.data_gen.formalizer.protocol import NoteDocument, PatientDoc, StageResult, TrialDoc
 from verdict.data_gen.scripted_server import Match, Rule, Script, ScriptedResponse
-from verdict.data_gen.teacher_config import TeacherConfig
 
 
 def trial_id(i: int) -> str:
@@ -217,7 +217,7 @@ def parser_script(n_trials: int, latency: float = 0.0, bad_first: set[int] = fro
     return Script(rules=rules, default=ScriptedResponse(auto="nulls"), default_latency_s=latency)
 
 
-def teacher_config(url: str, **over) -> TeacherConfig:
+def teacher_config(url: str, **over) -> EndpointConfig:
     """A teacher on the scripted server at `url`: fast retries, priced (for the cost figures)."""
     cfg = dict(
         name="t",
@@ -229,7 +229,7 @@ def teacher_config(url: str, **over) -> TeacherConfig:
         prices={"input_per_million": 1.0, "output_per_million": 2.0},
     )
     cfg.update(over)
-    return TeacherConfig(**cfg)
+    return EndpointConfig(**cfg)
 
 
 def write_teacher(tmp: Path, url: str, name: str = "scripted-test", **over) -> Path:

@@ -1,7 +1,7 @@
 """Per-pair cost (data_gen/formalizer/accounting.py): what a pair sent, and the one-time reading."""
 
 from verdict.data_gen.formalizer.accounting import PairCost, pair_cost, total
-from verdict.data_gen.protocol import ChartRead, StageResult, Usage
+from verdict.data_gen.formalizer.protocol import ChartRead, StageResult, Usage
 
 from .teacher_data import accepted_result
 

@@ -61,7 +61,7 @@ def test_limits_errors_name_the_field(tmp_path):
 
 
 def test_train_serve_and_teacher_configs_derive_from_limits():
-    from verdict.data_gen.teacher_config import load_teacher
+    from verdict.data_gen.formalizer.endpoint_config import load_teacher
     from verdict.serve.config import load_serve_config
     from verdict.train.eval_config import load_eval_config
     from verdict.train.sft_config import load_train_config
@@ -96,7 +96,7 @@ def test_train_serve_and_teacher_configs_derive_from_limits():
 
 def test_a_contradicting_value_is_an_error_naming_both(tmp_path):
     from verdict.core.configs import ConfigError
-    from verdict.data_gen.teacher_config import load_teacher
+    from verdict.data_gen.formalizer.endpoint_config import load_teacher
     from verdict.serve.config import load_serve_config
     from verdict.train.sft_config import load_train_config
 

@@ -3,12 +3,12 @@
 import sqlite3
 
 import pytest
-from verdict.data_gen.cache import CachedCall, CallCache, CallMeta, canonical_key
-from verdict.data_gen.errors import BudgetExhausted
 from verdict.data_gen.formalizer import Formalizer
-from verdict.data_gen.ledger import Ledger, estimate_prompt_tokens
-from verdict.data_gen.prompt_templates import PromptTemplate
-from verdict.data_gen.teacher_config import TeacherConfig
+from verdict.data_gen.formalizer.cache import CachedCall, CallCache, CallMeta, canonical_key
+from verdict.data_gen.formalizer.endpoint_config import EndpointConfig
+from verdict.data_gen.formalizer.errors import BudgetExhausted
+from verdict.data_gen.formalizer.ledger import Ledger, estimate_prompt_tokens
+from verdict.data_gen.formalizer.prompt_templates import PromptTemplate
 
 from .teacher_data import trial
 
@@ -18,7 +18,7 @@ META = CallMeta(run="r", stage="parser", teacher="t", endpoint="openai:http://x"
 def teacher(**over):
     cfg = dict(name="t", base_url="http://127.0.0.1:9/v1", model="m")
     cfg.update(over)
-    return TeacherConfig(**cfg)
+    return EndpointConfig(**cfg)
 
 
 def key(t=None, i=0, prompts=None):

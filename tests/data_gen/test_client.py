@@ -4,11 +4,11 @@ import asyncio
 import time
 
 import pytest
-from verdict.data_gen.client import EndpointClient, build_request, quotes_any
-from verdict.data_gen.errors import EndpointError, TeacherConfigError
+from verdict.data_gen.formalizer.client import EndpointClient, build_request, quotes_any
+from verdict.data_gen.formalizer.endpoint_config import EndpointConfig
+from verdict.data_gen.formalizer.errors import EndpointError, TeacherConfigError
 from verdict.data_gen.scripted_server import Rule, Script
 from verdict.data_gen.scripted_server import ScriptedResponse as R
-from verdict.data_gen.teacher_config import TeacherConfig
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 NOTE = "A 58-year-old woman presents with episodic pressing chest pain radiating to the back."
@@ -19,7 +19,7 @@ def teacher(url, **over):
         name="t", base_url=url, model="m", timeout_s=5, backoff_base_s=0.01, backoff_max_s=0.05, max_retries=3
     )
     cfg.update(over)
-    return TeacherConfig(**cfg)
+    return EndpointConfig(**cfg)
 
 
 def call(t, request=None, **kw):

@@ -2,7 +2,7 @@
 
 import pytest
 from verdict.data_gen.formalizer.criteria import CriterionText, normalize_criterion, split_trial
-from verdict.data_gen.protocol import TrialDoc
+from verdict.data_gen.formalizer.protocol import TrialDoc
 
 from tests.support import BENCHMARKS, need
 

@@ -6,11 +6,11 @@ import sys
 
 import pytest
 from verdict.core.program import TrialProgram, check_program
-from verdict.data_gen.egress import EgressPolicy, is_loopback
-from verdict.data_gen.errors import EgressRefused
 from verdict.data_gen.formalizer import Formalizer
+from verdict.data_gen.formalizer.egress import EgressPolicy, is_loopback
+from verdict.data_gen.formalizer.endpoint_config import EgressConfig, EndpointConfig
+from verdict.data_gen.formalizer.errors import EgressRefused
 from verdict.data_gen.scripted_server import Script, ScriptedResponse, ScriptedServer
-from verdict.data_gen.teacher_config import EgressConfig, TeacherConfig
 
 from .teacher_data import (
     leaks,
@@ -75,7 +75,7 @@ def test_refused_before_a_byte_is_sent():
     """A real server on 127.0.0.2; a policy that allows only 127.0.0.1 must not even connect."""
     prog = check_program(TrialProgram(trial_id=trial_id(0), **program(0)))
     with ScriptedServer(Script(default=ScriptedResponse(auto="nulls")), host="127.0.0.2") as srv:
-        t = TeacherConfig(name="t", base_url=srv.url, model="m", max_retries=0)
+        t = EndpointConfig(name="t", base_url=srv.url, model="m", max_retries=0)
 
         async def mine(policy):
             fz = Formalizer(t, egress=policy)

@@ -4,20 +4,20 @@ import asyncio
 import time
 
 import pytest
-from verdict.data_gen.client import build_request
-from verdict.data_gen.egress import EgressPolicy
-from verdict.data_gen.errors import EgressRefused, EndpointError
+from verdict.data_gen.formalizer.client import build_request
+from verdict.data_gen.formalizer.egress import EgressPolicy
+from verdict.data_gen.formalizer.endpoint_config import EndpointConfig
 from verdict.data_gen.formalizer.endpoints import ERRORS_IN_A_ROW, EndpointPool
+from verdict.data_gen.formalizer.errors import EgressRefused, EndpointError
 from verdict.data_gen.scripted_server import Rule, Script, ScriptedServer
 from verdict.data_gen.scripted_server import ScriptedResponse as R
-from verdict.data_gen.teacher_config import TeacherConfig
 from verdict.serve.vllm.server import free_port
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
 
-def teacher(url: str, **over) -> TeacherConfig:
-    return TeacherConfig(
+def teacher(url: str, **over) -> EndpointConfig:
+    return EndpointConfig(
         **{"name": "t", "base_url": url, "model": "scripted", "timeout_s": 5, "max_retries": 0, **over}
     )
 
@@ -265,7 +265,7 @@ def test_egress_is_checked_for_every_endpoint():
 
 
 def test_the_same_url_twice_is_refused():
-    from verdict.data_gen.errors import TeacherConfigError
+    from verdict.data_gen.formalizer.errors import TeacherConfigError
 
     with pytest.raises(TeacherConfigError, match="twice"):
         pool(["http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1/"])

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 from verdict.data_gen.export import assign_splits, export_datasets, split_counts
-from verdict.data_gen.protocol import StageResult
+from verdict.data_gen.formalizer.protocol import StageResult
 from verdict.data_gen.records import RecordStore
 
 SYSTEM = {"role": "system", "content": "sys"}

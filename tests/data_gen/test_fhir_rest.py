@@ -4,11 +4,11 @@ the same records as the bundle, paging, the bearer token, and the egress allowli
 import logging
 
 import pytest
-from verdict.data_gen.egress import EgressPolicy
-from verdict.data_gen.errors import EgressRefused
 from verdict.data_gen.fhir.errors import FhirServerError
 from verdict.data_gen.fhir.rest import FhirRestClient, FhirRestConfig
 from verdict.data_gen.fhir.sources import load_source
+from verdict.data_gen.formalizer.egress import EgressPolicy
+from verdict.data_gen.formalizer.errors import EgressRefused
 
 from tests.fixtures.fhir_server.data import AT, TOKEN, write_bundle
 

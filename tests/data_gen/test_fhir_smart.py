@@ -7,12 +7,12 @@ import logging
 import time
 
 import pytest
-from verdict.data_gen.egress import EgressPolicy
-from verdict.data_gen.errors import EgressRefused
 from verdict.data_gen.fhir.errors import FhirServerError
 from verdict.data_gen.fhir.rest import FhirRestClient, FhirRestConfig
 from verdict.data_gen.fhir.smart import SmartAuthError, SmartBackendConfig
 from verdict.data_gen.fhir.sources import load_source
+from verdict.data_gen.formalizer.egress import EgressPolicy
+from verdict.data_gen.formalizer.errors import EgressRefused
 
 from tests.fixtures.fhir_server.data import AT, TOKEN
 from tests.support import run_verdict

@@ -6,9 +6,9 @@ import json
 import pytest
 from verdict.core.patient import ValueMinerOutput
 from verdict.core.program import ParsedCriterion, TrialProgram, check_program
-from verdict.data_gen.cache import CallCache
 from verdict.data_gen.formalizer import Formalizer, quote_in_note, side_atoms
-from verdict.data_gen.protocol import PatientDoc, TrialDoc
+from verdict.data_gen.formalizer.cache import CallCache
+from verdict.data_gen.formalizer.protocol import PatientDoc, TrialDoc
 from verdict.data_gen.scripted_server import Match, Rule, Script
 from verdict.data_gen.scripted_server import ScriptedResponse as R
 
@@ -273,7 +273,7 @@ def test_type_errors_in_formulas_are_rejected_per_call(scripted_server):
 
 
 def test_parser_key_follows_criteria_model_and_prompt_version(monkeypatch):
-    from verdict.data_gen.prompt_templates import PromptTemplate
+    from verdict.data_gen.formalizer.prompt_templates import PromptTemplate
 
     def key(t=None, doc=None):
         return Formalizer(t or teacher("http://127.0.0.1:9/v1")).parser_key(doc or trial(0))

@@ -12,6 +12,7 @@ from verdict.core.program import TrialProgram, check_program
 from verdict.core.reference import load_reference
 from verdict.data_gen.formalizer import Formalizer
 from verdict.data_gen.formalizer.budget import TokenCounter, qwen25_counter
+from verdict.data_gen.formalizer.endpoint_config import EndpointConfig
 from verdict.data_gen.formalizer.miner import (
     MAX_ATOMS_PER_CALL,
     MAX_ATOMS_PER_DENSE_CALL,
@@ -26,10 +27,9 @@ from verdict.data_gen.formalizer.miner import (
     value_line_tokens,
 )
 from verdict.data_gen.formalizer.passages import split_document
-from verdict.data_gen.protocol import NoteDocument, PatientDoc
+from verdict.data_gen.formalizer.protocol import NoteDocument, PatientDoc
 from verdict.data_gen.scripted_server import Match, Rule, Script
 from verdict.data_gen.scripted_server import ScriptedResponse as R
-from verdict.data_gen.teacher_config import TeacherConfig
 
 from ..support import BENCHMARKS, REFERENCE_V6, need
 from .teacher_data import program, trial_id
@@ -279,7 +279,7 @@ def prog():
 
 
 def teacher(url, **over):
-    return TeacherConfig(
+    return EndpointConfig(
         name="t", base_url=url, model="m", timeout_s=5, backoff_base_s=0.01, max_retries=0, **over
     )
 

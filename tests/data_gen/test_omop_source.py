@@ -9,8 +9,8 @@ import threading
 
 import pytest
 from verdict.core.program import TrialProgram
-from verdict.data_gen.errors import EgressRefused
 from verdict.data_gen.fhir.resolve import coded_resolutions
+from verdict.data_gen.formalizer.errors import EgressRefused
 from verdict.data_gen.omop.config import OmopConfig
 from verdict.data_gen.omop.connect import check_egress
 from verdict.data_gen.omop.errors import OmopSourceError

@@ -1,8 +1,8 @@
 """Versioned prompt templates: a changed wording needs a new version (LOCK.json pins each hash)."""
 
 import pytest
-from verdict.data_gen.errors import TeacherConfigError
-from verdict.data_gen.prompt_templates import (
+from verdict.data_gen.formalizer.errors import TeacherConfigError
+from verdict.data_gen.formalizer.prompt_templates import (
     STAGE_TEMPLATE,
     available,
     current_hashes,

@@ -12,12 +12,12 @@ from verdict.core.program import TrialProgram, check_program
 from verdict.data_gen.formalizer import Formalizer
 from verdict.data_gen.formalizer.chart import DocumentSelection, locate, reduce_chart
 from verdict.data_gen.formalizer.passages import Passage
+from verdict.data_gen.formalizer.protocol import NoteDocument, PatientDoc
 from verdict.data_gen.formalizer.reader import (
     ChartReading,
     ReaderCall,
     check_reader_output,
 )
-from verdict.data_gen.protocol import NoteDocument, PatientDoc
 from verdict.data_gen.scripted_server import Match, Rule, Script
 from verdict.data_gen.scripted_server import ScriptedResponse as R
 
@@ -266,7 +266,7 @@ def test_a_selection_that_drops_every_document_asks_nothing_and_records_why(scri
 
 
 def test_a_rerun_in_a_new_process_reads_the_chart_from_the_call_cache(scripted_server, tmp_path):
-    from verdict.data_gen.cache import CallCache
+    from verdict.data_gen.formalizer.cache import CallCache
 
     scripted_server.set_script(script())
     cache = CallCache(tmp_path / "calls.sqlite")

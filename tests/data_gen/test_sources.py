@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from verdict.data_gen.errors import SourceError
+from verdict.data_gen.formalizer.errors import SourceError
 from verdict.data_gen.sources import load_pairs, load_patients, load_trials, split_criteria
 
 from tests.support import BENCHMARKS, need

@@ -17,11 +17,11 @@ from verdict.core.program import TrialProgram, check_program
 from verdict.core.ranking import rank
 from verdict.core.settled import NOT_ASKED, RESTS_ON_UNASKED, settles
 from verdict.data_gen.formalizer import Formalizer, side_atoms
+from verdict.data_gen.formalizer.endpoint_config import EndpointConfig
+from verdict.data_gen.formalizer.protocol import PatientDoc
 from verdict.data_gen.formalizer.staged import decide_pair, unasked_after_first
-from verdict.data_gen.protocol import PatientDoc
 from verdict.data_gen.scripted_server import Script
 from verdict.data_gen.scripted_server import ScriptedResponse as R
-from verdict.data_gen.teacher_config import TeacherConfig
 
 from ..support import REFERENCE_V6, need
 from .teacher_data import program, trial_id
@@ -36,7 +36,7 @@ def staged_and_exhaustive(url: str, note: str):
     prog = check_program(TrialProgram(trial_id=trial_id(1), **program(1)))
 
     async def go():
-        fz = Formalizer(TeacherConfig(name="t", base_url=url, model="m", timeout_s=5, max_retries=0))
+        fz = Formalizer(EndpointConfig(name="t", base_url=url, model="m", timeout_s=5, max_retries=0))
         try:
             doc = PatientDoc(patient_id="p1", text=note)
             return [await decide_pair(fz, ENGINE, prog, doc, POLICY, staged=s) for s in (True, False)]

@@ -3,8 +3,8 @@
 import subprocess
 import sys
 
-from verdict.data_gen.cache import CachedCall, CallCache, CallMeta
-from verdict.data_gen.protocol import StageResult
+from verdict.data_gen.formalizer.cache import CachedCall, CallCache, CallMeta
+from verdict.data_gen.formalizer.protocol import StageResult
 from verdict.data_gen.records import RecordStore
 from verdict.data_gen.stats import render_stats, run_stats
 

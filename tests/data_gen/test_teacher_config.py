@@ -2,8 +2,9 @@
 
 import pytest
 from verdict.core.configs import available
-from verdict.data_gen.errors import TeacherConfigError
-from verdict.data_gen.teacher_config import load_run_config, load_teacher
+from verdict.data_gen.formalizer.endpoint_config import load_teacher
+from verdict.data_gen.formalizer.errors import TeacherConfigError
+from verdict.data_gen.teacher_config import load_run_config
 
 
 @pytest.mark.parametrize("name", available("teachers"))

@@ -8,8 +8,8 @@ import json
 
 from verdict.core.program import load_program
 from verdict.data_gen.formalizer import Formalizer
+from verdict.data_gen.formalizer.protocol import PatientDoc
 from verdict.data_gen.formalizer.value_reuse import ValueReuse
-from verdict.data_gen.protocol import PatientDoc
 from verdict.data_gen.scripted_server import Match, Rule, Script, ScriptedServer
 from verdict.data_gen.scripted_server import ScriptedResponse as R
 

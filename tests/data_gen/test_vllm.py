@@ -10,11 +10,11 @@ import sys
 
 import pytest
 import yaml
-from verdict.data_gen.cache import CallCache
-from verdict.data_gen.client import EndpointClient, build_request
 from verdict.data_gen.formalizer import Formalizer
-from verdict.data_gen.protocol import PatientDoc
-from verdict.data_gen.teacher_config import TeacherConfig
+from verdict.data_gen.formalizer.cache import CallCache
+from verdict.data_gen.formalizer.client import EndpointClient, build_request
+from verdict.data_gen.formalizer.endpoint_config import EndpointConfig
+from verdict.data_gen.formalizer.protocol import PatientDoc
 
 from tests.fixtures.vllm import STUDENT_MAX_TOKENS, teacher_programs
 
@@ -28,7 +28,7 @@ BOOL_SCHEMA = {
 }
 
 
-def student(server, model: str, mode: str = "vllm", **over) -> TeacherConfig:
+def student(server, model: str, mode: str = "vllm", **over) -> EndpointConfig:
     cfg = dict(
         name=f"student-{model}-{mode}",
         base_url=server.base_url,
@@ -40,7 +40,7 @@ def student(server, model: str, mode: str = "vllm", **over) -> TeacherConfig:
         max_retries=1,
     )
     cfg.update(over)
-    return TeacherConfig(**cfg)
+    return EndpointConfig(**cfg)
 
 
 @pytest.mark.parametrize("mode", ["vllm", "json_schema"])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from verdict.data_gen.client import quotes_any
+from verdict.data_gen.formalizer.client import quotes_any
 from verdict.serve.api_config import Limits
 
 from tests.fixtures.vllm import teacher_programs, teacher_values, trial_text

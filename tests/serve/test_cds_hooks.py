@@ -351,7 +351,7 @@ def test_a_jwks_url_is_read_over_http_and_must_pass_the_egress_allowlist(tmp_pat
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
     from pydantic import ValidationError
-    from verdict.data_gen.egress import EgressPolicy
+    from verdict.data_gen.formalizer.egress import EgressPolicy
     from verdict.serve.api_config import ApiConfig, CdsHooksConfig
     from verdict.serve.cds_hooks.client_jwt import ClientJwt
     from verdict.serve.errors import ServeConfigError

@@ -171,7 +171,7 @@ def test_fhir_records_go_through_the_batch_with_their_coded_facts(tmp_path):
     import asyncio
 
     from verdict.data_gen.fhir.models import FhirPatientRecord
-    from verdict.data_gen.protocol import NoteDocument
+    from verdict.data_gen.formalizer.protocol import NoteDocument
     from verdict.data_gen.scripted_server import Script, ScriptedServer
     from verdict.data_gen.sources import load_patients
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from verdict.data_gen.client import quotes_any
+from verdict.data_gen.formalizer.client import quotes_any
 
 from tests.data_gen.teacher_data import ADULTS
 from tests.serve.conftest import start_service

@@ -137,7 +137,7 @@ def path(student):
     from verdict.core.policy import load_policy, resolve
     from verdict.core.rationale import render_markdown
     from verdict.data_gen.formalizer import Formalizer, merge_sides
-    from verdict.data_gen.protocol import PatientDoc
+    from verdict.data_gen.formalizer.protocol import PatientDoc
     from verdict.serve.students import trial_text
     from verdict.serve.trials.serving import trial_doc
 

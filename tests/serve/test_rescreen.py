@@ -245,14 +245,14 @@ def test_the_call_counter_counts_a_real_formalizer_call():
     """The 0 above means something: a call sent inside the counter is counted (scripted server)."""
     import asyncio
 
-    from verdict.data_gen.client import EndpointClient, build_request
+    from verdict.data_gen.formalizer.client import EndpointClient, build_request
+    from verdict.data_gen.formalizer.endpoint_config import EndpointConfig
     from verdict.data_gen.scripted_server import Script, ScriptedServer
-    from verdict.data_gen.teacher_config import TeacherConfig
     from verdict.serve.reviews.rescreen import count_llm_calls
 
     srv = ScriptedServer(Script.model_validate({"default": {"content": {"ok": True}}})).start()
     try:
-        t = TeacherConfig(name="scripted", base_url=srv.url, model="scripted", max_retries=0)
+        t = EndpointConfig(name="scripted", base_url=srv.url, model="scripted", max_retries=0)
 
         async def go():
             c = EndpointClient(t)

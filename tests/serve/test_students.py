@@ -7,7 +7,7 @@ import json
 from verdict.core.patient import ValueMinerOutput
 from verdict.data_gen.formalizer import Formalizer
 from verdict.data_gen.formalizer.miner import asked_atoms, plan_for
-from verdict.data_gen.protocol import PatientDoc
+from verdict.data_gen.formalizer.protocol import PatientDoc
 from verdict.serve.api_config import FormalizerConfig
 from verdict.serve.students import STUDENT_MAX_TOKENS, miner_rows, teacher_programs
 

@@ -18,12 +18,12 @@ import time
 
 import httpx
 import pytest
-from verdict.data_gen.client import EndpointClient, build_request
 from verdict.data_gen.formalizer import core_schema, with_atom_enum
 from verdict.data_gen.formalizer.budget import qwen25_counter, render_chat
+from verdict.data_gen.formalizer.client import EndpointClient, build_request
 from verdict.data_gen.formalizer.criteria import CriterionText
+from verdict.data_gen.formalizer.endpoint_config import EndpointConfig
 from verdict.data_gen.formalizer.parser import criterion_messages
-from verdict.data_gen.teacher_config import TeacherConfig
 
 from tests.fixtures.vllm import vllm_available, vllm_python
 from tests.support import need
@@ -56,8 +56,8 @@ def real_vocab_server(tmp_path_factory, qwen25_model_dir):
         server.stop()
 
 
-def _endpoint(server, **over) -> TeacherConfig:
-    return TeacherConfig(
+def _endpoint(server, **over) -> EndpointConfig:
+    return EndpointConfig(
         name="real-vocab",
         base_url=server.base_url,
         model="base",

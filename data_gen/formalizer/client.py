@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .egress import EgressPolicy
+from .endpoint_config import EndpointConfig
 from .errors import EndpointError, TeacherConfigError
-from .teacher_config import TeacherConfig
 
-log = logging.getLogger("verdict.data_gen.client")
+log = logging.getLogger("verdict.data_gen.formalizer.client")
 RETRY_AFTER_MAX_S = 300.0
 REQUEST_ID_HEADER = "X-Verdict-Request-Id"
 
@@ -42,7 +42,7 @@ class Completion:
 
 
 def build_request(
-    teacher: TeacherConfig, stage: str, messages: list[dict[str, str]], schema: dict | None, schema_name: str
+    teacher: EndpointConfig, stage: str, messages: list[dict[str, str]], schema: dict | None, schema_name: str
 ) -> dict[str, Any]:
     """The exact Chat Completions request (keyword arguments of `chat.completions.create`)."""
     params: dict[str, Any] = {"model": teacher.model, "messages": messages}
@@ -80,7 +80,7 @@ def _create_params() -> frozenset[str]:
 
 class EndpointClient:
     def __init__(
-        self, teacher: TeacherConfig, *, egress: EgressPolicy | None = None, seed: int | None = None
+        self, teacher: EndpointConfig, *, egress: EgressPolicy | None = None, seed: int | None = None
     ):
         self.teacher = teacher
         self.egress = egress if egress is not None else EgressPolicy.from_config()

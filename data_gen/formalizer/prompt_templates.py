@@ -1,4 +1,4 @@
-"""Versioned prompt templates (`data_gen/prompts/<name>.<version>.yaml`).
+"""Versioned prompt templates (`data_gen/formalizer/prompts/<name>.<version>.yaml`).
 
 A template is a system text and a user text with `{{PLACEHOLDER}}` slots (the paper's notation).
 Its identity, `name@version#sha`, is part of every cache key, so a changed wording never reuses
@@ -101,7 +101,7 @@ def load_prompt(name: str, version: str = "v1") -> PromptTemplate:
 
 
 class PromptFile(StrictModel):
-    """`data_gen/prompts/NAME.VERSION.yaml`."""
+    """`data_gen/formalizer/prompts/NAME.VERSION.yaml`."""
 
     name: str
     version: str

@@ -14,8 +14,8 @@ import os
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from .endpoint_config import EgressConfig
 from .errors import EgressRefused
-from .teacher_config import EgressConfig
 
 ENV_ALLOW = "VERDICT_EGRESS_ALLOW"
 RULE = "patient text goes only to loopback or to hosts on the site's egress allowlist"

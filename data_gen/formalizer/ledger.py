@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field
 
 from .cache import CallCache
+from .endpoint_config import EndpointConfig
 from .errors import BudgetExhausted
-from .teacher_config import TeacherConfig
 
 # Conservative prompt-token estimate without a tokenizer: English and clinical text run at about
 # 4 bytes per token in current BPE vocabularies; 3 bytes per token overestimates on purpose.
@@ -27,7 +27,7 @@ def estimate_prompt_tokens(messages: list[dict[str, str]]) -> int:
     )
 
 
-def worst_case_cost(teacher: TeacherConfig, messages: list[dict[str, str]], max_tokens: int) -> float:
+def worst_case_cost(teacher: EndpointConfig, messages: list[dict[str, str]], max_tokens: int) -> float:
     return teacher.prices.cost(estimate_prompt_tokens(messages), max_tokens)
 
 
