@@ -80,7 +80,7 @@ def is_loopback(host: str) -> bool:
 def run_api(config: ApiConfig, base_url: str, *, ready_file: str | None = None, on_ready=None) -> None:
     """Serve until interrupted (SIGINT/SIGTERM). ``ready_file`` gets {"url": ...} once listening."""
 
-    import uvicorn  # here: heavy optional dependency, uvicorn (serve extra)
+    import uvicorn  # heavy optional dependency: uvicorn (serve extra)
 
     setup_logging(config.log_file)
     app = create_app(config, base_url)

@@ -56,9 +56,7 @@ def build_student_base(out: str | Path) -> Path:
     """The tiny student with a tokenizer that also learned the prompt templates' words: prompts come
     out 2-3x shorter than with the default tiny tokenizer, and training is that much cheaper."""
     # heavy optional dependency: verdict.train: torch, transformers, TRL (train extra)
-    from verdict.train.tiny import (
-        build_tiny_student,
-    )
+    from verdict.train.tiny import build_tiny_student
 
     return build_tiny_student(out, vocab_size=2048, extra_corpus=prompt_corpus())
 
@@ -188,10 +186,8 @@ def miner_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[d
 
 def write_student_export(records: dict, out: str | Path, limits=None) -> Path:
     """`out/parser` and `out/value_miner` in the SFT export layout (DatasetDict + split JSONL)."""
-    from datasets import (  # here: heavy optional dependency, datasets (teacher/train extra)
-        Dataset,
-        DatasetDict,
-    )
+    # heavy optional dependency: datasets (teacher/train extra)
+    from datasets import Dataset, DatasetDict
 
     out = Path(out)
     for task, rows in sft_rows(records, limits).items():
@@ -231,14 +227,8 @@ def train_student(
     an export folder, or a list of `DatasetSpec` (weighted mix); `init_adapter`: continue that adapter
     (the site fine-tune of docs/train.md)."""
     # heavy optional dependency: verdict.train: torch, transformers, TRL (train extra)
-    from verdict.train.sft_config import (
-        DatasetSpec,
-        LoraSpec,
-        TrainConfig,
-    )
-    from verdict.train.sft_trainer import (
-        train,  # here: heavy optional dependency, verdict.train: torch, transformers, TRL (train extra)
-    )
+    from verdict.train.sft_config import DatasetSpec, LoraSpec, TrainConfig
+    from verdict.train.sft_trainer import train
 
     cfg = TrainConfig(
         name=f"tiny-{task}",

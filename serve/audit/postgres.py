@@ -155,7 +155,7 @@ class PostgresAuditStore(AuditStore):
     def _using(self, kind: str):
         """The read or write connection, held alone; reconnected when broken. Database errors become
         a 503 (nothing recorded) with the server's first line only."""
-        import psycopg  # here: heavy optional dependency, psycopg (serve extra: the PostgreSQL store only)
+        import psycopg  # heavy optional dependency: psycopg (serve extra: the PostgreSQL store only)
 
         with self._locks[kind]:
             conn = self._conns[kind]
@@ -179,7 +179,7 @@ class PostgresAuditStore(AuditStore):
 
     # -- schema ----------------------------------------------------------------------------------
     def _create_schema(self) -> None:
-        import psycopg  # here: heavy optional dependency, psycopg (serve extra: the PostgreSQL store only)
+        import psycopg  # heavy optional dependency: psycopg (serve extra: the PostgreSQL store only)
 
         with self._using("write") as conn:
             with conn.transaction():  # replicas starting at once: one creates, the others wait
@@ -332,10 +332,10 @@ class PostgresAuditStore(AuditStore):
 def setup_schema(admin_url: str, writer: str, *, password_env: str | None = None) -> list[str]:
     """As an administrator: create the schema (tables, triggers) owned by the administrator, and let
     the role `writer` (the service's) only read and append. Returns what was done."""
-    import psycopg  # here: heavy optional dependency, psycopg (serve extra: the PostgreSQL store only)
-    from psycopg import (
-        sql,  # here: heavy optional dependency, psycopg (serve extra: the PostgreSQL store only)
-    )
+    import psycopg  # heavy optional dependency: psycopg (serve extra: the PostgreSQL store only)
+
+    # heavy optional dependency: psycopg (serve extra: the PostgreSQL store only)
+    from psycopg import sql
 
     store = PostgresAuditStore(admin_url, password_env=password_env)  # creates the schema if absent
     done = [f"schema {SCHEMA} ready at {store.where}"]

@@ -392,13 +392,9 @@ def render_batch_jobs(
     out: str | Path, slurm_config: str | Path, slurm_overrides: list[str] | None = None
 ) -> dict:
     """out/slurm/match.sbatch (an array, one task per shard, one GPU each) and merge.sbatch."""
-
-    from verdict.slurm.job_config import (
-        load_slurm_config,  # here: heavy optional dependency, verdict.slurm (slurm extra)
-    )
-    from verdict.slurm.render import (
-        render_text,  # here: heavy optional dependency, verdict.slurm: jinja2 (slurm extra)
-    )
+    # heavy optional dependency: verdict.slurm: jinja2 (slurm extra)
+    from verdict.slurm.job_config import load_slurm_config
+    from verdict.slurm.render import render_text
 
     out = Path(out).resolve()
     plan = load_plan(out)

@@ -269,9 +269,8 @@ def export_reviews(
 ) -> tuple[dict[str, dict], ReviewExportSummary]:
     """Write `<out>/value_miner` and `<out>/parser` from an audit store's reviews (export.py's writer:
     split by trial, dataset card); return (cards, summary)."""
-    from verdict.data_gen.export import (
-        export_datasets,  # here: heavy optional dependency, datasets (teacher extra)
-    )
+    # heavy optional dependency: datasets (teacher extra)
+    from verdict.data_gen.export import export_datasets
 
     out = check_destination(out, egress)
     limits = limits or FormalizerConfig()  # the service's defaults: plan calls as it does

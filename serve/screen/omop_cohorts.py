@@ -24,7 +24,7 @@ TARGET = "the OMOP cohort table"
 
 
 def _policy(service_url: str, screening_id: str, key: str, timeout: float) -> str:
-    import httpx  # here: heavy optional dependency, httpx (serve extra)
+    import httpx  # heavy optional dependency: httpx (serve extra)
 
     target = f"{service_url.rstrip('/')}/v1/screenings/{screening_id}"
     try:

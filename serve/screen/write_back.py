@@ -33,7 +33,7 @@ def fetch_subjects(
 ) -> list[dict]:
     """The run's ResearchSubjects from the service; a key without the admin role stops here, before
     anything is written to `target`."""
-    import httpx  # here: heavy optional dependency, httpx (serve extra)
+    import httpx  # heavy optional dependency: httpx (serve extra)
 
     target = f"{service_url.rstrip('/')}/v1/screenings/{screening_id}/research-subjects"
     try:
@@ -55,10 +55,7 @@ def write_subjects(fhir_server: str, subjects: list[dict], rest: FhirRestConfig 
     """Create or update each ResearchSubject on the FHIR server (conditional update on its pair), with
     the REST client config the patients were read with (`--fhir-config`: SMART, timeouts)."""
     # heavy optional dependency: the FHIR REST client: httpx (fhir extra)
-    from verdict.data_gen.fhir.rest import (
-        FhirRestClient,
-        FhirRestConfig,
-    )
+    from verdict.data_gen.fhir.rest import FhirRestClient, FhirRestConfig
 
     done = Written()
     try:

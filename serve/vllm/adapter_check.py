@@ -121,11 +121,10 @@ class TransformersRunner:
     """Greedy generation with the base model + one PEFT adapter at a time."""
 
     def __init__(self, base_model: str, dtype: str):
-        import torch  # here: heavy optional dependency, torch (train extra)
-        from transformers import (  # here: heavy optional dependency, transformers (train extra)
-            AutoModelForCausalLM,
-            AutoTokenizer,
-        )
+        import torch  # heavy optional dependency: torch (train extra)
+
+        # heavy optional dependency: transformers (train extra)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype, torch.float32)
         self.tok = AutoTokenizer.from_pretrained(base_model)
@@ -138,8 +137,8 @@ class TransformersRunner:
         self.eos = eos if isinstance(eos, list) else [eos]
 
     def generate(self, adapter_path: str, prompts: list[list[dict]], max_tokens: int) -> list[str]:
-        import torch  # here: heavy optional dependency, torch (train extra)
-        from peft import PeftModel  # here: heavy optional dependency, peft (train extra)
+        import torch  # heavy optional dependency: torch (train extra)
+        from peft import PeftModel  # heavy optional dependency: peft (train extra)
 
         with peft_quietly():
             model = PeftModel.from_pretrained(self.base, adapter_path)
@@ -166,7 +165,7 @@ class TransformersRunner:
 
 def vllm_generate(base_url: str, adapter: str, prompts: list[list[dict]], max_tokens: int) -> list[str]:
     """Greedy and unconstrained: the adapter's own behaviour, as the transformers side sees it."""
-    import httpx  # here: heavy optional dependency, httpx (serve extra)
+    import httpx  # heavy optional dependency: httpx (serve extra)
 
     outs = []
     with httpx.Client(base_url=base_url, timeout=600, trust_env=False) as http:

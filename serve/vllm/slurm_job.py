@@ -47,9 +47,8 @@ def render_serve_job(
     listen: Literal["node", "loopback"] = "node",
 ) -> tuple[Path, str]:
     """serve.sbatch for a serve config; returns (script, how the API reaches the server)."""
-    from verdict.slurm.render import (
-        render_job,  # here: heavy optional dependency, verdict.slurm: jinja2 (slurm extra)
-    )
+    # heavy optional dependency: verdict.slurm: jinja2 (slurm extra)
+    from verdict.slurm.render import render_job
 
     overrides = list(overrides or [])
     config_file = find_config("serve", config, ServeConfigError).resolve()

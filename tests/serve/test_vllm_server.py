@@ -176,11 +176,13 @@ def random_adapter(base: Path, folder: Path) -> Path:
     """A random (untrained) rank-8 adapter on the base: real LoRA loading, real rank derivation."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
+    from verdict.train.peft_quiet import peft_quietly
 
-    get_peft_model(
-        AutoModelForCausalLM.from_pretrained(base),
-        LoraConfig(r=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
-    ).save_pretrained(folder)
+    with peft_quietly():  # peft reads transformers' deprecated is_gradient_checkpointing
+        get_peft_model(
+            AutoModelForCausalLM.from_pretrained(base),
+            LoraConfig(r=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+        ).save_pretrained(folder)
     return folder
 
 
