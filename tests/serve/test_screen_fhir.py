@@ -169,14 +169,16 @@ def plain(service, scripted, texts):
     return out
 
 
-def _cli(
-    args: list[str], svc, tmp_path, name: str, fhir_token: str | None = TOKEN
+def screen_cli(
+    args: list[str], svc, tmp_path, name: str, fhir_token: str | None = TOKEN, role: str = "match"
 ) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """`verdict screen` against the service with `role`'s key (and the FHIR token): its exit and
+    its JSON output, if any."""
     out = tmp_path / f"{name}.json"
     drop = ("VERDICT_API_KEY", "VERDICT_EGRESS_ALLOW", "VERDICT_FHIR_TOKEN")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(
-        {"VERDICT_API_KEY": svc.keys["match"], **({"VERDICT_FHIR_TOKEN": fhir_token} if fhir_token else {})}
+        {"VERDICT_API_KEY": svc.keys[role], **({"VERDICT_FHIR_TOKEN": fhir_token} if fhir_token else {})}
     )
     r = subprocess.run(
         [*verdict_command(), "screen", "--url", svc.url, "--at", AT.isoformat(), "--out", str(out), *args],
@@ -218,7 +220,9 @@ def test_fhir_server_path_decides_as_the_text_path_with_coded_labs_not_mined(
     fhir = {}
     scripted.reset()
     for pid in TOPICS:
-        r, body = _cli(["--fhir-server", fhir_server.base_url, "--fhir-patient", pid], service, tmp_path, pid)
+        r, body = screen_cli(
+            ["--fhir-server", fhir_server.base_url, "--fhir-patient", pid], service, tmp_path, pid
+        )
         assert r.returncode == 0, r.stderr
         assert body["direction"] == "patient" and not body["failures"]
         fhir.update(outcome(body))
@@ -244,7 +248,7 @@ def test_a_smart_authorized_fhir_server_decides_as_the_text_path(
     asked_before = len(smart_fhir.token_answers)
     pid = "trec-202129"
     args = ["--fhir-server", smart_fhir.url, "--fhir-config", str(config), "--fhir-patient", pid]
-    r, body = _cli(args, service, tmp_path, "smart", fhir_token=None)
+    r, body = screen_cli(args, service, tmp_path, "smart", fhir_token=None)
     assert r.returncode == 0, r.stderr
     assert outcome(body) == {k: v for k, v in plain.items() if k[0] == pid}
     assert smart_fhir.token_answers[asked_before:] == [("screen-site", 200)]  # one token for the whole read
@@ -256,7 +260,7 @@ def test_bulk_export_goes_through_the_same_checks(service, scripted, plain, text
     folder = write_ndjson(tmp_path / "export", topic_resources(TOPICS))
     scripted.reset()
     subjects = tmp_path / "subjects.ndjson"
-    r, body = _cli(
+    r, body = screen_cli(
         ["--fhir-ndjson", str(folder), "--trial", "T-RENAL", "--research-subjects", str(subjects)],
         service,
         tmp_path,
@@ -295,7 +299,7 @@ def test_an_invalid_resource_is_reported_by_id_and_the_others_go_on(service, tmp
         "valueQuantity": {"value": [7, 7], "unit": "mg/dL"},
     }
     bundle = write_bundle(tmp_path / "b.json", [*topic_resources(["trec-202124", "trec-202129"]), bad])
-    r, body = _cli(["--fhir-bundle", str(bundle), "--trial", "T-RENAL"], service, tmp_path, "bundle")
+    r, body = screen_cli(["--fhir-bundle", str(bundle), "--trial", "T-RENAL"], service, tmp_path, "bundle")
     assert r.returncode == 0, r.stderr
     assert (
         "Observation/bad-1: effectiveDateTime" in r.stderr and "Observation/bad-1: valueQuantity" in r.stderr
@@ -310,7 +314,9 @@ def test_a_fhir_host_off_the_allowlist_is_refused_before_any_request(
 ):
     before, asked_before = fhir_server.request_count(), len(scripted.requests)
     for url in ("http://10.255.255.1:9/fhir", "https://fhir.elsewhere.example/r4"):
-        r, body = _cli(["--fhir-server", url, "--fhir-patient", "trec-202124"], service, tmp_path, "refused")
+        r, body = screen_cli(
+            ["--fhir-server", url, "--fhir-patient", "trec-202124"], service, tmp_path, "refused"
+        )
         assert r.returncode == 2 and "refused" in r.stderr and body is None, r.stderr
     assert fhir_server.request_count() == before and len(scripted.requests) == asked_before
 

@@ -11,7 +11,6 @@ replaces its own rows and nothing else.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from tests.serve.test_screen_fhir import (  # noqa: F401 - the FHIR screen's tri
     asked,
     outcome,
     plain,
+    screen_cli,
     service,
     texts,
 )
@@ -34,18 +34,8 @@ COHORT_IDS = {"first": 910000, "last": 910099}
 
 
 def _cli(args: list[str], svc, tmp_path, name: str, role: str = "match"):
-    out = tmp_path / f"{name}.json"
-    env = {k: v for k, v in os.environ.items() if k not in ("VERDICT_API_KEY", "VERDICT_EGRESS_ALLOW")}
-    env["VERDICT_API_KEY"] = svc.keys[role]  # $VERDICT_OMOP_PASSWORD: set by the omop_db fixture
-    r = subprocess.run(
-        [*verdict_command(), "screen", "--url", svc.url, "--at", AT.isoformat(), "--out", str(out), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,  # the tests read the exit status
-    )
-    return r, (json.loads(out.read_text()) if out.exists() else None)
+    """`verdict screen` with `role`'s key; $VERDICT_OMOP_PASSWORD is set by the omop_db fixture."""
+    return screen_cli(args, svc, tmp_path, name, fhir_token=None, role=role)
 
 
 def _by_topic(body: dict) -> dict:
