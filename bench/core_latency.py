@@ -114,7 +114,7 @@ def naive_decide(path: Path, policy: Policy, timeout_ms: int):
         )
 
     sess, eng, case, patient = fresh()
-    eng._consistent_facts(sess, case.program, patient, None)  # conflicts set aside, as the engine does
+    eng.consistent_facts(sess, case.program, patient, None)  # conflicts set aside, as the engine does
     aside = {r.atom for r in patient.resolutions if r.resolved} - sess.fact_atoms
     eligible = sess.check(sess.cp.phi_guard, *sess.lits())
     witness = sess.s.model() if eligible else None

@@ -14,14 +14,12 @@ nor in the log: the service's stage runner withholds the checker's messages).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 
 from verdict.core.decision import Decision
 from verdict.core.patient import ResolvedPatient
 from verdict.core.program import TrialProgram
-from verdict.core.rationale import md
 from verdict.core.solver_pool import SolverPool
 from verdict.data_gen.formalizer import Formalizer
 from verdict.data_gen.formalizer.arbiter import definition_conflicts, redecide
@@ -99,23 +97,6 @@ class OptionalStages:
             return None, {"status": "failed", "problem": e.summary}
         timings["verbalizer"] = _ms(t0)
         return res.output, {"status": "accepted", "prompt": res.prompt_version, "attempts": len(res.attempts)}
-
-
-def arbiter_markdown(arbiter: dict | None) -> str:
-    """The rationale's section on the arbiter's overrides (what the decision used instead of the
-    miner's values), or why it was not applied."""
-    if arbiter is None:
-        return ""
-    out = ["", "", "### Arbiter (extraction conflicts re-read in the chart)"]
-    if arbiter["status"] == "failed":
-        out.append("- no usable answer: the facts in conflict stay set aside")
-    elif arbiter["status"] == "no_override":
-        out.append("- no faithful correction found: the facts in conflict stay set aside")
-    for o in arbiter["overrides"]:
-        value = "left open" if o["value"] is None else f"= {json.dumps(o['value'])}"
-        quote = f' ("{md(o["evidence"])}")' if o["evidence"] else ""
-        out.append(f"- {o['atom']} {value}{quote}: {md(o['reason'])}")
-    return "\n".join(out)
 
 
 def _ms(t0: float) -> float:

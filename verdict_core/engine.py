@@ -141,7 +141,7 @@ class Engine:
         base = {**decision_base(program, patient), "program_hash": cp.content_hash}
         sess = Session(cp, patient.resolutions, self.timeout_ms)
         try:
-            conflicts, overrides = self._consistent_facts(sess, program, patient, arbiter)
+            conflicts, overrides = self.consistent_facts(sess, program, patient, arbiter)
             eligible = sess.check(cp.phi_guard, *sess.lits())
             witness = sess.model(admitting=True) if eligible else None
         except SolverLimit as e:
@@ -203,8 +203,9 @@ class Engine:
         decision.incomplete = incomplete
         return decision
 
-    def _consistent_facts(self, sess: Session, program, patient, arbiter):
-        """Check facts against the definitions; set aside what conflicts (after the arbiter)."""
+    def consistent_facts(self, sess: Session, program, patient, arbiter):
+        """A step of `decide` (public for benchmarks/core latency, which times it alone): check the
+        facts against the definitions and set aside what conflicts (after the arbiter)."""
         if sess.check(*sess.lits()):
             sess.model()
             return [], []

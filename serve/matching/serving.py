@@ -18,14 +18,13 @@ from verdict.core.errors import PatientError, PolicyError, VerdictError
 from verdict.core.patient import ResolvedPatient
 from verdict.core.policy import Policy, load_policy, resolve
 from verdict.core.program import TrialProgram
-from verdict.core.rationale import md, rationale_json, render_markdown
 from verdict.core.settled import settles
 from verdict.core.solver_pool import SolverPool
 from verdict.data_gen.fhir.models import FhirPatientRecord
 from verdict.data_gen.fhir.resolve import CodedResolutions, coded_resolutions
 from verdict.data_gen.formalizer import merge_sides
 from verdict.data_gen.formalizer.accounting import PairCost, pair_cost
-from verdict.data_gen.formalizer.miner import MinedValues, PassageConflict
+from verdict.data_gen.formalizer.miner import MinedValues
 from verdict.data_gen.formalizer.protocol import PatientDoc, StageResult
 from verdict.data_gen.formalizer.reader import pair_chart_read
 from verdict.data_gen.formalizer.staged import held_open, mine_pair
@@ -37,8 +36,9 @@ from ..errors import FormalizerFailed, InvalidInput
 from ..formalizers import Formalizers
 from ..metrics import ServiceMetrics
 from ..note_free import note_free
-from ..optional_stages import OptionalStages, arbiter_markdown
+from ..optional_stages import OptionalStages
 from ..quote_hash import QuoteHasher
+from ..rationale import render_rationale
 from ..stage_runner import StageRunner
 from ..stored_record import documents_meta, sha256_text, stored_record
 from ..trial_versions import InactiveUse, TrialVersion
@@ -235,13 +235,7 @@ class MatchingService:
         # Opt-in (api.formalizer.arbiter): facts contradicting definitions re-read, decided again.
         decision, arbiter = await self.optional.arbitrate(program, record, patient, decision, timings)
         t0 = time.perf_counter()
-        markdown = (
-            render_markdown(program, patient, decision)
-            + conflicts_markdown(mined.conflicts)
-            + arbiter_markdown(arbiter)
-        )
-        rationale = rationale_json(program, patient, decision)
-        rationale["extraction_conflicts"] = [c.model_dump(mode="json") for c in mined.conflicts]
+        markdown, rationale = render_rationale(program, patient, decision, mined.conflicts, arbiter)
         timings["render"] = self._observe("render", t0)
         # Opt-in (api.formalizer.verbalizer): prose restating the decision; decides nothing.
         rationale_text, verbalizer = await self.optional.verbalize(
@@ -386,19 +380,6 @@ def fhir_meta(rec: FhirPatientRecord | None, coded: CodedResolutions | None) -> 
         "refused": coded.refused,
         "problems": rec.problems,
     }
-
-
-def conflicts_markdown(conflicts: list[PassageConflict]) -> str:
-    """The rationale's section on values the documents disagree on (the atoms were left open)."""
-    if not conflicts:
-        return ""
-    out = ["", "", "### Documents disagree (left open, confirm in the chart)"]
-    for c in conflicts:
-        said = "; ".join(
-            f'document `{f.document}`: {f.shown(c.atom)} ("{md(f.evidence)}")' for f in c.findings
-        )
-        out.append(f"- {c.atom}: {said}")
-    return "\n".join(out)
 
 
 def _ms(t0: float) -> float:

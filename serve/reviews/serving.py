@@ -37,7 +37,6 @@ from verdict.core.errors import PatientError, PolicyError, VerdictError
 from verdict.core.patient import Resolution, ResolvedPatient
 from verdict.core.policy import Policy, load_policy
 from verdict.core.program import TrialProgram
-from verdict.core.rationale import rationale_json, render_markdown
 from verdict.data_gen.formalizer.accounting import PairCost
 from verdict.data_gen.formalizer.miner import PassageConflict
 
@@ -48,9 +47,9 @@ from ..audit.serving import decision_row
 from ..audit.store import ACTIVE_ORDER, Guard, Superseded
 from ..errors import InvalidInput, NotFound, ServiceError
 from ..matching.protocol import Links, MatchResponse, ModelIds
-from ..matching.serving import conflicts_markdown
 from ..note_free import hidden, note_free
 from ..quote_hash import QuoteHasher
+from ..rationale import render_rationale
 from ..roles import Forbidden
 from ..services import Services
 from ..trial_versions import TrialVersion
@@ -520,9 +519,7 @@ def superseding_decision(
         if pc.atom in conflicts:
             passage_conflicts.append(pc)
     passage_conflicts += [c for m in mined for c in m.conflicts]
-    markdown = render_markdown(program, patient, decision) + conflicts_markdown(passage_conflicts)
-    rationale = rationale_json(program, patient, decision)
-    rationale["extraction_conflicts"] = [c.model_dump(mode="json") for c in passage_conflicts]
+    markdown, rationale = render_rationale(program, patient, decision, passage_conflicts)
     version = lineage_version(audit, parent, program)
     cost = cost_of(mined)
     timings["render"] = _ms(t0)
