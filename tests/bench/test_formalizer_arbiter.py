@@ -38,7 +38,7 @@ def run_pair(tmp_path, url, **switches):
         async def _parsed(*_):  # the parse is not what this test is about
             return parsed
 
-        b._parsed = _parsed
+        b.parsed = _parsed
         try:
             return await b.decide(pair, 0)
         finally:
