@@ -127,9 +127,11 @@ def run_api(config: ApiConfig, base_url: str, *, ready_file: str | None = None, 
                 "matching API listening on %s (formalizer %s)", url, base_url
             )
             if ready_file:
-                Path(ready_file).write_text(
-                    json.dumps({"url": url, "formalizer": base_url, "pid": os.getpid()})
-                )
+                # Written whole, then renamed: whoever waits for the file never reads it half-written.
+                ready = Path(ready_file)
+                part = ready.with_name(ready.name + ".part")
+                part.write_text(json.dumps({"url": url, "formalizer": base_url, "pid": os.getpid()}))
+                part.replace(ready)
             if on_ready:
                 on_ready(url)
         await task
