@@ -4,13 +4,18 @@ LoRA adapters trained through `train/` to reproduce recorded teacher outputs exa
     records = load_teacher_records(path)              # recorded teacher outputs (JSON, see below)
     base = build_student_base(work / "base")          # < 1 s
     export = write_student_export(records, work / "export")
-    adapters = {t: train_student(base, export / t, t, work / "runs") for t in TASKS}   # minutes on 2 cores
+    adapters = {t: train_student(base, adapter_datasets(export, t), t, work / "runs") for t in TASKS}
     cfg = student_vllm_config(base, adapters, work / "vllm.log")   # -> VLLMServer(cfg).start()
 
 Recorded teacher outputs (`{"trials": [...], "patients": [...]}`): per trial its criteria and the
 parser's ParsedTrial; per patient the note and, per atom, `[value, evidence quote]`. The SFT rows are
 rendered with data_gen's formalizer prompts, so the students see exactly what the matching service
 sends them; targets are the compact JSON the formalizer accepts.
+
+A patient may give a multi-document chart (`documents`: NoteDocument objects) instead of a note: its
+rows are those of a chart read once (`FormalizerConfig.reading`, which must read it): the reader
+calls, answered with the recorded quotes' excerpts (the value-miner adapter's `reader` task), and the
+value miner on the fact sheet they make.
 """
 
 from __future__ import annotations
@@ -25,8 +30,16 @@ from verdict.data_gen.formalizer import Formalizer, compact, criterion_outputs, 
 from verdict.data_gen.formalizer.criteria import normalize_criterion
 from verdict.data_gen.formalizer.miner import miner_target, plan_for
 from verdict.data_gen.formalizer.prompt_templates import PROMPTS_DIR
-from verdict.data_gen.formalizer.protocol import PatientDoc
-from verdict.data_gen.sft_record import TASKS, SftRecord, datasets_quietly, features, write_jsonl  # noqa: F401  (TASKS: re-exported for the demo and tests)
+from verdict.data_gen.formalizer.protocol import NoteDocument, PatientDoc
+from verdict.data_gen.formalizer.reader import chart_tokens, recorded_sheet, sheet_plan
+from verdict.data_gen.sft_record import (
+    ADAPTER_TASKS,
+    TASKS,  # noqa: F401  (re-exported for the demo and tests)
+    SftRecord,
+    datasets_quietly,
+    features,
+    write_jsonl,
+)
 
 from .api_config import FormalizerConfig
 from .trials.protocol import TrialText
@@ -98,6 +111,10 @@ def sft_rows(records: dict, limits=None) -> dict[str, list[dict]]:
     meta = {"teacher": "recorded-teacher", "prompt_version": "v1"}
     rows: dict[str, list[dict]] = {"parser": parser_rows(records, programs, meta, limits)}
     rows["value_miner"] = miner_rows(records, programs, meta, limits)
+    reader, sheet_miner = chart_rows(records, programs, meta, limits)
+    rows["value_miner"] += sheet_miner
+    if reader:
+        rows["reader"] = reader
     return rows
 
 
@@ -147,45 +164,95 @@ def miner_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[d
     plan (atom chunks x passages, `verdict.data_gen.formalizer.miner.plan_for`) under the students' limits
     (`limits`: the service's `FormalizerConfig`; default: the tiny students' max_tokens). A chunk's
     target is the teacher's values for its atoms, an atom null where its quote is not in the call's
-    passage."""
-
-    limits = limits or FormalizerConfig(max_tokens=STUDENT_MAX_TOKENS)
-    fz = Formalizer(
-        limits.endpoint(limits.value_miner_model, "http://127.0.0.1:9/v1"), prompts=limits.prompts
-    )
+    passage. Chart patients (`documents`): `chart_rows`."""
+    fz = _miner_formalizer(limits)
     out = []
-    for p in records["patients"]:
+    for p in (p for p in records["patients"] if "documents" not in p):
         doc = PatientDoc(patient_id=p["patient_id"], text=p["note"])
         for tid, program in programs.items():
             for side in ("inclusion", "exclusion"):
-                facts = {v.atom: v for v in teacher_values(program, p, side)}
-                plan = plan_for(fz, program, doc, side)
-                for call in plan:
-                    values = [
-                        facts[a]
-                        if facts[a].value is None
-                        or any(quote_in_note(facts[a].evidence, t) for t in call.texts)
-                        else MinedValue(atom=a, value=None)
-                        for a in call.atoms
-                    ]
-                    rid = f"miner_{side}:{tid}:{p['patient_id']}"
-                    out.append(
-                        SftRecord.of_call(
-                            call.messages,
-                            miner_target(values, sparse=fz.prompt(f"miner_{side}").sparse),
-                            task="value_miner",
-                            record_id=rid + (f":{call.call_id}" if len(plan) > 1 else ""),
-                            trial_id=tid,
-                            patient_id=p["patient_id"],
-                            stage=f"miner_{side}",
-                            **meta,
-                        ).row()
-                    )
+                out += _call_rows(fz, plan_for(fz, program, doc, side), program, p, tid, side, meta)
+    return out
+
+
+def chart_rows(records: dict, programs: dict, meta: dict, limits=None) -> tuple[list[dict], list[dict]]:
+    """(reader rows, value-miner rows) of the chart patients (`documents`): each reader call the
+    service makes to read the chart once, its target the recorded quotes' excerpts of its passages
+    (`verdict.data_gen.formalizer.reader.recorded_sheet`), and each value-miner call on the fact
+    sheet those excerpts make, per trial x side. A chart the service would mine whole (at most
+    `limits.reading.read_above_tokens`) is an error: its rows would not be the ones it sends."""
+    fz = _miner_formalizer(limits)
+    reader, mined = [], []
+    for p in (p for p in records["patients"] if "documents" in p):
+        docs = [NoteDocument.model_validate(d) for d in p["documents"]]
+        if fz.reading is None or chart_tokens(fz, docs) <= fz.reading.read_above_tokens:
+            raise ValueError(
+                f"teacher records: the chart of {p['patient_id']} would be mined whole, not read "
+                "(lower reading.read_above_tokens in the limits)"
+            )
+        cited = [(quote, atom) for atom, (_, quote) in p["facts"].items() if quote]
+        sheet = recorded_sheet(fz, docs, cited, teacher=meta["teacher"], model=fz.endpoint.model)
+        for res in sheet.results:
+            if not res.accepted:
+                raise ValueError(f"teacher records: a reading of {p['patient_id']}'s chart fails its check")
+            reader.append(
+                SftRecord.of_call(
+                    res.messages,
+                    res.output_json,
+                    task="reader",
+                    record_id=f"reader:{p['patient_id']}:{res.item}",
+                    trial_id="-",
+                    patient_id=p["patient_id"],
+                    stage="reader",
+                    **meta,
+                ).row()
+            )
+        for tid, program in programs.items():
+            for side in ("inclusion", "exclusion"):
+                mined += _call_rows(fz, sheet_plan(fz, program, sheet, side), program, p, tid, side, meta)
+    return reader, mined
+
+
+def _miner_formalizer(limits=None) -> Formalizer:
+    limits = limits or FormalizerConfig(max_tokens=STUDENT_MAX_TOKENS)
+    return Formalizer(
+        limits.endpoint(limits.value_miner_model, "http://127.0.0.1:9/v1"),
+        prompts=limits.prompts,
+        reading=limits.reading,
+    )
+
+
+def _call_rows(fz, plan: list, program, patient: dict, tid: str, side: str, meta: dict) -> list[dict]:
+    """The rows of one side's planned value-miner calls: the teacher's values for each call's
+    atoms, an atom null where its quote is not in the call's text."""
+    facts = {v.atom: v for v in teacher_values(program, patient, side)}
+    rid = f"miner_{side}:{tid}:{patient['patient_id']}"
+    out = []
+    for call in plan:
+        values = [
+            facts[a]
+            if facts[a].value is None or any(quote_in_note(facts[a].evidence, t) for t in call.texts)
+            else MinedValue(atom=a, value=None)
+            for a in call.atoms
+        ]
+        out.append(
+            SftRecord.of_call(
+                call.messages,
+                miner_target(values, sparse=fz.prompt(f"miner_{side}").sparse),
+                task="value_miner",
+                record_id=rid + (f":{call.call_id}" if len(plan) > 1 else ""),
+                trial_id=tid,
+                patient_id=patient["patient_id"],
+                stage=f"miner_{side}",
+                **meta,
+            ).row()
+        )
     return out
 
 
 def write_student_export(records: dict, out: str | Path, limits=None) -> Path:
-    """`out/parser` and `out/value_miner` in the SFT export layout (DatasetDict + split JSONL)."""
+    """`out/parser` and `out/value_miner` (and `out/reader` with chart patients) in the SFT export
+    layout (DatasetDict + split JSONL)."""
     # heavy optional dependency: datasets (teacher/train extra)
     from datasets import Dataset, DatasetDict
 
@@ -212,6 +279,16 @@ def write_student_export(records: dict, out: str | Path, limits=None) -> Path:
         )
         (folder / "README.md").write_text(f"# {task}: recorded teacher outputs for the tiny students\n")
     return out
+
+
+def adapter_datasets(export: str | Path, task: str) -> list:
+    """The export's datasets an adapter trains on (`DatasetSpec`s): its task's, and the value miner's
+    reader task where the export has one (`sft_record.ADAPTER_TASKS`)."""
+    # heavy optional dependency: verdict.train (train extra)
+    from verdict.train.sft_config import DatasetSpec
+
+    folders = [Path(export) / t for t in ADAPTER_TASKS[task]]
+    return [DatasetSpec(path=str(f)) for f in folders if f.is_dir()]
 
 
 def train_student(

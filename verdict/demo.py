@@ -67,7 +67,9 @@ def prepare_students(work: Path, records: dict) -> None:
             f"{'a minute or two' if i == 0 else 'about a minute'})",
         )
         t0 = time.monotonic()
-        students.train_student(base, export / task, task, work, progress=lambda m: say("3/6", f"  {m}"))
+        students.train_student(
+            base, students.adapter_datasets(export, task), task, work, progress=lambda m: say("3/6", f"  {m}")
+        )
         say("3/6", f"  {task} adapter trained in {time.monotonic() - t0:.0f} s")
 
 

@@ -44,6 +44,8 @@ from .checks import Check, compact, normalize_ws, parse_output, split_pieces
 from .miner import (
     MinedValues,
     MinerBudgetError,
+    PlannedCall,
+    Route,
     as_documents,
     group_passages,
     mine_values,
@@ -51,6 +53,7 @@ from .miner import (
     note_text,
     side_atoms,
 )
+from .miner import plan_for as plan_miner
 from .passages import Passage, paragraph_spans, split_document
 from .prompt_templates import stage_prompt
 from .protocol import ChartRead, NoteDocument, PatientDoc, StageResult, Usage
@@ -150,6 +153,12 @@ class FactSheet:
     read: ChartRead
     results: list[StageResult] = field(default_factory=list)  # the reader calls (records, audit)
     router: SheetRouter | None = None  # built by the first trial that needs it, shared after
+
+    def routing(self, count_text) -> SheetRouter:
+        """The sheet's router: built by the first trial that needs it, shared after."""
+        if self.router is None:
+            self.router = SheetRouter.build(self.excerpts, count_text)
+        return self.router
 
     def documents(self) -> list[NoteDocument]:
         """One document per source document with excerpts: its excerpts separated by blank lines."""
@@ -302,18 +311,56 @@ def recorded_reader_result(
     over the note, the recorded excerpts as the teacher's answer, checked as a live answer is.
     `cited`: (recorded quote, the atom name that cites it); v2 tags each excerpt with its atoms' terms."""
     tmpl = stage_prompt(STAGE, version)
-    tagged = tmpl.version != "v1"
     call = ReaderCall(
         [Passage(note.id, 1, 1, 0, len(note.text), note.text)], reader_messages(note.text, tmpl.version)
     )
-    texts = recorded_excerpts(note.text, [q for q, _ in cited])
-    items = [{"text": t, "terms": recorded_terms(note.text, t, cited)} if tagged else t for t in texts]
+    return recorded_call_result(call, {note.id: note}, cited, teacher=teacher, model=model, version=version)
+
+
+def recorded_call_result(
+    call: ReaderCall,
+    originals: dict[str, NoteDocument],
+    cited: list[tuple[str, str]],
+    *,
+    teacher: str,
+    model: str,
+    version: str | None = None,
+) -> StageResult:
+    """One planned reader call's record: the recorded excerpts of each of its passages (call order)
+    as the teacher's answer, checked as a live answer is."""
+    tmpl = stage_prompt(STAGE, version)
+    tagged = tmpl.version != "v1"
+    quotes = [q for q, _ in cited]
+    items = [
+        {"text": t, "terms": recorded_terms(p.text, t, cited)} if tagged else t
+        for p in call.passages
+        for t in recorded_excerpts(p.text, quotes)
+    ]
     check = check_reader_output(
-        compact({"excerpts": items}), "stop", call, {note.id: note}, max_tokens=0, tagged=tagged
+        compact({"excerpts": items}), "stop", call, originals, max_tokens=0, tagged=tagged
     )
     return check.result(
         stage=STAGE, teacher=teacher, model=model, prompt_version=tmpl.ident, messages=call.messages
     )
+
+
+def recorded_sheet(
+    fz: Runtime, documents: list[NoteDocument], cited: list[tuple[str, str]], *, teacher: str, model: str
+) -> FactSheet:
+    """The fact sheet a reader that answers the recorded excerpts makes of a chart, read as the
+    service reads it (`fz.reading`'s selection, the same reader calls), with those calls' records in
+    `results`: the distillation of a chart's reading and of the sheet the value miner then reads."""
+    reading = fz.reading or ChartReading()
+    reduced = reduce_chart(documents, reading.selection if reading.selection.active else None)
+    plan = plan_for(fz, reduced.documents)
+    version = fz.prompts.get(STAGE)
+    results = [
+        recorded_call_result(
+            c, reduced.originals, cited, teacher=teacher, model=model, version=version
+        ).model_copy(update={"item": c.call_id})
+        for c in plan
+    ]
+    return fact_sheet(plan, results, reduced)
 
 
 # ---- reading -------------------------------------------------------------------------------------
@@ -348,7 +395,12 @@ async def read_chart(fz: Runtime, reduced: ReducedChart, *, data_class: str, ids
         )
         return res.model_copy(update={"item": call.call_id})
 
-    results = list(await asyncio.gather(*(one(c) for c in plan)))
+    return fact_sheet(plan, list(await asyncio.gather(*(one(c) for c in plan))), reduced)
+
+
+def fact_sheet(plan: list[ReaderCall], results: list[StageResult], reduced: ReducedChart) -> FactSheet:
+    """The sheet the reader calls' results make, in document order (an excerpt two calls kept,
+    once; a repeated statement, in its latest document; a rejected group, whole)."""
     order = {d.id: i for i, d in enumerate(reduced.originals.values())}
     seen: set[tuple[str, int, str]] = set()
     excerpts: list[Excerpt] = []
@@ -487,23 +539,41 @@ async def mine_chart(
     sheet_docs = sheet.documents()
     if not sheet_docs:  # nothing in the chart is about the patient: every atom null, no call
         return _no_text(fz, program, side, skip, chart_read)
-    if sheet.router is None:
-        sheet.router = await asyncio.to_thread(SheetRouter.build, sheet.excerpts, fz.tokens.count_text)
-    router, routed = sheet.router, []
+    router = await asyncio.to_thread(sheet.routing, fz.tokens.count_text)
+    routed: list[bool] = []
+    route = sheet_route(program, router, reading, routed)
+    record = PatientDoc(patient_id=_pid(pid), documents=sheet_docs, data_class=dclass)
+    res = await mine_values(fz, program, record, side, data_class=dclass, skip=skip, route=route)
+    if res.accepted:
+        res = res.model_copy(update={"output": _checked_against_sheet(res.output, sheet)})
+    return res.model_copy(update={"chart_read": chart_read.model_copy(update={"routed": any(routed)})})
+
+
+def sheet_route(
+    program: TrialProgram, router: SheetRouter, reading: ChartReading, routed: list[bool]
+) -> Route | None:
+    """What each atom chunk of `program` reads of a sheet larger than `reading.route_above_tokens`:
+    the excerpts routed to its atoms within the call's budget (`reading.route_tokens` when the model
+    has no limits); None for a smaller sheet (read whole). `routed` collects whether each call read
+    less than the whole sheet."""
+    if router.total_tokens() <= reading.route_above_tokens:
+        return None
 
     def route(names: list[str], budget: int | None) -> list[NoteDocument]:
         chosen = router.pick(program, names, reading.route_tokens if budget is None else budget)
         routed.append(len(chosen) < len(router.excerpts))
         return router.documents(chosen)
 
-    large = router.total_tokens() > reading.route_above_tokens
-    record = PatientDoc(patient_id=_pid(pid), documents=sheet_docs, data_class=dclass)
-    res = await mine_values(
-        fz, program, record, side, data_class=dclass, skip=skip, route=route if large else None
+    return route
+
+
+def sheet_plan(fz: Runtime, program: TrialProgram, sheet: FactSheet, side: str) -> list[PlannedCall]:
+    """The value-miner calls of one trial side on a fact sheet, as `mine_chart` plans them (every
+    atom of the side asked): the prompts a student of the sheet is trained on."""
+    route = sheet_route(program, sheet.routing(fz.tokens.count_text), fz.reading or ChartReading(), [])
+    return plan_miner(
+        fz, program, PatientDoc(patient_id="chart", documents=sheet.documents()), side, route=route
     )
-    if res.accepted:
-        res = res.model_copy(update={"output": _checked_against_sheet(res.output, sheet)})
-    return res.model_copy(update={"chart_read": chart_read.model_copy(update={"routed": any(routed)})})
 
 
 def _pid(pid: str) -> str:

@@ -9,7 +9,7 @@ from verdict.data_gen.formalizer import Formalizer
 from verdict.data_gen.formalizer.miner import asked_atoms, plan_for
 from verdict.data_gen.formalizer.protocol import PatientDoc
 from verdict.serve.api_config import FormalizerConfig
-from verdict.serve.students import STUDENT_MAX_TOKENS, miner_rows, teacher_programs
+from verdict.serve.students import STUDENT_MAX_TOKENS, miner_rows, sft_rows, teacher_programs
 
 N = 12
 SENTENCES = [
@@ -81,3 +81,58 @@ def test_the_student_export_prints_no_datasets_progress_bar_and_restores_the_set
     assert "Saving the dataset" not in capfd.readouterr().err
     assert (tmp_path / "export" / "value_miner" / "dataset_dict.json").is_file()
     assert is_progress_bar_enabled()  # only inside the save
+
+
+def test_chart_rows_are_the_prompts_the_service_sends_when_it_reads_the_chart_once(tmp_path):
+    """The chart patient's rows (tests/fixtures/vllm.py: the tiny student learns them) are the very
+    requests a formalizer that reads the chart once sends (real HTTP to the scripted server playing
+    the recorded reader): the reading, then each trial side's value miner on the fact sheet."""
+    import asyncio
+
+    from verdict.data_gen.formalizer.reader import mine_chart
+    from verdict.data_gen.scripted_server import Script, ScriptedServer
+
+    from tests.data_gen.teacher_data import READER_MARK
+    from tests.fixtures.vllm import CHART_OF, chart_record, load_teacher_records, student_limits, with_chart
+
+    chart = chart_record(tmp_path)
+    recs = with_chart(load_teacher_records(), chart)
+    limits = student_limits()
+    rows = sft_rows(recs, limits)
+    p1 = next(p for p in recs["patients"] if p["patient_id"] == CHART_OF)
+    quotes = [q for _, q in p1["facts"].values() if q]
+    script = {
+        "rules": [
+            {
+                "match": {"contains": [READER_MARK]},
+                "responses": [{"auto": "excerpts", "auto_excerpts": quotes}],
+            }
+        ],
+        "default": {"auto": "nulls"},
+    }
+    srv = ScriptedServer(Script.model_validate(script)).start()
+
+    async def read_and_mine() -> None:
+        fz = Formalizer(
+            limits.endpoint(limits.value_miner_model, srv.url), prompts=limits.prompts, reading=limits.reading
+        )
+        try:
+            for program in teacher_programs(recs).values():
+                for side in ("inclusion", "exclusion"):
+                    res = await mine_chart(fz, program, chart.patient_doc(), side)
+                    assert res.accepted and res.chart_read.excerpts_kept == len(quotes)
+        finally:
+            await fz.aclose()
+
+    try:
+        asyncio.run(read_and_mine())
+    finally:
+        srv.stop()
+    sent = [r.body["messages"] for r in srv.requests]
+    reader = [r["messages"][:-1] for r in rows["reader"]]
+    sheet = [r["messages"][:-1] for r in rows["value_miner"] if r["patient_id"] == chart.patient_id]
+    assert len(reader) == 1 and len(sheet) == 4  # one reading; both trials x both sides on its sheet
+    assert sent == reader + sheet
+    assert (
+        rows["value_miner"][: -len(sheet)] == sft_rows(load_teacher_records())["value_miner"]
+    )  # notes: as before
