@@ -190,13 +190,9 @@ def route_of(prog, router):
     """The product's routing of a fact sheet (`mine_chart`), for the planner."""
     if router is None:
         return None
-    from verdict.data_gen.formalizer.reader import ChartReading
+    from verdict.data_gen.formalizer.reader import ChartReading, sheet_route
 
-    reading = ChartReading()
-    if router.total_tokens() <= reading.route_above_tokens:
-        return None  # a sheet this small is read whole by every chunk (`mine_chart`)
-    cap = reading.route_tokens
-    return lambda names, budget: router.documents(router.pick(prog, names, cap if budget is None else budget))
+    return sheet_route(prog, router, ChartReading(), [])
 
 
 def mining_cost(prog, docs, limits, counter, side_only: str | None = None, router=None) -> Cost:
@@ -240,7 +236,7 @@ def terms_from(quotes, leave_out: str | None = None):
 
     def terms_of(pid: str, excerpt: str) -> list[str]:
         cited = [(q, a) for q, a, t in quotes.get(pid, []) if t != leave_out]
-        return recorded_terms("", excerpt, cited)
+        return recorded_terms(excerpt, cited)
 
     return terms_of
 

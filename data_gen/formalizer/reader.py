@@ -57,7 +57,7 @@ from .miner import plan_for as plan_miner
 from .passages import Passage, paragraph_spans, split_document
 from .prompt_templates import stage_prompt
 from .protocol import ChartRead, NoteDocument, PatientDoc, StageResult, Usage
-from .routing import SheetRouter, atom_term
+from .routing import SheetRouter, atom_term, excerpt_documents
 from .value_reuse import record_key
 
 if TYPE_CHECKING:
@@ -162,13 +162,7 @@ class FactSheet:
 
     def documents(self) -> list[NoteDocument]:
         """One document per source document with excerpts: its excerpts separated by blank lines."""
-        out: dict[str, list[Excerpt]] = {}
-        for e in self.excerpts:
-            out.setdefault(e.document, []).append(e)
-        return [
-            NoteDocument(id=d, text="\n\n".join(e.text for e in es), date=es[0].date, kind=es[0].kind)
-            for d, es in out.items()
-        ]
+        return excerpt_documents(self.excerpts)
 
 
 # ---- planning ------------------------------------------------------------------------------------
@@ -291,7 +285,7 @@ def recorded_excerpts(note: str, quotes: list[str]) -> list[str]:
     return [note[s:e] for s, e in kept]
 
 
-def recorded_terms(note: str, excerpt: str, cited: list[tuple[str, str]]) -> list[str]:
+def recorded_terms(excerpt: str, cited: list[tuple[str, str]]) -> list[str]:
     """The terms of a recorded excerpt: what the atoms whose recorded quote it holds are about
     (`routing.atom_term` of each, in first-cited order, at most 8)."""
     terms: list[str] = []
@@ -332,7 +326,7 @@ def recorded_call_result(
     tagged = tmpl.version != "v1"
     quotes = [q for q, _ in cited]
     items = [
-        {"text": t, "terms": recorded_terms(p.text, t, cited)} if tagged else t
+        {"text": t, "terms": recorded_terms(t, cited)} if tagged else t
         for p in call.passages
         for t in recorded_excerpts(p.text, quotes)
     ]

@@ -154,12 +154,17 @@ class SheetRouter:
         return sorted(chosen)
 
     def documents(self, chosen: list[int]) -> list[NoteDocument]:
-        """The chosen excerpts as documents: one per source document, excerpts in chart order,
-        separated by blank lines (the fact sheet's own layout)."""
-        out: dict[str, list[Excerpt]] = {}
-        for i in chosen:
-            out.setdefault(self.excerpts[i].document, []).append(self.excerpts[i])
-        return [
-            NoteDocument(id=d, text="\n\n".join(e.text for e in es), date=es[0].date, kind=es[0].kind)
-            for d, es in out.items()
-        ]
+        """The chosen excerpts as documents, in the fact sheet's own layout (`excerpt_documents`)."""
+        return excerpt_documents([self.excerpts[i] for i in chosen])
+
+
+def excerpt_documents(excerpts: Sequence[Excerpt]) -> list[NoteDocument]:
+    """Excerpts as documents: one per source document, its excerpts in the given (chart) order,
+    separated by blank lines."""
+    out: dict[str, list[Excerpt]] = {}
+    for e in excerpts:
+        out.setdefault(e.document, []).append(e)
+    return [
+        NoteDocument(id=d, text="\n\n".join(e.text for e in es), date=es[0].date, kind=es[0].kind)
+        for d, es in out.items()
+    ]
