@@ -89,14 +89,7 @@ def load_source(
 ) -> LoadResult:
     """Read `source` (bundle file, NDJSON folder or file, http(s) base URL) into records at `at`.
     `bearer`: a server's token handed to the caller (else the one `rest.token_env` names)."""
-    if not isinstance(at, dt.date):
-        raise FhirSourceError("a reference date is required (ages are computed at it, never at 'today')")
-    code_map = code_map or load_code_map()
-    implausible = code_map.dates.reference_date_problem(at)
-    if implausible:
-        raise FhirSourceError(
-            f"reference date {at.isoformat()} is {implausible} (plausible dates: configs/fhir/codes.yaml)"
-        )
+    code_map = checked_reference_date(at, code_map, FhirSourceError)
     if source.startswith(("http://", "https://")):
         return _load_rest(rest or FhirRestConfig(base_url=source), at, patient, code_map, bearer)
     path = Path(source)
@@ -114,6 +107,20 @@ def load_source(
     if patient is not None and not records:
         raise FhirSourceError(f"Patient/{patient} is not in {path.name}")
     return LoadResult(source, kind, records, problems + orphan_problems, validated.skipped_types)
+
+
+def checked_reference_date(at, code_map: CodeMap | None, error: type[Exception]) -> CodeMap:
+    """The code map a source reads with (the site's by default), once the reference date is known
+    good: a missing or implausible one is refused with the source's own `error`."""
+    if not isinstance(at, dt.date):
+        raise error("a reference date is required (ages are computed at it, never at 'today')")
+    code_map = code_map or load_code_map()
+    implausible = code_map.dates.reference_date_problem(at)
+    if implausible:
+        raise error(
+            f"reference date {at.isoformat()} is {implausible} (plausible dates: configs/fhir/codes.yaml)"
+        )
+    return code_map
 
 
 def prefetch_source(

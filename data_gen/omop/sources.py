@@ -9,8 +9,8 @@ import datetime as dt
 import psycopg
 from psycopg import sql
 
-from ..fhir.code_map import CodeMap, load_code_map
-from ..fhir.sources import LoadResult
+from ..fhir.code_map import CodeMap
+from ..fhir.sources import LoadResult, checked_reference_date
 from .config import OmopConfig
 from .connect import connect, db_label, pg_problem
 from .errors import OmopSourceError
@@ -34,14 +34,7 @@ def population(conn, cfg: OmopConfig) -> list[int]:
 
 def load_omop(cfg: OmopConfig, at: dt.date, code_map: CodeMap | None = None) -> LoadResult:
     """Read the configured population into records at `at` (egress allowlist checked first)."""
-    if not isinstance(at, dt.date):
-        raise OmopSourceError("a reference date is required (ages are computed at it, never at 'today')")
-    code_map = code_map or load_code_map()
-    implausible = code_map.dates.reference_date_problem(at)
-    if implausible:
-        raise OmopSourceError(
-            f"reference date {at.isoformat()} is {implausible} (plausible dates: configs/fhir/codes.yaml)"
-        )
+    code_map = checked_reference_date(at, code_map, OmopSourceError)
     result = LoadResult(db_label(cfg.url), "omop")
     with connect(cfg) as conn:
         conn.read_only = True
