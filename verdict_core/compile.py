@@ -9,8 +9,10 @@ a tracker added inside push/pop), so one compiled program serves many patients (
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import z3
 
@@ -137,13 +139,17 @@ class CompiledProgram:
         """(definition formulas, compiled criteria) that mention the atom directly."""
         return self._mentions[atom]
 
+    def settled(self, key: tuple, answer: Callable[[], Any]) -> Any:
+        """What the program alone settles, asked once per program version: `answer()` on the first
+        ask of `key`, the kept answer after (cached across patients)."""
+        if key not in self._settled:
+            self._settled[key] = answer()
+        return self._settled[key]
+
     def settled_by_definitions(self, cc: CompiledCriterion, holds: bool, check) -> bool:
         """Do the definitions alone make the requirement hold (holds=True) or fail? Asked only
         for labels that need it, once per program version (cached across patients)."""
-        key = (cc.index, holds)
-        if key not in self._settled:
-            self._settled[key] = not check(cc.neg if holds else cc.pos)
-        return self._settled[key]
+        return self.settled((cc.index, holds), lambda: not check(cc.neg if holds else cc.pos))
 
     def fact_expr(self, atom: str, value=None, bounds: Bounds | None = None) -> z3.BoolRef:
         """The constraint a resolved value puts on an atom, built once per program and value:

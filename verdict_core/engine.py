@@ -74,6 +74,12 @@ class Engine:
             self._cache.popitem(last=False)
         return cp
 
+    def forget_programs(self) -> None:
+        """Drop every compiled program, so the next decision on each pays for compiling it again
+        (the latency benchmark's cold figure)."""
+        with self._lock:
+            self._cache.clear()
+
     def check_satisfiable(self, program: TrialProgram) -> None:
         """Raise ProgramError if no patient could ever satisfy the program (or a cohort of it)."""
         with self._lock:
@@ -107,10 +113,10 @@ class Engine:
     def _admits_no_patient(self, cp: CompiledProgram) -> list[str]:
         """Why no patient at all can be eligible ([] if some can, or if the solver cannot say):
         asked only for ineligible decisions, once per compiled program."""
-        key = ("admits-no-patient",)
-        if key not in cp._settled:
-            cp._settled[key] = self._unsatisfiable(cp) if cp.solver.check(cp.phi_guard) == z3.unsat else []
-        return cp._settled[key]
+        return cp.settled(
+            ("admits-no-patient",),
+            lambda: self._unsatisfiable(cp) if cp.solver.check(cp.phi_guard) == z3.unsat else [],
+        )
 
     # -- deciding ----------------------------------------------------------------------------------
     def decide(

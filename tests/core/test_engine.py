@@ -312,3 +312,21 @@ def test_a_label_the_definitions_alone_settle_cites_no_fact():
     )
     assert [(lb.criterion, lb.label, lb.facts) for lb in d.labels] == [("inc0", "satisfied", [])]
     assert d.decision == "eligible"
+
+
+def test_a_compiled_program_settles_a_question_once_and_forgetting_programs_compiles_again():
+    """`CompiledProgram.settled` keeps what the program alone settles across patients (the engine and
+    the compiler share it), and `Engine.forget_programs` is the latency benchmark's cold start."""
+    prog = program(["a"], exclusion=["b"], atoms=[atom("a"), atom("b")])
+    engine = Engine()
+    first = engine.compiled(prog)
+    asked = []
+    assert first.settled(("q",), lambda: asked.append(1) or "answer") == "answer"
+    assert first.settled(("q",), lambda: asked.append(1) or "other") == "answer"
+    assert asked == [1]
+    assert engine.compiled(prog) is first
+    engine.forget_programs()
+    again = engine.compiled(prog)
+    assert again is not first
+    assert again.settled(("q",), lambda: "fresh") == "fresh"
+    assert engine.decide(prog, patient(prog, a=True, b=False)).decision == "eligible"
