@@ -162,20 +162,7 @@ class CallCache:
                         now,
                     ),
                 )
-                db.execute(
-                    "INSERT INTO ledger (run, stage, teacher, key, kind, prompt_tokens, completion_tokens, "
-                    "cost_usd, at) VALUES (?,?,?,?,'paid',?,?,?,?)",
-                    (
-                        meta.run,
-                        meta.stage,
-                        meta.teacher,
-                        call.key,
-                        call.prompt_tokens,
-                        call.completion_tokens,
-                        call.cost_usd,
-                        now,
-                    ),
-                )
+                _add_ledger_entry(db, call, meta, "paid", call.cost_usd, now)
                 db.execute("DELETE FROM inflight WHERE key = ? AND run = ?", (call.key, meta.run))
                 db.execute("COMMIT")
             except BaseException:
@@ -186,19 +173,7 @@ class CallCache:
 
     def record_hit(self, call: CachedCall, meta: CallMeta) -> None:
         with self._lock:
-            self._db.execute(
-                "INSERT INTO ledger (run, stage, teacher, key, kind, prompt_tokens, completion_tokens, "
-                "cost_usd, at) VALUES (?,?,?,?,'cache_hit',?,?,0,?)",
-                (
-                    meta.run,
-                    meta.stage,
-                    meta.teacher,
-                    call.key,
-                    call.prompt_tokens,
-                    call.completion_tokens,
-                    time.time(),
-                ),
-            )
+            _add_ledger_entry(self._db, call, meta, "cache_hit", 0.0, time.time())
 
     # -- queries ---------------------------------------------------------------------------------
     def spent(self, run: str) -> float:
@@ -238,3 +213,15 @@ class CallCache:
 
     def count_calls(self) -> int:
         return self._read("SELECT COUNT(*) FROM calls")[0][0]
+
+
+def _add_ledger_entry(
+    db: sqlite3.Connection, call: CachedCall, meta: CallMeta, kind: str, cost_usd: float, at: float
+) -> None:
+    """One ledger row: a paid call, or a cache hit (cost 0), charged to `meta`'s run and stage."""
+    db.execute(
+        "INSERT INTO ledger (run, stage, teacher, key, kind, prompt_tokens, completion_tokens, cost_usd, at) "
+        "VALUES (?,?,?,?,?,?,?,?,?)",
+        (meta.run, meta.stage, meta.teacher, call.key, kind, call.prompt_tokens, call.completion_tokens,
+         cost_usd, at),
+    )  # fmt: skip
