@@ -15,8 +15,8 @@ from .errors import ServeConfigError
 def check_formalizer_hosts(egress: EgressPolicy, base_urls: list[str]) -> None:
     """ServeConfigError naming the first formalizer host not on the site allowlist."""
     for url in base_urls:
-        host = urlsplit(url).hostname or ""
-        if not egress.host_allowed(host):
+        host = egress.refused_host(url)
+        if host is not None:
             raise ServeConfigError(
                 f"refusing to start: the formalizer host '{host}' is not on the site allowlist for patient "
                 f"text (rule: {EGRESS_RULE}); add it to api.egress.allow_hosts in the serve config or to "

@@ -53,6 +53,11 @@ class EgressPolicy:
                 return True
         return False
 
+    def refused_host(self, url: str) -> str | None:
+        """The host of `url` when patient text may not go there, else None."""
+        host = urlsplit(url).hostname or ""
+        return None if self.host_allowed(host) else host
+
     def check(
         self,
         url: str,
@@ -66,10 +71,8 @@ class EgressPolicy:
         if not carries_patient_text or data_class in ("public", "synthetic"):
             return
         for label, target in (("host", url), ("proxy", via_proxy)):
-            if target is None:
-                continue
-            host = urlsplit(target).hostname or ""
-            if not self.host_allowed(host):
+            host = None if target is None else self.refused_host(target)
+            if host is not None:
                 raise EgressRefused(
                     f"refused: {what} would send patient text (dataset class '{data_class}') to {label} "
                     f"'{host}', which is not allowed (rule: {RULE}). Nothing was sent. To allow it, add "

@@ -20,10 +20,10 @@ import json
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 import jwt
+from verdict.data_gen.formalizer.egress import EgressPolicy
 
 from ..api_config import CdsClient, CdsHooksConfig
 from ..errors import ServeConfigError, ServiceError
@@ -87,12 +87,12 @@ class KeySet:
 
 
 class ClientJwt:
-    def __init__(self, cfg: CdsHooksConfig, audience: str | None, egress, clock=time.time):
+    def __init__(self, cfg: CdsHooksConfig, audience: str | None, egress: EgressPolicy, clock=time.time):
         self.cfg, self.audience, self.clock = cfg, audience, clock
         for c in cfg.clients:
             if c.jwks_url:  # checked before any fetch, as for a FHIR host
-                host = urlsplit(c.jwks_url).hostname or ""
-                if not egress.host_allowed(host):
+                host = egress.refused_host(c.jwks_url)
+                if host is not None:
                     raise ServeConfigError(
                         f"refusing to start: cds_hooks client '{c.name}': its jwks_url host '{host}' is not "
                         "on the site's egress allowlist (api.egress.allow_hosts)"

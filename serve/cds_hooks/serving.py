@@ -28,7 +28,7 @@ import logging
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from verdict.core.decision import Decision
 from verdict.core.ranking import RankedRow, rank
@@ -161,10 +161,11 @@ class CdsHooksService:
     # -- the hook --------------------------------------------------------------------------------
     async def cards(self, service_id: str, req: HookRequest, client: CdsClient) -> CdsResponse:
         self.check_service(service_id)
-        if req.fhirServer is not None and not self.egress.host_allowed(_host(req.fhirServer)):
+        refused = None if req.fhirServer is None else self.egress.refused_host(req.fhirServer)
+        if refused is not None:
             raise InvalidInput(
                 "fhirServer is not on the site's egress allowlist: nothing was read or queued",
-                [("fhirServer", f"host '{_host(req.fhirServer)}' is not allowed (api.egress.allow_hosts)")],
+                [("fhirServer", f"host '{refused}' is not allowed (api.egress.allow_hosts)")],
             )
         pid = req.context.patientId
         try:
@@ -338,7 +339,3 @@ def feedback_changes(item: FeedbackItem, service_id: str, caller: str) -> list[R
     if item.outcome == "overridden" and stated:
         changes.append(RecordedChange(type="flag", note=stated, reason=reason, **common))
     return changes
-
-
-def _host(url: str) -> str:
-    return urlsplit(url).hostname or ""
