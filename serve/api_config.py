@@ -17,7 +17,7 @@ from verdict.data_gen.formalizer.endpoint_config import EgressConfig, EndpointCo
 from verdict.data_gen.formalizer.reader import ChartReading
 
 from .pages.session import SessionConfig
-from .protocol import POLICY_NAME, base_url_problem
+from .protocol import POLICY_NAME, base_url_problem, checked_base_url
 
 
 class FormalizerConfig(StrictModel):
@@ -400,10 +400,7 @@ class ApiConfig(StrictModel):
     @field_validator("public_url")
     @classmethod
     def _a_base_url(cls, v: str | None) -> str | None:
-        problem = base_url_problem(v) if v is not None else None
-        if problem:
-            raise ValueError(f"the public URL {problem}")
-        return v.rstrip("/") if v is not None else None
+        return checked_base_url(v, "the public URL")
 
     @property
     def audit_hash_key_path(self) -> str:

@@ -276,3 +276,12 @@ def base_url_problem(url: str) -> str | None:
     if "@" in parts.netloc or parts.query or parts.fragment:
         return "carries credentials, a query or a fragment"
     return None
+
+
+def checked_base_url(url: str | None, name: str) -> str | None:
+    """A field validator's check: `url` without its trailing slash (None stays None), or ValueError
+    naming `name` when it is not a plain base URL (`base_url_problem`)."""
+    problem = base_url_problem(url) if url is not None else None
+    if problem:
+        raise ValueError(f"{name} {problem}")
+    return url.rstrip("/") if url is not None else None

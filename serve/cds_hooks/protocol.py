@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..contract import given, only_with, rules
-from ..protocol import base_url_problem
+from ..protocol import checked_base_url
 
 HOOK = "patient-view"
 PATIENT_ID = r"^[A-Za-z0-9][A-Za-z0-9\-.]{0,63}$"  # a FHIR logical id (and a decision's patient id)
@@ -83,10 +83,7 @@ class HookRequest(_Spec):
     @field_validator("fhirServer")
     @classmethod
     def _base_url(cls, v: str | None) -> str | None:
-        problem = base_url_problem(v) if v is not None else None
-        if problem:
-            raise ValueError(f"fhirServer {problem}")
-        return v.rstrip("/") if v is not None else None
+        return checked_base_url(v, "fhirServer")
 
     @model_validator(mode="after")
     def _a_source(self):
