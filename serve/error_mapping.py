@@ -48,13 +48,22 @@ _ERROR_TEXT = {
 }
 
 
+def error_responses(texts: dict[int, str]) -> dict:
+    """A route's `responses=` for these error statuses (status -> what it means), each an ErrorBody."""
+    return {code: {"model": ErrorBody, "description": text} for code, text in texts.items()}
+
+
 def documented_errors(*, formalizer: bool = False) -> dict:
     """A key-checked route's `responses=` (its OpenAPI error statuses, each an ErrorBody); with
     `formalizer`, also 502 and 503 of a route that calls the students."""
-    errors = {code: {"model": ErrorBody, "description": text} for code, text in _ERROR_TEXT.items()}
+    errors = error_responses(_ERROR_TEXT)
     if formalizer:
-        errors[502] = {"model": ErrorBody, "description": "formalizer output invalid after one repair"}
-        errors[503] = {"model": ErrorBody, "description": "formalizer down or slow; see Retry-After"}
+        errors |= error_responses(
+            {
+                502: "formalizer output invalid after one repair",
+                503: "formalizer down or slow; see Retry-After",
+            }
+        )
     return errors
 
 

@@ -19,10 +19,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ..api_config import CdsClient
 from ..dependencies import CdsHooks, cds_hooks_service
-from ..error_mapping import error_body
+from ..error_mapping import error_body, error_responses
 from ..errors import ServiceError
 from ..middleware import send_json
-from ..protocol import ErrorBody
 from .client_jwt import JwtRefused
 from .protocol import CdsResponse, CdsServices, FeedbackRequest, FeedbackResponse, HookRequest
 from .serving import CdsHooksService
@@ -75,15 +74,14 @@ async def client(
 
 
 Client = Annotated[CdsClient, Depends(client)]
-_ERRORS = {
-    code: {"model": ErrorBody, "description": text}
-    for code, text in {
+_ERRORS = error_responses(
+    {
         401: "no JWT, or one refused: unknown issuer, wrong audience, expired, no jti, a replayed jti, ...",
         404: "no such CDS service, or the CDS Hooks service is off (api.cds_hooks.clients)",
         422: "invalid call: every invalid field is named (a fhirServer off the egress allowlist included)",
         503: "too many unexpired tokens to remember; try again shortly",
-    }.items()
-}
+    }
+)
 
 router = APIRouter(tags=["cds-hooks"])
 

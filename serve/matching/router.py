@@ -10,9 +10,8 @@ from fastapi.responses import StreamingResponse
 from ..api_keys import KeyEntry
 from ..contract import NDJSON
 from ..dependencies import Matching
-from ..error_mapping import documented_errors
+from ..error_mapping import documented_errors, error_responses
 from ..pairs import match_batch as batch_lines
-from ..protocol import ErrorBody
 from ..roles import require
 from ..trial_versions import inactive_use_for
 from .protocol import BatchLine, BatchRequest, MatchRequest, MatchResponse
@@ -20,13 +19,12 @@ from .protocol import BatchLine, BatchRequest, MatchRequest, MatchResponse
 router = APIRouter(tags=["matching"])
 
 
-_INACTIVE = {
-    409: {
-        "model": ErrorBody,
-        "description": "inactive_version: program_hash pins a version that is not the trial's active one "
+_INACTIVE = error_responses(
+    {
+        409: "inactive_version: program_hash pins a version that is not the trial's active one "
         "(only a trial_owner key may match against it, as a preview); the message names the active version",
     }
-}
+)
 
 
 @router.post(

@@ -10,13 +10,12 @@ from fastapi import APIRouter, Depends
 
 from ..api_keys import KeyEntry
 from ..dependencies import Rereads
-from ..protocol import ErrorBody
+from ..error_mapping import error_responses
 from ..roles import require
 from .protocol import RereadRequest, RereadResponse
 
-_ERRORS = {
-    code: {"model": ErrorBody, "description": text}
-    for code, text in {
+_ERRORS = error_responses(
+    {
         401: "missing or invalid API key",
         403: "the key lacks the role (refused before the body is read)",
         404: "no such decision",
@@ -28,8 +27,8 @@ _ERRORS = {
         "at api.reviews.max_reviews_per_lineage",
         502: "the value miner's answer was unusable",
         503: "the formalizer or the audit store is unavailable: nothing was recorded",
-    }.items()
-}
+    }
+)
 
 router = APIRouter(tags=["reviews"])
 

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Query
 
 from ..api_keys import KeyEntry
 from ..dependencies import Reviews
-from ..protocol import ErrorBody
+from ..error_mapping import error_responses
 from ..roles import require
 from .protocol import (
     DecisionHistory,
@@ -28,9 +28,8 @@ from .protocol import (
     TrialFlags,
 )
 
-_ERRORS = {
-    code: {"model": ErrorBody, "description": text}
-    for code, text in {
+_ERRORS = error_responses(
+    {
         401: "missing or invalid API key",
         403: "the key lacks the role",
         404: "no such decision or trial",
@@ -39,8 +38,8 @@ _ERRORS = {
         422: "invalid request: every invalid field is named (changes.N.atom, changes.N.value, program...); "
         "a lineage at api.reviews.max_reviews_per_lineage",
         503: "the audit store is unavailable: nothing was recorded",
-    }.items()
-}
+    }
+)
 
 router = APIRouter(tags=["reviews"])
 
