@@ -297,7 +297,12 @@ def write_trec_config(root: Path, url: str, grades: dict, name: str = "ranked", 
     pairs.write_text(
         "".join(json.dumps({"patient_id": p, "nct_id": t, "score": s}) + "\n" for (p, t), s in grades.items())
     )
+    return set_dataset(cfg, kind="trec2021", pairs=str(pairs), not_relevant="rank")
+
+
+def set_dataset(cfg: Path, **fields) -> Path:
+    """Set these fields of the written config's `dataset` section (e.g. data_class="private")."""
     data = yaml.safe_load(cfg.read_text())
-    data["dataset"].update(kind="trec2021", pairs=str(pairs), not_relevant="rank")
+    data["dataset"].update(fields)
     cfg.write_text(yaml.safe_dump(data, sort_keys=False))
     return cfg

@@ -165,9 +165,7 @@ def test_rewrites_validated_rerun_and_scored_then_a_rerun_pays_nothing(tmp_path)
 def test_private_charts_never_go_to_a_remote_modifier(tmp_path):
     with ScriptedServer(cf_script()) as srv:
         cfg = cf_config(tmp_path, srv.url, modifier=scenario.endpoint("https://api.example.com/v1"))
-        data = yaml.safe_load(cfg.read_text())
-        data["dataset"]["data_class"] = "private"
-        cfg.write_text(yaml.safe_dump(data))
+        scenario.set_dataset(cfg, data_class="private")
         with pytest.raises(EgressRefused, match="api.example.com"):
             run(cfg)
         assert not srv.requests

@@ -13,7 +13,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import yaml
 from verdict.bench.bench_config import load_bench_config
 from verdict.bench.protocol import BenchError, PairResult
 from verdict.bench.runner import BenchRun
@@ -259,9 +258,7 @@ def test_private_notes_never_go_to_a_remote_endpoint(tmp_path, server):
     cfg = scenario.write_config(
         tmp_path, server.url, backends=[{"name": "remote", "kind": "formalizer", "parser": ep, "miner": ep}]
     )
-    data = yaml.safe_load(cfg.read_text())
-    data["dataset"]["data_class"] = "private"
-    cfg.write_text(yaml.safe_dump(data))
+    scenario.set_dataset(cfg, data_class="private")
     with pytest.raises(EgressRefused, match="api.example.com"):
         run(cfg)
     assert not server.requests
