@@ -362,14 +362,14 @@ def stop_process_group(
     except ProcessLookupError:
         pass
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and _group_alive(pid, popen):
+    while time.monotonic() < deadline and group_alive(pid, popen):
         time.sleep(0.2)
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     deadline = time.monotonic() + 10  # a killed process takes a moment to go (freeing GBs of memory)
-    while time.monotonic() < deadline and _group_alive(pid, popen):
+    while time.monotonic() < deadline and group_alive(pid, popen):
         time.sleep(0.1)
     if popen is not None:
         try:
@@ -379,7 +379,8 @@ def stop_process_group(
     return None
 
 
-def _group_alive(pgid: int, popen: subprocess.Popen | None) -> bool:
+def group_alive(pgid: int, popen: subprocess.Popen | None) -> bool:
+    """Whether a process of the group `pgid` is left (`popen`: its leader, reaped first)."""
     if popen is not None:
         popen.poll()  # reap the leader, or it stays a zombie member of the group
     try:
@@ -389,11 +390,17 @@ def _group_alive(pgid: int, popen: subprocess.Popen | None) -> bool:
     except PermissionError:
         return True
     # Only zombies left (children of someone else that has not reaped them yet) count as gone.
+    return bool(group_members(pgid))
+
+
+def group_members(pgid: int) -> list[int]:
+    """The pids of the group's processes that are not zombies (read from /proc)."""
+    members = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
         if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+            members.append(int(stat.parent.name))
+    return members

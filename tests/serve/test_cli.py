@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 from verdict.serve.api_keys import KeyStore
-from verdict.serve.vllm.server import _group_alive
+from verdict.serve.vllm.server import group_alive
 
 from tests.fixtures.vllm import (
     STUDENT_MAX_TOKENS,
@@ -95,4 +95,4 @@ def test_serve_up_runs_both_and_stops_both(tmp_path, student_base_dir, student_a
         _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
     assert "vLLM ready after" in err and "matching API at" in err and "vLLM stopped" in err
-    assert not _group_alive(vllm_pid, None)
+    assert not group_alive(vllm_pid, None)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from verdict.serve.errors import VLLMServerError
 from verdict.serve.vllm.config import VLLMConfig
-from verdict.serve.vllm.server import VLLMServer, _group_alive
+from verdict.serve.vllm.server import VLLMServer, group_alive, group_members
 
 from tests.fixtures.vllm import vllm_available, vllm_python
 from tests.serve.test_vllm_config import write_adapter
@@ -135,7 +135,7 @@ def test_ready_when_models_lists_every_adapter_then_stops(tmp_path):
     with VLLMServer(cfg) as server:
         assert server.running and sorted(server.models()) == ["base", "parser"]
         pgid = server.process.pid
-    assert not _group_alive(pgid, None)
+    assert not group_alive(pgid, None)
     assert server.models() is None
 
 
@@ -210,7 +210,7 @@ def test_real_vllm_detached_start_and_stop_through_the_cli(tmp_path, student_bas
         assert next(m for m in listed if m["id"] == "parser")["parent"] == "base"
     finally:
         r = verdict("serve", "stop", "--state-file", str(state), timeout=120)
-    assert r.returncode == 0 and not _group_alive(info["pid"], None)
+    assert r.returncode == 0 and not group_alive(info["pid"], None)
 
 
 # ---- supervision: a leader that dies (SIGKILL) leaves nothing behind --------------------------------
@@ -222,18 +222,6 @@ child = subprocess.Popen(["sleep", "300"])  # an "engine process": outlives a SI
 open(os.path.join(os.path.dirname(sys.argv[0]), "child.pid"), "w").write(str(child.pid))
 HTTPServer((""",
 )
-
-
-def group_members(pgid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            out.append(int(stat.parent.name))
-    return out
 
 
 def test_supervisor_cleans_up_after_a_sigkilled_leader(tmp_path):
