@@ -286,6 +286,25 @@ COPIED = "Past history: hypertension treated with lisinopril since 2015, well co
 AGE = "The patient is a 52-year-old woman"
 COND_1 = "diagnosed with condition 1 in 2019"
 PREG = "pregnancy test was positive"
+CHART_VALUES = {  # the value miner's answer for the long chart's atoms, each quoting the chart
+    "age_years": {"value": 52, "evidence": AGE},
+    "has_condition_1": {"value": True, "evidence": COND_1},
+    "is_pregnant": {"value": True, "evidence": PREG},
+}
+
+
+def chart_script(*rules: dict, **values: dict) -> dict:
+    """The scripted formalizer for the long chart (a Script as JSON): the reader keeps the age and
+    the condition (the pregnancy test, d10, is missed), then `rules`; the value miner answers
+    CHART_VALUES and `values` for what it is shown (only_quoted), null for any other atom."""
+    reader = {
+        "match": {"contains": [READER_MARK]},
+        "responses": [{"auto": "excerpts", "auto_excerpts": [AGE, COND_1]}],
+    }
+    return {
+        "rules": [reader, *rules],
+        "default": {"auto": "nulls", "only_quoted": True, "auto_values": {**CHART_VALUES, **values}},
+    }
 
 
 def filler(i: int) -> str:

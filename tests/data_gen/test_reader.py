@@ -25,8 +25,8 @@ from .teacher_data import (
     AGE,
     COND_1,
     COPIED,
-    PREG,
     READER_MARK,
+    chart_script,
     long_chart,
     program,
     teacher_config,
@@ -114,20 +114,7 @@ def test_an_excerpt_not_verbatim_in_one_passage_is_rejected_by_id_never_by_text(
 
 # ---- read once, over HTTP ------------------------------------------------------------------------
 def script() -> Script:
-    values = {
-        "age_years": {"value": 52, "evidence": AGE},
-        "has_condition_1": {"value": True, "evidence": COND_1},
-        "is_pregnant": {"value": True, "evidence": PREG},
-    }
-    return Script(
-        rules=[
-            Rule(
-                match=Match(contains=[READER_MARK]),
-                responses=[R(auto="excerpts", auto_excerpts=[AGE, COND_1])],
-            )
-        ],
-        default=R(auto="nulls", auto_values=values, only_quoted=True),
-    )
+    return Script.model_validate(chart_script())
 
 
 def reader_requests(srv) -> int:

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.data_gen.teacher_data import ADULTS, AGE, COND_1, PREG, READER_MARK, age_atom, long_chart
+from tests.data_gen.teacher_data import (
+    ADULTS,
+    CHART_VALUES,
+    READER_MARK,
+    age_atom,
+    chart_script,
+    long_chart,
+)
 from tests.serve.conftest import start_service
 
 
@@ -32,24 +39,7 @@ def program(trial_id: str, condition: str) -> dict:
     }
 
 
-SCRIPT = {
-    "rules": [
-        {
-            "match": {"contains": [READER_MARK]},
-            "responses": [{"auto": "excerpts", "auto_excerpts": [AGE, COND_1]}],
-        }
-    ],
-    "default": {
-        "auto": "nulls",
-        "only_quoted": True,
-        "auto_values": {
-            "age_years": {"value": 52, "evidence": AGE},
-            "has_condition_1": {"value": True, "evidence": COND_1},
-            "condition_one": {"value": True, "evidence": COND_1},
-            "is_pregnant": {"value": True, "evidence": PREG},
-        },
-    },
-}
+SCRIPT = chart_script(condition_one=CHART_VALUES["has_condition_1"])
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,16 @@ import time
 import httpx
 import pytest
 
-from tests.data_gen.teacher_data import ADULTS, AGE, COND_1, PREG, READER_MARK, age_atom, long_chart
+from tests.data_gen.teacher_data import (
+    ADULTS,
+    AGE,
+    CHART_VALUES,
+    COND_1,
+    PREG,
+    age_atom,
+    chart_script,
+    long_chart,
+)
 from tests.serve.conftest import start_service
 
 TRIAL = "T-REREAD"
@@ -37,34 +46,18 @@ PROGRAM = {
     ],
 }
 SLOW_MARK = "Seen on ward thirteen."  # a note whose inclusion atoms the scripted miner answers slowly
-SCRIPT = {
-    "rules": [
-        {  # the chart reader keeps the age and the condition; the pregnancy test (d10) is missed
-            "match": {"contains": [READER_MARK]},
-            "responses": [{"auto": "excerpts", "auto_excerpts": [AGE, COND_1]}],
-        },
+SLOW = {
+    "match": {"contains": [SLOW_MARK, "has_condition_1"]},
+    "responses": [
         {
-            "match": {"contains": [SLOW_MARK, "has_condition_1"]},
-            "responses": [
-                {
-                    "auto": "nulls",
-                    "only_quoted": True,
-                    "latency_s": 5.0,
-                    "auto_values": {"age_years": {"value": 52, "evidence": AGE}},
-                }
-            ],
-        },
+            "auto": "nulls",
+            "only_quoted": True,
+            "latency_s": 5.0,
+            "auto_values": {"age_years": CHART_VALUES["age_years"]},
+        }
     ],
-    "default": {
-        "auto": "nulls",
-        "only_quoted": True,
-        "auto_values": {
-            "age_years": {"value": 52, "evidence": AGE},
-            "has_condition_1": {"value": True, "evidence": COND_1},
-            "is_pregnant": {"value": True, "evidence": PREG},
-        },
-    },
 }
+SCRIPT = chart_script(SLOW)
 FORMALIZER = {"parser_model": "scripted", "value_miner_model": "scripted", "context_tokens": 4096}
 
 
