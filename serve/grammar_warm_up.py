@@ -5,6 +5,7 @@ backend's one-time setup. Readiness waits for one warm server (serve/health/serv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from verdict.data_gen.formalizer import Formalizer, core_schema
@@ -96,7 +97,6 @@ class GrammarWarmUp:
     async def aclose(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            # cancelled: how it ends no longer matters
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-            except (asyncio.CancelledError, Exception):
-                pass

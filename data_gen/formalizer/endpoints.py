@@ -20,6 +20,7 @@ service answers 503 + Retry-After). A down endpoint is skipped until a backgroun
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -209,10 +210,9 @@ class EndpointPool:
     async def aclose(self) -> None:
         if self._monitor is not None:
             self._monitor.cancel()
-            try:
+            # cancelled: how it ends no longer matters
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._monitor
-            except (asyncio.CancelledError, Exception):
-                pass
             self._monitor = None
         for m in self.members:
             await m.client.aclose()

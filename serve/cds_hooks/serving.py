@@ -23,6 +23,7 @@ reason is also a flag on the decision, listed with the trial's flags for its rev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import time
@@ -288,10 +289,9 @@ class CdsHooksService:
     async def aclose(self) -> None:
         if self._worker is not None:
             self._worker.cancel()
-            try:
+            # cancelled: how it ends no longer matters
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._worker
-            except (asyncio.CancelledError, Exception):
-                pass
 
     # -- feedback --------------------------------------------------------------------------------
     async def feedback(self, service_id: str, req: FeedbackRequest, client: CdsClient) -> FeedbackResponse:
