@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable
 
 from verdict.core.decision import Decision
 from verdict.core.patient import ResolvedPatient
@@ -23,10 +24,10 @@ from verdict.core.program import TrialProgram
 from verdict.core.solver_pool import SolverPool
 from verdict.data_gen.formalizer import Formalizer
 from verdict.data_gen.formalizer.arbiter import definition_conflicts, redecide
-from verdict.data_gen.formalizer.protocol import PatientDoc
+from verdict.data_gen.formalizer.protocol import PatientDoc, StageResult
 
 from .api_config import FormalizerConfig
-from .errors import FormalizerFailed, FormalizerUnavailable
+from .errors import FormalizerFailed, FormalizerUnavailable, ServiceError
 from .stage_runner import StageRunner
 
 log = logging.getLogger("verdict.serve")
@@ -54,16 +55,11 @@ class OptionalStages:
         conflicts = definition_conflicts(decision)
         if not self.config.arbiter or not conflicts:
             return decision, None
-        t0 = time.perf_counter()
-        try:
-            res = await self.stages.run(
-                self.miner.arbitrate(program, record, patient, conflicts), "arbiter", record.text
-            )
-        except (FormalizerFailed, FormalizerUnavailable) as e:
-            timings["arbiter"] = _ms(t0)
-            log.warning("arbiter failed (%s); the solver result is kept", e.code)
-            return decision, {"status": "failed", "overrides": [], "problem": e.summary}
-        timings["arbiter"] = _ms(t0)
+        asked = self.miner.arbitrate(program, record, patient, conflicts)
+        res, failed = await self._ask("arbiter", asked, record, timings)
+        if failed is not None:
+            log.warning("arbiter failed (%s); the solver result is kept", failed.code)
+            return decision, {"status": "failed", "overrides": [], "problem": failed.summary}
         stage = {"prompt": res.prompt_version, "attempts": len(res.attempts)}
         if not res.output:  # no faithful correction: the solver result stands (appendix A.5)
             return decision, {"status": "no_override", "overrides": [], **stage}
@@ -84,19 +80,24 @@ class OptionalStages:
         """The verbalizer's rationale text (None when off or rejected) and its record (None when off)."""
         if not self.config.verbalizer:
             return None, None
+        asked = self.miner.verbalize(program, patient, decision, data_class=record.data_class)
+        res, failed = await self._ask("verbalizer", asked, record, timings)
+        if failed is not None:
+            log.warning("verbalizer failed (%s); no rationale text", failed.code)
+            return None, {"status": "failed", "problem": failed.summary}
+        return res.output, {"status": "accepted", "prompt": res.prompt_version, "attempts": len(res.attempts)}
+
+    async def _ask(
+        self, stage: str, asked: Awaitable[StageResult], record: PatientDoc, timings: dict[str, float]
+    ) -> tuple[StageResult, None] | tuple[None, ServiceError]:
+        """The stage's result, or the error that keeps the solver's result (timed in `timings[stage]`)."""
         t0 = time.perf_counter()
         try:
-            res = await self.stages.run(
-                self.miner.verbalize(program, patient, decision, data_class=record.data_class),
-                "verbalizer",
-                record.text,
-            )
+            return await self.stages.run(asked, stage, record.text), None
         except (FormalizerFailed, FormalizerUnavailable) as e:
-            timings["verbalizer"] = _ms(t0)
-            log.warning("verbalizer failed (%s); no rationale text", e.code)
-            return None, {"status": "failed", "problem": e.summary}
-        timings["verbalizer"] = _ms(t0)
-        return res.output, {"status": "accepted", "prompt": res.prompt_version, "attempts": len(res.attempts)}
+            return None, e
+        finally:
+            timings[stage] = _ms(t0)
 
 
 def _ms(t0: float) -> float:
