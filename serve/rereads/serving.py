@@ -29,7 +29,14 @@ from ..audit import DecisionRow
 from ..errors import InvalidInput
 from ..reviews.protocol import Lineage
 from ..reviews.reading import Mined, coded_atoms, read_changes
-from ..reviews.serving import ReviewService, changed_patient, policy_named, reviewed, stored_patient
+from ..reviews.serving import (
+    ReviewService,
+    Successor,
+    changed_patient,
+    policy_named,
+    reviewed,
+    stored_patient,
+)
 from .protocol import RereadRequest, RereadResponse
 
 
@@ -66,9 +73,8 @@ class RereadService:
         timings["value_miner"] = round((time.perf_counter() - t0) * 1000, 3)
         changes = read_changes(mined, stored, patient, req.reason, key.id, list(key.roles), time.time())
         lineage = Lineage(kind="reread", parent_id=row.decision_id, changes=changes)
-        stored_row, response = await self.reviews.decide_and_store(
-            row, program, policy, patient, conflicts, lineage, key.id, timings, t_start, mined
-        )
+        successor = Successor(row, program, policy, patient, conflicts, lineage, key.id)
+        stored_row, response = await self.reviews.decide_and_store(successor, timings, t_start, mined)
         completed = [a for m in mined if not m.whole for a in m.atoms]
         return reviewed(
             row, stored_row, response, RereadResponse, read=atoms, completed=completed, chart=source

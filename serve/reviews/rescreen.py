@@ -35,7 +35,7 @@ from ..config import load_serve_config
 from .protocol import Lineage, RecordedChange
 from .reading import policy_reasons
 from .rederive import conflict_atoms, rederive, same_atoms
-from .serving import stored_patient, superseding_decision
+from .serving import Successor, stored_patient, superseding_decision
 
 
 @dataclass
@@ -196,9 +196,8 @@ def _redecide(
         type="rescreen", reason=f"re-screened: {what}", reviewer=caller, roles=["rescreen"], at=time.time(),
         details=details,
     )])  # fmt: skip
-    append, _ = superseding_decision(
-        store, row, new_program, policy, patient, conflicts, decision, lineage, caller, {}, t_start
-    )
+    successor = Successor(row, new_program, policy, patient, conflicts, lineage, caller)
+    append, _ = superseding_decision(store, successor, decision, {}, t_start)
     item.new_decision_id = append().decision_id
     item.status = "changed"
 

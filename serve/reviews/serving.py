@@ -30,9 +30,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from pydantic import ValidationError
-from verdict.core.decision import ENGINE_VERSION
+from verdict.core.decision import ENGINE_VERSION, Decision
 from verdict.core.errors import PatientError, PolicyError, VerdictError
 from verdict.core.patient import Resolution, ResolvedPatient
 from verdict.core.policy import Policy, load_policy
@@ -44,7 +46,7 @@ from ..api_keys import KeyEntry
 from ..audit import DecisionRow
 from ..audit.artifacts import typed_artifacts
 from ..audit.serving import decision_row
-from ..audit.store import ACTIVE_ORDER, Guard, Superseded
+from ..audit.store import ACTIVE_ORDER, AuditStore, Guard, Superseded
 from ..errors import InvalidInput, NotFound, ServiceError
 from ..matching.protocol import Links, MatchResponse, ModelIds
 from ..note_free import hidden, note_free
@@ -221,9 +223,8 @@ class ReviewService:
                 mined, stored, patient, COMPLETED_BY_REVIEW, caller, roles or [], time.time()
             )
         lineage = Lineage(kind="review", parent_id=row.decision_id, changes=changes)
-        return await self.decide_and_store(
-            row, program, policy, patient, conflicts, lineage, caller, timings, t_start, mined
-        )
+        successor = Successor(row, program, policy, patient, conflicts, lineage, caller)
+        return await self.decide_and_store(successor, timings, t_start, mined)
 
     def _check_size(self, req: ReviewRequest) -> None:
         """The review's texts within `api.reviews` (413 for the whole, 422 naming a long note)."""
@@ -335,13 +336,7 @@ class ReviewService:
 
     async def decide_and_store(
         self,
-        parent: DecisionRow,
-        program: TrialProgram,
-        policy: Policy,
-        patient: ResolvedPatient,
-        conflicts: set[str],
-        lineage: Lineage,
-        caller: str,
+        successor: Successor,
         timings: dict[str, float],
         t_start: float,
         mined: list[Mined] | None = None,
@@ -350,18 +345,12 @@ class ReviewService:
         successor. `mined`: the chart readings this decision made (reading.py), recorded with their
         cost."""
         t0 = time.perf_counter()
-        decision = await self.services.engine.adecide(program, patient)
+        decision = await self.services.engine.adecide(successor.program, successor.patient)
         timings["solve"] = _ms(t0)
         row, response = superseding_decision(
             self.audit,
-            parent,
-            program,
-            policy,
-            patient,
-            conflicts,
+            successor,
             decision,
-            lineage,
-            caller,
             timings,
             t_start,
             mined=mined or [],
@@ -488,26 +477,37 @@ class ReviewService:
         return TrialFlags(trial_id=trial_id, flags=flags, next_cursor=str(before) if left else None)
 
 
+@dataclass(frozen=True)
+class Successor:
+    """What a decision superseding `parent` is made of: the program and policy it is decided under,
+    the re-derived patient with the parent's extraction conflicts still open (`conflicts`), and the
+    lineage saying why, appended by `caller`."""
+
+    parent: DecisionRow
+    program: TrialProgram
+    policy: Policy
+    patient: ResolvedPatient
+    conflicts: set[str]
+    lineage: Lineage
+    caller: str
+
+
 def superseding_decision(
-    audit,
-    parent,
-    program,
-    policy,
-    patient,
-    conflicts,
-    decision,
-    lineage,
-    caller,
-    timings,
-    t_start,
+    audit: AuditStore,
+    successor: Successor,
+    decision: Decision,
+    timings: dict[str, float],
+    t_start: float,
     *,
     mined: list[Mined] | None = None,
     hasher: QuoteHasher | None = None,
-):
+) -> tuple[Callable[[], DecisionRow], Callable[[DecisionRow], MatchResponse]]:
     """(a callable that appends the new decision, a function of the stored row -> MatchResponse).
-    Shared by reviews, re-reads and `verdict match rescreen`. `conflicts`: the parent's extraction
-    conflicts still open; `mined`: the chart readings this decision made (their conflicts, what was
-    read and its cost are recorded; under `store_notes: false` their quotes are hashed, `hasher`)."""
+    Shared by reviews, re-reads and `verdict match rescreen`. `mined`: the chart readings this
+    decision made (their conflicts, what was read and its cost are recorded; under
+    `store_notes: false` their quotes are hashed, `hasher`)."""
+    parent, program = successor.parent, successor.program
+    policy, patient = successor.policy, successor.patient
     mined = mined or []
     t0 = time.perf_counter()
     passage_conflicts = []
@@ -516,7 +516,7 @@ def superseding_decision(
             pc = PassageConflict.model_validate(c)
         except ValidationError:
             continue
-        if pc.atom in conflicts:
+        if pc.atom in successor.conflicts:
             passage_conflicts.append(pc)
     passage_conflicts += [c for m in mined for c in m.conflicts]
     markdown, rationale = render_rationale(program, patient, decision, passage_conflicts)
@@ -538,7 +538,7 @@ def superseding_decision(
                 c
                 for c in parent.artifacts.get("extraction_conflicts") or []
                 if not isinstance(c, dict)
-                or not (set([c.get("atom")]) | set(c.get("set_aside") or [])).isdisjoint(conflicts)
+                or not (set([c.get("atom")]) | set(c.get("set_aside") or [])).isdisjoint(successor.conflicts)
             ]
             + [c.model_dump(mode="json") for m in mined for c in m.conflicts],  # fmt: skip
             "rationale_markdown": markdown,
@@ -551,11 +551,12 @@ def superseding_decision(
         artifacts = note_free(artifacts, mined[0].chart, hasher)
     append = functools.partial(
         audit.add_decision,
-        created_by=caller, trial_id=program.trial_id, program_hash=program.content_hash,
+        created_by=successor.caller, trial_id=program.trial_id, program_hash=program.content_hash,
         patient_id=parent.patient_id, note_hash=parent.note_hash, patient_hash=patient.content_hash(),
         policy_name=policy.name, policy_version=policy.version, engine_version=ENGINE_VERSION,
         decision=decision.decision, models=parent.models, timings=timings, artifacts=artifacts,
-        note_text=parent.note_text, parent_id=parent.decision_id, lineage=lineage.model_dump(mode="json"),
+        note_text=parent.note_text, parent_id=parent.decision_id,
+        lineage=successor.lineage.model_dump(mode="json"),
     )  # fmt: skip
 
     def response(stored: DecisionRow) -> MatchResponse:
