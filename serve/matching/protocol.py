@@ -72,6 +72,11 @@ class Links(BaseModel):
     decision: str
     page: str
 
+    @classmethod
+    def of(cls, decision_id: str) -> Links:
+        """The decision's audit record and its clinician page."""
+        return cls(decision=f"/v1/decisions/{decision_id}", page=f"/v1/decisions/{decision_id}/page")
+
 
 class MatchResponse(BaseModel):
     decision_id: str

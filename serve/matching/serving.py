@@ -139,10 +139,7 @@ class MatchingService:
             cost=cost,
             trial_cached=cached,
             trial_version=version,
-            links=Links(
-                decision=f"/v1/decisions/{stored.decision_id}",
-                page=f"/v1/decisions/{stored.decision_id}/page",
-            ),
+            links=Links.of(stored.decision_id),
         )
 
     async def _trial_for(

@@ -569,9 +569,7 @@ def superseding_decision(
             patient_id=parent.patient_id, policy=policy.ref, decision=decision, patient=patient,
             rationale=rationale, rationale_markdown=markdown, extraction_conflicts=passage_conflicts,
             models=ModelIds(**models), timings_ms=timings, cost=cost or PairCost(), trial_cached=True,
-            trial_version=version,
-            links=Links(decision=f"/v1/decisions/{stored.decision_id}",
-                        page=f"/v1/decisions/{stored.decision_id}/page"),
+            trial_version=version, links=Links.of(stored.decision_id),
         )  # fmt: skip
 
     return append, response
