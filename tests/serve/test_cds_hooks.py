@@ -305,6 +305,7 @@ def test_a_browser_opens_a_card_link_and_lands_on_the_decision_after_sign_in(hoo
     )
     pytest.importorskip("selenium", reason="selenium missing: pip install -e '.[dev]'")
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     svc, _, ehr, public = hooks
     card = call(svc, ehr, public, f"/cds-services/{SERVICE}", hook_request("p40")).json()["cards"][1]
@@ -315,6 +316,8 @@ def test_a_browser_opens_a_card_link_and_lands_on_the_decision_after_sign_in(hoo
         drv.find_element(By.NAME, "key").send_keys(svc.keys["review"])
         drv.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
         decision_id = f"dec_{uuid.UUID(card['uuid']).hex}"
+        # click() returns before the form's navigation ends: wait for the redirect, not a clock
+        WebDriverWait(drv, 30).until(lambda d: not d.current_url.startswith(f"{public}/login"))
         assert drv.current_url == f"{public}/v1/decisions/{decision_id}/page"
         assert drv.find_element(By.CSS_SELECTOR, "#decision-id").text == decision_id
         SCREENS.mkdir(parents=True, exist_ok=True)

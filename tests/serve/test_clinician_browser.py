@@ -90,10 +90,13 @@ def check_fits(drv, shots: Path, name: str) -> None:
 
 def sign_in(drv, url: str, key: str, page: str) -> None:
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     drv.get(f"{url}/login?next={page}")
     drv.find_element(By.NAME, "key").send_keys(key)
     drv.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
+    # click() can return before the form's navigation ends: wait for the redirect, not a clock
+    WebDriverWait(drv, 30).until(lambda d: not d.current_url.startswith(f"{url}/login"))
 
 
 def submit_review(drv, form_css: str, value: str, reason: str, **selects: str) -> None:
