@@ -327,7 +327,7 @@ class ChartReadingStage:
 
     async def _reading(self, fz, chart) -> Work:
         """The whole reading of this chart (every reader call, cached ones counted)."""
-        from verdict.data_gen.formalizer.miner import as_documents
+        from verdict.data_gen.formalizer.mining_plan import as_documents
         from verdict.data_gen.formalizer.reader import sheet_key
 
         async def absent():

@@ -192,14 +192,14 @@ def route_of(prog, router):
         return None
     from verdict.data_gen.formalizer.reader import ChartReading, sheet_route
 
-    return sheet_route(prog, router, ChartReading(), [])
+    return sheet_route(prog, router, ChartReading())
 
 
 def mining_cost(prog, docs, limits, counter, side_only: str | None = None, router=None) -> Cost:
     """Both sides' (or one side's) planned miner calls over these documents (a fact sheet: routed
     by `router` as the product routes it)."""
     from verdict.data_gen.formalizer.checks import compact
-    from verdict.data_gen.formalizer.miner import plan_miner_calls
+    from verdict.data_gen.formalizer.mining_plan import plan_miner_calls
     from verdict.data_gen.formalizer.prompt_templates import stage_prompt
 
     def null_line(a: str) -> int:
@@ -314,7 +314,8 @@ def routing_recall(limits, counter, quotes, share, shared: Path, size: int) -> N
     trial's atoms (an upper bound: this trial's atom names route its own evidence)."""
     from verdict.core.reference import load_reference
     from verdict.data_gen.formalizer.checks import normalize_ws, split_pieces
-    from verdict.data_gen.formalizer.miner import plan_miner_calls, side_atoms
+    from verdict.data_gen.formalizer.miner_prompt import side_atoms
+    from verdict.data_gen.formalizer.mining_plan import plan_miner_calls
     from verdict.data_gen.formalizer.routing import SheetRouter
 
     docs, tokens = chart_of(size, shared, counter)
@@ -432,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     from verdict.data_gen.formalizer.budget import load_limits, qwen25_counter
-    from verdict.data_gen.formalizer.miner import side_atoms
+    from verdict.data_gen.formalizer.miner_prompt import side_atoms
     from verdict.data_gen.formalizer.reader import ChartReading
 
     limits = load_limits(a.limits)

@@ -137,7 +137,7 @@ def measure_reference(
     from verdict.core.errors import VerdictError
     from verdict.core.reference import load_reference
 
-    from .formalizer.miner import MinerBudgetError, plan_miner_calls
+    from .formalizer.mining_plan import MinerBudgetError, plan_miner_calls
     from .recorded import fit_to_grammar, recorded_answer
     from .sources import load_patients
 
@@ -291,7 +291,7 @@ def measure_notes(
     sizes: tuple[int, ...] = NOTE_TOKENS,
 ) -> None:
     """Planned miner calls for long records, against every reference program."""
-    from .formalizer.miner import MinerBudgetError, plan_miner_calls
+    from .formalizer.mining_plan import MinerBudgetError, plan_miner_calls
     from .sources import load_patients
 
     texts = []

@@ -28,7 +28,8 @@ from verdict.core.program import ParsedCriterion, load_program
 from verdict.core.progress import Progress
 from verdict.data_gen.formalizer import Formalizer, compact, criterion_outputs, quote_in_note, side_atoms
 from verdict.data_gen.formalizer.criteria import normalize_criterion
-from verdict.data_gen.formalizer.miner import miner_target, plan_for
+from verdict.data_gen.formalizer.miner_prompt import miner_target
+from verdict.data_gen.formalizer.mining_plan import plan_for
 from verdict.data_gen.formalizer.prompt_templates import PROMPTS_DIR
 from verdict.data_gen.formalizer.protocol import NoteDocument, PatientDoc
 from verdict.data_gen.formalizer.reader import chart_tokens, recorded_sheet, sheet_plan
@@ -161,10 +162,10 @@ def parser_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[
 
 def miner_rows(records: dict, programs: dict, meta: dict, limits=None) -> list[dict]:
     """One SFT row per value-miner call the service makes for a patient x trial x side: the same
-    plan (atom chunks x passages, `verdict.data_gen.formalizer.miner.plan_for`) under the students' limits
-    (`limits`: the service's `FormalizerConfig`; default: the tiny students' max_tokens). A chunk's
-    target is the teacher's values for its atoms, an atom null where its quote is not in the call's
-    passage. Chart patients (`documents`): `chart_rows`."""
+    plan (atom chunks x passages, `verdict.data_gen.formalizer.mining_plan.plan_for`) under the
+    students' limits (`limits`: the service's `FormalizerConfig`; default: the tiny students'
+    max_tokens). A chunk's target is the teacher's values for its atoms, an atom null where its
+    quote is not in the call's passage. Chart patients (`documents`): `chart_rows`."""
     fz = _miner_formalizer(limits)
     out = []
     for p in (p for p in records["patients"] if "documents" not in p):

@@ -11,7 +11,8 @@ reason.
 Modules: `stages.py` (`Formalizer`: the entry, every stage a method), `runtime.py` (the endpoint,
 stage loop, cache, single flight; imports no stage), the stages: `parser.py` (trial parser, per
 criterion; `criteria.py` the criteria split, `assembly.py` criterion outputs -> one program),
-`miner.py` (value miner), `reader.py` (a long chart read once; `chart.py` its reductions,
+`miner.py` (value miner; `miner_prompt.py` its request and check, `mining_plan.py` its calls
+planned, `findings.py` their merge), `reader.py` (a long chart read once; `chart.py` its reductions,
 `routing.py` the fact sheet routed to atom chunks), `staged.py` (the two sides in stages),
 `arbiter.py`, `verbalizer.py`; `checks.py` (shared checks and schemas).
 """
@@ -29,17 +30,9 @@ from .checks import (
     with_atom_enum,
 )
 from .criteria import CriterionText, split_trial
-from .miner import (
-    MinedValues,
-    PassageConflict,
-    PlannedCall,
-    check_miner_output,
-    merge_sides,
-    miner_messages,
-    plan_miner_calls,
-    render_atoms,
-    side_atoms,
-)
+from .findings import MinedValues, PassageConflict, merge_sides
+from .miner_prompt import check_miner_output, miner_messages, render_atoms, side_atoms
+from .mining_plan import PlannedCall, plan_miner_calls
 from .parser import check_criterion_output, criterion_messages
 from .stages import Formalizer
 

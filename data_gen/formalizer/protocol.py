@@ -7,6 +7,7 @@ The parser and value-miner output formats are the core's (`ParsedTrial`, `ValueM
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
@@ -110,6 +111,14 @@ class Usage(StrictModel):
 
     def add(self, other: Usage) -> Usage:
         return Usage(**{k: getattr(self, k) + getattr(other, k) for k in Usage.model_fields})
+
+    @classmethod
+    def total(cls, usages: Iterable[Usage]) -> Usage:
+        """The sum of these usages, in order."""
+        out = cls()
+        for u in usages:
+            out = out.add(u)
+        return out
 
 
 class Attempt(StrictModel):

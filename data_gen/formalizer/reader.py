@@ -41,23 +41,15 @@ from verdict.core.program import TrialProgram
 from .cache import CachedCall
 from .chart import DocumentSelection, ReducedChart, document_day, locate, locate_span, reduce_chart
 from .checks import Check, compact, normalize_ws, parse_output, split_pieces
-from .miner import (
-    MinedValues,
-    MinerBudgetError,
-    PlannedCall,
-    Route,
-    as_documents,
-    group_passages,
-    mine_values,
-    miner_target,
-    note_text,
-    side_atoms,
-)
-from .miner import plan_for as plan_miner
+from .findings import MinedValues
+from .miner import mine_values
+from .miner_prompt import miner_target, side_atoms
+from .mining_plan import MinerBudgetError, PlannedCall, as_documents, group_passages, note_text
+from .mining_plan import plan_for as plan_miner
 from .passages import Passage, paragraph_spans, split_document
 from .prompt_templates import stage_prompt
 from .protocol import ChartRead, NoteDocument, PatientDoc, StageResult, Usage
-from .routing import SheetRouter, atom_term, excerpt_documents
+from .routing import SheetRoute, SheetRouter, atom_term, excerpt_documents
 from .value_reuse import record_key
 
 if TYPE_CHECKING:
@@ -534,37 +526,25 @@ async def mine_chart(
     if not sheet_docs:  # nothing in the chart is about the patient: every atom null, no call
         return _no_text(fz, program, side, skip, chart_read)
     router = await asyncio.to_thread(sheet.routing, fz.tokens.count_text)
-    routed: list[bool] = []
-    route = sheet_route(program, router, reading, routed)
+    route = sheet_route(program, router, reading)
     record = PatientDoc(patient_id=_pid(pid), documents=sheet_docs, data_class=dclass)
     res = await mine_values(fz, program, record, side, data_class=dclass, skip=skip, route=route)
     if res.accepted:
         res = res.model_copy(update={"output": _checked_against_sheet(res.output, sheet)})
-    return res.model_copy(update={"chart_read": chart_read.model_copy(update={"routed": any(routed)})})
+    return res.model_copy(update={"chart_read": chart_read.model_copy(update={"routed": any(route.routed)})})
 
 
-def sheet_route(
-    program: TrialProgram, router: SheetRouter, reading: ChartReading, routed: list[bool]
-) -> Route | None:
-    """What each atom chunk of `program` reads of a sheet larger than `reading.route_above_tokens`:
-    the excerpts routed to its atoms within the call's budget (`reading.route_tokens` when the model
-    has no limits); None for a smaller sheet (read whole). `routed` collects whether each call read
-    less than the whole sheet."""
-    if router.total_tokens() <= reading.route_above_tokens:
-        return None
-
-    def route(names: list[str], budget: int | None) -> list[NoteDocument]:
-        chosen = router.pick(program, names, reading.route_tokens if budget is None else budget)
-        routed.append(len(chosen) < len(router.excerpts))
-        return router.documents(chosen)
-
-    return route
+def sheet_route(program: TrialProgram, router: SheetRouter, reading: ChartReading) -> SheetRoute:
+    """A fact sheet's routing for `program` under the reading's limits: the planner reads the sheet
+    whole or routes it by the one rule (`routing.reads_whole`); `routed` then says, per routed call,
+    whether it read less than the whole sheet."""
+    return SheetRoute(program, router, reading.route_above_tokens, reading.route_tokens)
 
 
 def sheet_plan(fz: Runtime, program: TrialProgram, sheet: FactSheet, side: str) -> list[PlannedCall]:
     """The value-miner calls of one trial side on a fact sheet, as `mine_chart` plans them (every
     atom of the side asked): the prompts a student of the sheet is trained on."""
-    route = sheet_route(program, sheet.routing(fz.tokens.count_text), fz.reading or ChartReading(), [])
+    route = sheet_route(program, sheet.routing(fz.tokens.count_text), fz.reading or ChartReading())
     return plan_miner(
         fz, program, PatientDoc(patient_id="chart", documents=sheet.documents()), side, route=route
     )

@@ -14,8 +14,9 @@ the excerpts that bear most on its atoms, within that call's budget:
 - the chunk's atoms take turns picking their best remaining excerpt until the budget is full, so
   every atom gets its best evidence before any atom gets its fifth.
 
-A sheet that fits the budget is read whole by every chunk (no routing: small charts and single
-notes are unchanged). Routing never invents or alters text: a routed document holds whole excerpts
+A sheet of at most `route_above_tokens`, or one that fits a call's budget, is read whole by every
+chunk (no routing: small charts and single notes are unchanged); `reads_whole` is the one place
+that rule is decided. Routing never invents or alters text: a routed document holds whole excerpts
 of the sheet, so every quote stays verbatim in the chart. An excerpt no atom of a chunk shares a
 word with is not read by that chunk: its atoms come back null (unresolved), never false by
 themselves, as for any fact the reading did not establish.
@@ -26,10 +27,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .miner import HEADER_TOKENS
+from .mining_plan import HEADER_TOKENS
 from .protocol import NoteDocument
 
 if TYPE_CHECKING:
@@ -129,11 +130,9 @@ class SheetRouter:
         return [i for _, i in sorted(scored)]
 
     def pick(self, program: TrialProgram, names: list[str], budget: int) -> list[int]:
-        """The excerpts a chunk of atoms reads: the atoms take turns taking their best remaining
-        excerpt while the budget (tokens of note text) holds, document headers counted; chart
-        order. The whole sheet when it fits."""
-        if self.total_tokens() <= budget:
-            return list(range(len(self.excerpts)))
+        """The excerpts a chunk of atoms reads of a routed sheet (`reads_whole` decides which
+        sheets are): the atoms take turns taking their best remaining excerpt while the budget
+        (tokens of note text) holds, document headers counted; chart order."""
         lists = [self.ranked(atom_stems(program, n)) for n in names]
         chosen: set[int] = set()
         docs: set[str] = set()
@@ -156,6 +155,43 @@ class SheetRouter:
     def documents(self, chosen: list[int]) -> list[NoteDocument]:
         """The chosen excerpts as documents, in the fact sheet's own layout (`excerpt_documents`)."""
         return excerpt_documents([self.excerpts[i] for i in chosen])
+
+
+def reads_whole(sheet_tokens: int, *, route_above_tokens: int, call_budget: int) -> bool:
+    """The routing rule, decided here only: every atom chunk reads the whole fact sheet when it is
+    at most `route_above_tokens` (routing would not pay) or fits one call's note budget
+    (`call_budget`); a larger sheet is routed, each chunk reading the excerpts that bear on its atoms."""
+    return sheet_tokens <= route_above_tokens or sheet_tokens <= call_budget
+
+
+@dataclass
+class SheetRoute:
+    """One trial program's routing of one fact sheet (`ChartReading`'s two limits): whether the
+    miner's calls read it whole (`reads_whole`), else what each atom chunk reads (`documents_for`)."""
+
+    program: TrialProgram
+    router: SheetRouter
+    route_above_tokens: int
+    route_tokens: int  # a call's note budget when the model has no limits
+    routed: list[bool] = field(default_factory=list)  # per routed call: it read less than the sheet
+
+    def call_budget(self, note_budget: int | None) -> int:
+        """The sheet tokens one call reads: its note budget, or `route_tokens` with no limits (None)."""
+        return self.route_tokens if note_budget is None else note_budget
+
+    def reads_whole(self, note_budget: int | None) -> bool:
+        """Whether every chunk reads the whole sheet, by the one rule (`reads_whole`)."""
+        return reads_whole(
+            self.router.total_tokens(),
+            route_above_tokens=self.route_above_tokens,
+            call_budget=self.call_budget(note_budget),
+        )
+
+    def documents_for(self, names: list[str], note_budget: int | None) -> list[NoteDocument]:
+        """What a chunk of these atoms reads of a routed sheet, noting whether it is less than all."""
+        chosen = self.router.pick(self.program, names, self.call_budget(note_budget))
+        self.routed.append(len(chosen) < len(self.router.excerpts))
+        return self.router.documents(chosen)
 
 
 def excerpt_documents(excerpts: Sequence[Excerpt]) -> list[NoteDocument]:

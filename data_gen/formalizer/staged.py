@@ -25,7 +25,8 @@ from verdict.core.program import TrialProgram
 from verdict.core.settled import NOT_ASKED, settles
 
 from .checks import compact
-from .miner import MinedValues, merge_sides, side_atoms
+from .findings import MinedValues, merge_sides
+from .miner_prompt import side_atoms
 from .protocol import PatientDoc, StageResult
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from verdict.core.program import TrialProgram
 from .arbiter import arbitrate
 from .criteria import CriterionText
 from .endpoint_config import EndpointConfig
-from .miner import miner_messages
+from .miner_prompt import miner_messages
 from .parser import criterion_messages, parse_trial, trial_criteria, trial_request_key
 from .protocol import PatientDoc, StageResult, TrialDoc
 from .reader import ChartReading, FactSheets, mine_chart

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from verdict.core.program import Atom
 
-    from .miner import Finding
+    from .findings import Finding
     from .protocol import NoteDocument
 
 

@@ -24,7 +24,7 @@ from verdict.data_gen.fhir.models import FhirPatientRecord
 from verdict.data_gen.fhir.resolve import CodedResolutions, coded_resolutions
 from verdict.data_gen.formalizer import merge_sides
 from verdict.data_gen.formalizer.accounting import PairCost, pair_cost
-from verdict.data_gen.formalizer.miner import MinedValues
+from verdict.data_gen.formalizer.findings import MinedValues
 from verdict.data_gen.formalizer.protocol import PatientDoc, StageResult
 from verdict.data_gen.formalizer.reader import pair_chart_read
 from verdict.data_gen.formalizer.staged import held_open, mine_pair

@@ -41,7 +41,7 @@ from verdict.data_gen.formalizer import check_miner_output, compact, quote_in_no
 from verdict.data_gen.formalizer.assembly import criterion_outputs
 from verdict.data_gen.formalizer.criteria import CriterionText
 from verdict.data_gen.formalizer.egress import EgressPolicy
-from verdict.data_gen.formalizer.miner import asked_atoms
+from verdict.data_gen.formalizer.miner_prompt import asked_atoms
 from verdict.data_gen.formalizer.parser import check_criterion_output, criterion_messages
 from verdict.data_gen.formalizer.prompt_templates import stage_prompt
 from verdict.data_gen.formalizer.protocol import StageResult

@@ -28,13 +28,9 @@ from verdict.core.policy import Policy, load_policy, resolve
 from verdict.core.program import TrialProgram
 from verdict.core.settled import not_asked, settles
 from verdict.data_gen.formalizer.accounting import PairCost, pair_cost
-from verdict.data_gen.formalizer.miner import (
-    MinedValues,
-    PassageConflict,
-    merge_sides,
-    mine_values,
-    side_atoms,
-)
+from verdict.data_gen.formalizer.findings import MinedValues, PassageConflict, merge_sides
+from verdict.data_gen.formalizer.miner import mine_values
+from verdict.data_gen.formalizer.miner_prompt import side_atoms
 from verdict.data_gen.formalizer.protocol import PatientDoc, StageResult
 
 from ..audit import DecisionRow

@@ -40,7 +40,7 @@ from verdict.core.patient import Resolution, ResolvedPatient
 from verdict.core.policy import Policy, load_policy
 from verdict.core.program import TrialProgram
 from verdict.data_gen.formalizer.accounting import PairCost
-from verdict.data_gen.formalizer.miner import PassageConflict
+from verdict.data_gen.formalizer.findings import PassageConflict
 
 from ..api_keys import KeyEntry
 from ..audit import DecisionRow

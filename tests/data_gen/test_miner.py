@@ -13,17 +13,14 @@ from verdict.core.reference import load_reference
 from verdict.data_gen.formalizer import Formalizer
 from verdict.data_gen.formalizer.budget import TokenCounter, qwen25_counter
 from verdict.data_gen.formalizer.endpoint_config import EndpointConfig
-from verdict.data_gen.formalizer.miner import (
+from verdict.data_gen.formalizer.findings import merge_sides
+from verdict.data_gen.formalizer.miner_prompt import asked_atoms, check_miner_output, render_atoms, side_atoms
+from verdict.data_gen.formalizer.mining_plan import (
     MAX_ATOMS_PER_CALL,
     MAX_ATOMS_PER_DENSE_CALL,
     MinerBudgetError,
-    asked_atoms,
     atom_chunks,
-    check_miner_output,
-    merge_sides,
     plan_miner_calls,
-    render_atoms,
-    side_atoms,
     value_line_tokens,
 )
 from verdict.data_gen.formalizer.passages import split_document
@@ -454,7 +451,7 @@ def test_a_side_whose_every_call_fails_is_rejected(scripted_server, prog):
 
 
 def test_sides_merge_with_the_same_rule():
-    from verdict.data_gen.formalizer.miner import Finding, MinedValues, merge_findings
+    from verdict.data_gen.formalizer.findings import Finding, MinedValues, merge_findings
 
     inc = merge_findings(
         ["a"], {"a": [Finding(value=5, evidence="x", document="d1", passage="d1#1/c1")]}, "inclusion"
@@ -472,7 +469,7 @@ def test_sides_merge_with_the_same_rule():
 
 def test_numbers_and_bounds_that_can_both_hold_are_no_conflict():
     from verdict.core.patient import Bounds
-    from verdict.data_gen.formalizer.miner import Finding, merge_findings
+    from verdict.data_gen.formalizer.findings import Finding, merge_findings
 
     fs = [
         Finding(bounds=Bounds(lo=100), evidence="platelets above 100", document="d1", passage="p1"),

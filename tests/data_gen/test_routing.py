@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from verdict.core.program import TrialProgram
 from verdict.data_gen.formalizer.budget import qwen25_counter
-from verdict.data_gen.formalizer.miner import plan_miner_calls
+from verdict.data_gen.formalizer.mining_plan import plan_miner_calls
 from verdict.data_gen.formalizer.reader import Excerpt
-from verdict.data_gen.formalizer.routing import SheetRouter, atom_term, stems
+from verdict.data_gen.formalizer.routing import SheetRoute, SheetRouter, atom_term, reads_whole, stems
 
 COUNTER = qwen25_counter()
 
@@ -80,7 +80,7 @@ def plan(excerpts: list[Excerpt], route: bool = True):
         count_text=COUNTER.count_text,
         prompt_budget=3000,
         completion_budget=1024,
-        route=(lambda names, budget: router.documents(router.pick(prog, names, budget))) if route else None,
+        route=SheetRoute(prog, router, route_above_tokens=0, route_tokens=2048) if route else None,
     )
 
 
@@ -95,6 +95,33 @@ def test_stems_meet_across_spellings_and_leave_out_words_that_say_nothing():
 def test_a_small_sheet_is_read_whole_by_every_chunk_as_before():
     small = sheet(4)
     assert [c.texts for c in plan(small)] == [c.texts for c in plan(small, route=False)]
+
+
+def test_the_one_routing_rule_reads_a_sheet_whole_up_to_either_limit_and_routes_it_above_both():
+    assert reads_whole(4096, route_above_tokens=4096, call_budget=100)  # small: routing would not pay
+    assert not reads_whole(4097, route_above_tokens=4096, call_budget=4096)
+    assert reads_whole(5000, route_above_tokens=4096, call_budget=5000)  # larger, but one call holds it
+    assert not reads_whole(5001, route_above_tokens=4096, call_budget=5000)
+    assert reads_whole(0, route_above_tokens=0, call_budget=0)
+    assert not reads_whole(1, route_above_tokens=0, call_budget=0)
+
+
+def test_a_sheet_route_reads_whole_by_route_tokens_when_the_model_has_no_limits():
+    router = SheetRouter.build(sheet(40), COUNTER.count_text)
+    total = router.total_tokens()
+    route = SheetRoute(program(), router, route_above_tokens=0, route_tokens=total)
+    assert route.reads_whole(None) and not route.reads_whole(total - 1)  # a call's note budget, if any
+    assert not SheetRoute(program(), router, route_above_tokens=0, route_tokens=total - 1).reads_whole(None)
+    assert SheetRoute(program(), router, route_above_tokens=total, route_tokens=1).reads_whole(1)
+    assert route.routed == []  # deciding reads nothing
+
+
+def test_a_sheet_above_half_the_room_that_one_call_still_holds_is_planned_as_the_whole_sheet():
+    """The planner's note reserve (half the room beside the bare prompt) is no routing threshold:
+    a sheet larger than it but within the call's note budget reads whole, in the whole plan."""
+    mid = sheet(60)  # about 1,900 tokens: above half the 3,000-token prompt's room, within one call
+    routed = plan(mid)
+    assert len(routed) == 1 and [c.texts for c in routed] == [c.texts for c in plan(mid, route=False)]
 
 
 def test_a_large_sheet_costs_what_a_small_one_costs_and_every_call_fits_its_budget():

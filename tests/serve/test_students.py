@@ -6,7 +6,8 @@ import json
 
 from verdict.core.patient import ValueMinerOutput
 from verdict.data_gen.formalizer import Formalizer
-from verdict.data_gen.formalizer.miner import asked_atoms, plan_for
+from verdict.data_gen.formalizer.miner_prompt import asked_atoms
+from verdict.data_gen.formalizer.mining_plan import plan_for
 from verdict.data_gen.formalizer.protocol import PatientDoc
 from verdict.serve.api_config import FormalizerConfig
 from verdict.serve.students import STUDENT_MAX_TOKENS, miner_rows, sft_rows, teacher_programs
