@@ -395,16 +395,5 @@ def plan_for(
     route: SheetRoute | None = None,
 ) -> list[PlannedCall]:
     """`plan_miner_calls` with the endpoint's limits and tokenizer."""
-    stage = f"miner_{side}"
-    return plan_miner_calls(
-        program,
-        as_documents(note),
-        side,
-        count_messages=fz.tokens.count_messages,
-        count_text=fz.tokens.count_text,
-        prompt_budget=fz.prompt_budget(stage),
-        completion_budget=fz.endpoint.max_tokens.for_stage(stage),
-        prompt_version=fz.prompts.get(stage),
-        names=names,
-        route=route,
-    )
+    limits = fz.planner_limits(f"miner_{side}")
+    return plan_miner_calls(program, as_documents(note), side, names=names, route=route, **limits)

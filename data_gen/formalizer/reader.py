@@ -198,14 +198,8 @@ def plan_reader_calls(
 
 
 def plan_for(fz: Runtime, documents: list[NoteDocument]) -> list[ReaderCall]:
-    return plan_reader_calls(
-        documents,
-        count_messages=fz.tokens.count_messages,
-        count_text=fz.tokens.count_text,
-        prompt_budget=fz.prompt_budget(STAGE),
-        completion_budget=fz.endpoint.max_tokens.for_stage(STAGE),
-        prompt_version=fz.prompts.get(STAGE),
-    )
+    """`plan_reader_calls` with the endpoint's limits and tokenizer."""
+    return plan_reader_calls(documents, **fz.planner_limits(STAGE))
 
 
 # ---- the check -----------------------------------------------------------------------------------

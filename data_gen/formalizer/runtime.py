@@ -86,6 +86,17 @@ class Runtime:
             return None
         return t.context_tokens - t.max_tokens.for_stage(stage)
 
+    def planner_limits(self, stage: str) -> dict:
+        """What a call planner (`plan_miner_calls`, `plan_reader_calls`) takes of this endpoint for
+        `stage`, as its keyword arguments: the tokenizer's counts, both budgets, the prompt version."""
+        return {
+            "count_messages": self.tokens.count_messages,
+            "count_text": self.tokens.count_text,
+            "prompt_budget": self.prompt_budget(stage),
+            "completion_budget": self.endpoint.max_tokens.for_stage(stage),
+            "prompt_version": self.prompts.get(stage),
+        }
+
     async def aclose(self) -> None:
         await self.client.aclose()
 
