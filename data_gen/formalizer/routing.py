@@ -124,7 +124,9 @@ class SheetRouter:
         """Excerpt indexes sharing a word with `query`, best first (ties: chart order)."""
         scored = []
         for i, ws in enumerate(self.words):
-            s = sum(self.idf[w] for w in query & ws)
+            # fsum: a set's order follows the process's string hashes, and a plain float sum in
+            # that order broke ties differently from run to run (the same chart, other excerpts)
+            s = math.fsum(self.idf[w] for w in query & ws)
             if s > 0:
                 scored.append((-s, i))
         return [i for _, i in sorted(scored)]
