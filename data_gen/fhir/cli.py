@@ -1,12 +1,19 @@
-"""`verdict fhir ...` commands. Module-level imports stay light (typer only)."""
+"""`verdict fhir ...` commands, and the pieces every command reading patient records shares: the
+`--at` reference date and a read that stops the command with its problem (`verdict omop load`,
+`verdict screen`, `verdict match batch`). Module-level imports stay light (typer only)."""
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from verdict.core.cli_errors import fail
+
+if TYPE_CHECKING:
+    from .sources import LoadResult
 
 app = typer.Typer(
     help="Patients from FHIR R4 (bundle, Bulk Data NDJSON, REST).",
@@ -15,9 +22,22 @@ app = typer.Typer(
 )
 
 
-@app.callback()
-def _group() -> None:
-    """Patients from FHIR R4 (bundle, Bulk Data NDJSON, REST)."""
+def reference_date(at: str) -> dt.date:
+    """The `--at` date a record source is read at; a malformed one stops the command."""
+    try:
+        return dt.date.fromisoformat(at)
+    except ValueError:
+        fail(f"--at: '{at}' is not a date YYYY-MM-DD")
+
+
+def read_records(load: Callable[..., LoadResult], *args, **kwargs) -> LoadResult:
+    """A source read (`load_source`, `load_omop`); a refused or failed one stops the command, saying why."""
+    from verdict.core.errors import VerdictError
+
+    try:
+        return load(*args, **kwargs)
+    except VerdictError as e:  # EgressRefused included: nothing was sent, no connection opened
+        fail(str(e))
 
 
 @app.command()
@@ -43,12 +63,9 @@ def load(
     from .show import show_result
     from .sources import load_source
 
-    try:
-        day = dt.date.fromisoformat(at)
-    except ValueError:
-        fail(f"--at: '{at}' is not a date YYYY-MM-DD")
+    day = reference_date(at)
     rest = load_rest_config(config, source) if config is not None else None
-    result = load_source(source, day, patient=patient, code_map=load_code_map(codes), rest=rest)
+    result = read_records(load_source, source, day, patient=patient, code_map=load_code_map(codes), rest=rest)
     show_result(result, out)
 
 

@@ -33,7 +33,7 @@ from urllib.parse import quote, urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..formalizer.egress import EgressPolicy
-from ..formalizer.endpoint_config import EgressConfig
+from ..formalizer.endpoint_config import SourceEgress
 from .errors import FhirServerError, FhirSourceError
 from .smart import SmartBackendAuth, SmartBackendConfig
 from .validate import MAX_ATTACHMENT_BYTES, READ_TYPES, parse_json
@@ -64,10 +64,7 @@ class FhirRestConfig(BaseModel):
     max_attachment_bytes: int = Field(
         MAX_ATTACHMENT_BYTES, ge=1, description="largest attachment read by URL"
     )
-    egress: EgressConfig = Field(
-        default_factory=EgressConfig,
-        description="hosts allowed besides loopback (also $VERDICT_EGRESS_ALLOW)",
-    )
+    egress: SourceEgress
 
     @field_validator("base_url")
     @classmethod

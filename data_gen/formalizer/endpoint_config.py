@@ -7,7 +7,7 @@ misspelled key is an error naming it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -160,6 +160,16 @@ class EgressConfig(StrictModel):
     allow_hosts: list[str] = Field(
         default_factory=list, description="hosts, *.suffix wildcards or CIDR blocks"
     )
+
+
+# The `egress` field of a patient-record source (FHIR REST, OMOP): where it may connect.
+SourceEgress = Annotated[
+    EgressConfig,
+    Field(
+        default_factory=EgressConfig,
+        description="hosts allowed besides loopback (also $VERDICT_EGRESS_ALLOW)",
+    ),
+]
 
 
 def load_teacher(name_or_path: str | Path, overrides: list[str] | None = None) -> EndpointConfig:

@@ -1,15 +1,22 @@
 """`verdict omop load`: read persons from an OMOP CDM 5.4 database and print what was read (no text).
+The OMOP config of a command's flags (`omop_config`) is shared with `verdict screen --omop` and
+`verdict match batch --omop`.
 
 Imports inside the commands: a part's cli module imports only typer (and light modules) at module
 level, so that `verdict --help` never loads psycopg (the serve extra; verdict/cli.py)."""
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from verdict.core.cli_errors import fail
+
+from ..fhir.cli import read_records, reference_date
+
+if TYPE_CHECKING:
+    from .config import OmopConfig
 
 app = typer.Typer(
     help="Patients from an OMOP CDM 5.4 database (PostgreSQL).",
@@ -18,12 +25,7 @@ app = typer.Typer(
 )
 
 
-@app.callback()
-def _group() -> None:
-    """Patients from an OMOP CDM 5.4 database (PostgreSQL)."""
-
-
-def omop_config(url: str, config: Path | None, cohort: int | None, person_ids: Path | None):
+def omop_config(url: str, config: Path | None, cohort: int | None, person_ids: Path | None) -> OmopConfig:
     """The OMOP config of a command's flags; a bad one stops the command with the problem."""
     from verdict.core.errors import VerdictError
 
@@ -34,13 +36,6 @@ def omop_config(url: str, config: Path | None, cohort: int | None, person_ids: P
         return load_omop_config(config, url, cohort_id=cohort, person_ids=ids)
     except VerdictError as e:
         fail(str(e))
-
-
-def reference_date(at: str) -> dt.date:
-    try:
-        return dt.date.fromisoformat(at)
-    except ValueError:
-        fail(f"--at: '{at}' is not a date YYYY-MM-DD")
 
 
 @app.command()
@@ -64,15 +59,9 @@ def load(
     out: Path | None = typer.Option(None, "--out", help="write the records as JSONL here"),
 ) -> None:
     """Read persons from OMOP and print, per person: documents, facts, conversions, problems."""
-    from verdict.core.errors import VerdictError
-
     from ..fhir.code_map import load_code_map
     from ..fhir.show import show_result
     from .sources import load_omop
 
     cfg = omop_config(url, config, cohort, person_ids)
-    try:
-        result = load_omop(cfg, reference_date(at), load_code_map(codes))
-    except VerdictError as e:  # EgressRefused included: no connection was opened
-        fail(str(e))
-    show_result(result, out)
+    show_result(read_records(load_omop, cfg, reference_date(at), load_code_map(codes)), out)

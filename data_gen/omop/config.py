@@ -13,7 +13,7 @@ import os
 from pydantic import Field, field_validator, model_validator
 from verdict.core.configs import StrictModel
 
-from ..formalizer.endpoint_config import EgressConfig
+from ..formalizer.endpoint_config import SourceEgress
 from .errors import OmopSourceError
 
 PASSWORD_ENV = "VERDICT_OMOP_PASSWORD"
@@ -55,10 +55,7 @@ class OmopConfig(StrictModel):
     cohort_ids: CohortIdRange | None = Field(
         None, description="the ids the cohort write-back may use (required to write)"
     )
-    egress: EgressConfig = Field(
-        default_factory=EgressConfig,
-        description="hosts allowed besides loopback (also $VERDICT_EGRESS_ALLOW)",
-    )
+    egress: SourceEgress
 
     @field_validator("url")
     @classmethod

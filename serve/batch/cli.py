@@ -59,21 +59,9 @@ def batch_cmd(
 ) -> None:
     """Plan a batch, render its SLURM array (+ merge job) and submit it. Rerunning the same command on
     the same folder resumes: finished pairs are never matched again."""
-    from .match_batch import merge_results, plan_batch, render_batch_jobs
+    from .match_batch import plan_batch, render_batch_jobs
 
-    if (patients is None) == (omop is None):
-        fail("give the patients: --patients FILE or --omop URL (one of them)")
-    if omop is not None:
-        if at is None:
-            fail("--omop needs --at YYYY-MM-DD (ages are computed at it, never at 'today')")
-        from verdict.data_gen.omop.cli import omop_config as read_omop_config
-        from verdict.data_gen.omop.cli import reference_date
-
-        from .omop_patients import omop_patients_file
-
-        cfg = read_omop_config(omop, omop_config, omop_cohort, omop_person_ids)
-        patients = omop_patients_file(out, cfg, reference_date(at), _say)
-
+    patients = batch_patients(patients, omop, omop_config, omop_cohort, omop_person_ids, at, out)
     plan = plan_batch(
         out,
         name=name or out.resolve().name,
@@ -92,9 +80,38 @@ def batch_cmd(
     scripts = render_batch_jobs(out, slurm, slurm_set or [])
     for p in scripts.values():
         _say(f"rendered {p}")
-    if not submit:
-        return
-    from verdict.slurm.submit import Job, slurm_env, submit_jobs, wait_for
+    if submit:
+        submit_batch(out, scripts, wait, timeout)
+
+
+def batch_patients(
+    patients: Path | None,
+    omop: str | None,
+    omop_config: Path | None,
+    omop_cohort: int | None,
+    omop_person_ids: Path | None,
+    at: str | None,
+    out: Path,
+) -> Path:
+    """The patients file the batch is planned from: --patients, or the --omop persons read into `out`."""
+    if (patients is None) == (omop is None):
+        fail("give the patients: --patients FILE or --omop URL (one of them)")
+    if omop is None:
+        return patients
+    if at is None:
+        fail("--omop needs --at YYYY-MM-DD (ages are computed at it, never at 'today')")
+    from verdict.data_gen.fhir.cli import reference_date
+    from verdict.data_gen.omop.cli import omop_config as read_omop_config
+
+    from .omop_patients import omop_patients_file
+
+    cfg = read_omop_config(omop, omop_config, omop_cohort, omop_person_ids)
+    return omop_patients_file(out, cfg, reference_date(at), _say)
+
+
+def submit_batch(out: Path, scripts: dict[str, Path], wait: bool, timeout: float) -> None:
+    """Submit the array and its merge job (printed as JSON); with `wait`, follow them to the summary."""
+    from verdict.slurm.submit import Job, slurm_env, submit_jobs
 
     env = slurm_env()
     # afterany: merge what finished even if a task failed (its pairs are reported missing)
@@ -105,15 +122,19 @@ def batch_cmd(
         ],
         env,
     )
-    array, merge = ids["match"], ids["merge"]
-    typer.echo(json.dumps({"array": array, "merge": merge}))
-    if not wait:
-        return
+    typer.echo(json.dumps({"array": ids["match"], "merge": ids["merge"]}))
+    if wait:
+        wait_for_batch(out, [ids["match"], ids["merge"]], env, timeout)
+
+
+def wait_for_batch(out: Path, jobs: list[str], env: dict[str, str], timeout: float) -> None:
+    """Show the jobs' progress until they end, then print the summary; exit 1 if any pair is missing."""
+    from verdict.slurm.submit import wait_for
+
+    from .match_batch import merge_results
+
     states = wait_for(
-        [array, merge],
-        timeout=timeout,
-        env=env,
-        on_change=lambda s: _say(f"jobs: {s}; " + _progress_line(out)),
+        jobs, timeout=timeout, env=env, on_change=lambda s: _say(f"jobs: {s}; " + _progress_line(out))
     )
     summary = merge_results(out)
     typer.echo(json.dumps({"jobs": states, "summary": summary}, indent=2))

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from verdict.core.cli_errors import fail
-from verdict.core.errors import VerdictError
+from verdict.data_gen.fhir.cli import read_records
 from verdict.data_gen.fhir.show import screenable, write_records
 from verdict.data_gen.omop.config import OmopConfig
 from verdict.data_gen.omop.sources import load_omop
@@ -23,14 +23,12 @@ PATIENTS_FILE = "omop-patients.jsonl"
 
 
 def omop_patients_file(out: Path, cfg: OmopConfig, at: dt.date, say: Callable[[str], None]) -> Path:
+    """`OUT/omop-patients.jsonl`: the screenable persons, read once (a rerun reuses the file)."""
     path = Path(out) / PATIENTS_FILE
     if path.is_file():
         say(f"reusing the OMOP patients read earlier ({path}); a new read needs a new batch folder")
         return path
-    try:
-        loaded = load_omop(cfg, at)
-    except VerdictError as e:  # EgressRefused included: no connection was opened
-        fail(str(e))
+    loaded = read_records(load_omop, cfg, at)
     kept = screenable(loaded, say, "omop")
     if not kept:
         fail(f"no person with a note to screen in {loaded.source}")
