@@ -38,117 +38,18 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING
 
 import typer
 from verdict.core.cli_errors import fail
 
+from .sources import RecordSource, note_patient, patients_file, record_source, screen_source, server_label
+
+if TYPE_CHECKING:
+    from verdict.data_gen.fhir.rest import FhirRestConfig
+    from verdict.data_gen.omop.config import OmopConfig
+
 KEY_ENV = "VERDICT_API_KEY"
-
-
-def _patients(path: Path) -> list[dict]:
-    """The patients JSONL through the project's one patient reader (`verdict.data_gen.sources`), as the
-    batch sends them (`patient_input`); each bad line is reported by number, never by content."""
-    from verdict.data_gen.sources import load_patients
-
-    from ..batch.match_batch import patient_input
-
-    loaded = load_patients(path)
-    for problem in loaded.problems:
-        typer.echo(f"skipped: {problem}", err=True)
-    if not loaded.items:
-        fail(f"{path.name}: no patients")
-    return [patient_input(p).model_dump(exclude_none=True) for p in loaded.items]
-
-
-def _fhir_patients(source: str, at: str, patient: str | None, rest=None) -> list[dict]:
-    """The patients of one FHIR source as `PatientInput`s (`fhir` form)."""
-    from verdict.core.errors import VerdictError
-    from verdict.data_gen.fhir.sources import load_source
-
-    try:
-        loaded = load_source(source, _day(at), patient=patient, rest=rest)
-    except VerdictError as e:  # EgressRefused included: nothing was sent
-        fail(str(e))
-    return _record_inputs(loaded, "fhir")
-
-
-def _omop_patients(cfg, at: str) -> list[dict]:
-    """The persons of an OMOP database as `PatientInput`s (the same `fhir` record form)."""
-    from verdict.core.errors import VerdictError
-    from verdict.data_gen.omop.sources import load_omop
-
-    try:
-        loaded = load_omop(cfg, _day(at))
-    except VerdictError as e:  # EgressRefused included: no connection was opened
-        fail(str(e))
-    return _record_inputs(loaded, "omop")
-
-
-def _day(at: str):
-    import datetime as dt
-
-    try:
-        return dt.date.fromisoformat(at)
-    except ValueError:
-        fail(f"--at: '{at}' is not a date YYYY-MM-DD")
-
-
-def _record_inputs(loaded, prefix: str) -> list[dict]:
-    """Each screenable record as a `PatientInput` (problems printed by row or resource id)."""
-    from verdict.data_gen.fhir.show import screenable
-
-    out = [
-        {"patient_id": rec.patient_id, "fhir": rec.model_dump(mode="json")}
-        for rec in screenable(loaded, lambda line: typer.echo(line, err=True), prefix)
-    ]
-    if not out:
-        fail(f"no patient to screen in the {loaded.kind} source")
-    return out
-
-
-def _source(kind: str, label: str | None = None) -> dict:
-    """The request's `source`; a label that the service would refuse (an odd file name) is left out."""
-    from pydantic import ValidationError
-
-    from .protocol import ScreenSource
-
-    try:
-        return ScreenSource(kind=kind, label=label).model_dump(exclude_none=True)
-    except ValidationError:
-        return {"kind": kind}
-
-
-def _server_label(url: str) -> str:
-    """A FHIR server's base URL as recorded: no credentials, query or fragment."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path.rstrip('/')}"
-
-
-def table(body: dict) -> str:
-    lines = [f"{'rank':>4}  {'trial':<16} {'patient':<14} {'tier':<20} {'dist':>4}  reason"]
-    for r in body["rows"]:
-        lines.append(
-            f"{r['rank']:>4}  {r['trial_id']:<16} {r['patient_id']:<14} {r['tier']:<20} "
-            f"{r['distance']:>4}  {r['reason']}"
-        )
-        if r["would_be_eligible_if"]:
-            lines.append(f"{'':>6}would be eligible if: {'; '.join(r['would_be_eligible_if'])}")
-        if r["to_confirm"]:
-            lines.append(f"{'':>6}to confirm: {', '.join(r['to_confirm'])}")
-    for f in body["failures"]:
-        lines.append(
-            f"{'-':>4}  {f['trial_id']:<16} {f['patient_id']:<14} {'failed ' + str(f['status']):<20} "
-            f"{'':>4}  {f['error']['message']}"
-        )
-    lines.append(
-        f"{body['pairs']} pairs: "
-        + ", ".join(f"{k} {v}" for k, v in sorted(body["tiers"].items()))
-        + (f", failed {len(body['failures'])}" if body["failures"] else "")
-    )
-    return "\n".join(lines)
 
 
 def screen(
@@ -217,91 +118,148 @@ def screen(
 ) -> None:
     """One patient against the site's trials, or one trial against patients, ranked by formal
     distance (eligible; eligible with k to confirm; ineligible with |δ_E| = 1, 2, ...)."""
-    import httpx
-    from verdict.data_gen.formalizer.egress import EgressPolicy
-    from verdict.data_gen.formalizer.errors import EgressRefused
+    import httpx  # noqa: F401 - the serve extra, loaded first: a missing one is said before anything else
 
-    fhir = [str(x) for x in (fhir_bundle, fhir_ndjson, fhir_server) if x is not None]
+    check_write_backs(write_back, fhir_server, omop_write_cohorts, omop)
+    records = record_source(
+        fhir_bundle,
+        fhir_ndjson,
+        fhir_server,
+        fhir_patient,
+        fhir_config,
+        omop,
+        omop_config,
+        omop_cohort,
+        omop_person_ids,
+    )
+    body = request_body(records, at, note, patients, patient_id, trial, trial_ids, policy)
+    key = api_key(key_env)
+    target = checked_target(url)
+    if records is not None:  # read only once the service may receive it
+        add_record_patients(body, records.patients(at), trial)
+    result = post_screen(url, target, body, key, timeout)
+    report(result, url, out, research_subjects)
+    if omop_write_cohorts:
+        write_cohorts(url, result, key, timeout, records.omop, at)
+    if write_back:
+        write_research_subjects(url, result, key, timeout, fhir_server, records.rest)
+
+
+def check_write_backs(
+    write_back: bool, fhir_server: str | None, omop_cohorts: bool, omop: str | None
+) -> None:
+    """A write-back needs the source it writes to: the FHIR server, the OMOP database."""
     if write_back and fhir_server is None:
         fail("--write-back writes to the FHIR server the patients came from: it needs --fhir-server URL")
-    if omop_write_cohorts and omop is None:
+    if omop_cohorts and omop is None:
         fail("--omop-write-cohorts writes to the OMOP database the patients came from: it needs --omop URL")
-    if len(fhir) + (omop is not None) > 1:
-        fail("give one record source: --fhir-bundle, --fhir-ndjson, --fhir-server or --omop")
-    if fhir_config is not None and fhir_server is None:
-        fail("--fhir-config configures the REST client: it needs --fhir-server URL")
-    rest = None
-    if fhir_config is not None:
-        from verdict.data_gen.fhir.rest import load_rest_config
 
-        rest = load_rest_config(fhir_config, fhir_server)  # a bad config: `error: ...` before anything
-    omop_cfg = None
-    if omop is not None:
-        from verdict.data_gen.omop.cli import omop_config as read_omop_config
 
-        omop_cfg = read_omop_config(omop, omop_config, omop_cohort, omop_person_ids)
-    if fhir or omop_cfg is not None:
-        if note or patients or patient_id:
-            fail(
-                "a FHIR or OMOP source gives the patients: drop --note / --patients / --patient-id "
-                "(use --fhir-patient, --omop-person-ids)"
-            )
-        if at is None:
-            fail("a FHIR or OMOP source needs --at YYYY-MM-DD (ages are computed at it, never at 'today')")
-        body = (
-            {"trial_id": trial}
-            if trial is not None
-            else ({"trial_ids": list(trial_ids)} if trial_ids else {})
-        )
-        if omop_cfg is not None:
-            body["source"] = _source("omop", urlsplit(omop_cfg.url).path.strip("/") or None)
-        elif fhir_server is not None:
-            body["source"] = _source("fhir_server", _server_label(fhir_server))
-        else:
-            body["source"] = _source(
-                "fhir_bundle" if fhir_bundle else "fhir_ndjson", (fhir_bundle or fhir_ndjson).resolve().name
-            )
+def request_body(
+    records: RecordSource | None,
+    at: str | None,
+    note: list[Path] | None,
+    patients: Path | None,
+    patient_id: str | None,
+    trial: str | None,
+    trial_ids: list[str] | None,
+    policy: str | None,
+) -> dict:
+    """The POST /v1/screen body; a record source's patients are added later (`add_record_patients`)."""
+    if records is not None:
+        check_record_flags(bool(note or patients or patient_id), at)
+        body = record_request(records, trial, trial_ids)
     elif (patient_id is None) == (trial is None):
         fail("give --patient-id with --note, or --trial with --patients, or a FHIR source")
     elif patient_id is not None:
-        if not note:
-            fail("--patient-id needs at least one --note FILE")
-        docs = [{"id": p.name, "text": p.read_text()} for p in note]
-        body: dict = {"patient": {"patient_id": patient_id, "notes": docs}, "source": _source("text")}
-        if trial_ids:
-            body["trial_ids"] = list(trial_ids)
+        body = notes_request(patient_id, note, trial_ids)
     else:
-        if patients is None:
-            fail("--trial needs --patients FILE")
-        body = {
-            "trial_id": trial,
-            "patients": _patients(patients),
-            "source": _source("patients_file", patients.name),
-        }
+        body = patients_file_request(trial, patients)
     if policy:
         body["policy"] = policy
+    return body
+
+
+def check_record_flags(other_patients: bool, at: str | None) -> None:
+    """A record source gives all the patients (no --note, --patients, --patient-id), read at --at."""
+    if other_patients:
+        fail(
+            "a FHIR or OMOP source gives the patients: drop --note / --patients / --patient-id "
+            "(use --fhir-patient, --omop-person-ids)"
+        )
+    if at is None:
+        fail("a FHIR or OMOP source needs --at YYYY-MM-DD (ages are computed at it, never at 'today')")
+
+
+def record_request(records: RecordSource, trial: str | None, trial_ids: list[str] | None) -> dict:
+    """The body for a FHIR or OMOP source: the trial (or trials) and the source, no patient yet."""
+    body = {"trial_id": trial} if trial is not None else ({"trial_ids": list(trial_ids)} if trial_ids else {})
+    body["source"] = screen_source(records.kind, records.label)
+    return body
+
+
+def notes_request(patient_id: str, note: list[Path] | None, trial_ids: list[str] | None) -> dict:
+    """The body for one patient from --note files, against the site's trials (or --trial-id ones)."""
+    if not note:
+        fail("--patient-id needs at least one --note FILE")
+    body: dict = {"patient": note_patient(patient_id, note), "source": screen_source("text")}
+    if trial_ids:
+        body["trial_ids"] = list(trial_ids)
+    return body
+
+
+def patients_file_request(trial: str, patients: Path | None) -> dict:
+    """The body for one trial against a patients JSONL."""
+    if patients is None:
+        fail("--trial needs --patients FILE")
+    return {
+        "trial_id": trial,
+        "patients": patients_file(patients),
+        "source": screen_source("patients_file", patients.name),
+    }
+
+
+def api_key(key_env: str) -> str:
+    """The API key from its environment variable (never the command line: the shell history)."""
     key = os.environ.get(key_env)
     if not key:
         fail(
             f"${key_env} is not set: put a key with the match role there "
             "(`verdict serve keys add --role match`)"
         )
+    return key
+
+
+def checked_target(url: str) -> str:
+    """The service's screen endpoint, once its host passes the egress allowlist (before any connection)."""
+    from verdict.data_gen.formalizer.egress import EgressPolicy
+    from verdict.data_gen.formalizer.errors import EgressRefused
+
     target = url.rstrip("/") + "/v1/screen"
     try:
         EgressPolicy.from_config().check(target, carries_patient_text=True, what="verdict screen")
     except EgressRefused as e:
         fail(e.summary)
-    if fhir or omop_cfg is not None:  # read only once the service may receive it
-        found = _fhir_patients(fhir[0], at, fhir_patient, rest) if fhir else _omop_patients(omop_cfg, at)
-        if trial is not None:
-            body["patients"] = found
-        elif len(found) != 1:
-            fail(
-                f"the source holds {len(found)} patients: pick one with --fhir-patient ID or "
-                "--omop-person-ids FILE, or screen a trial against them all with --trial"
-            )
-        else:
-            body["patient"] = found[0]
+    return target
+
+
+def add_record_patients(body: dict, found: list[dict], trial: str | None) -> None:
+    """A record source's patients into the body: all of them against --trial, else its one patient."""
+    if trial is not None:
+        body["patients"] = found
+    elif len(found) != 1:
+        fail(
+            f"the source holds {len(found)} patients: pick one with --fhir-patient ID or "
+            "--omop-person-ids FILE, or screen a trial against them all with --trial"
+        )
+    else:
+        body["patient"] = found[0]
+
+
+def post_screen(url: str, target: str, body: dict, key: str, timeout: float) -> dict:
+    """POST the screen and return its response; no answer or an error status stops the command."""
+    import httpx  # heavy optional dependency: httpx (serve extra)
+
     try:
         r = httpx.post(target, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=timeout)
     except httpx.HTTPError as e:
@@ -309,11 +267,15 @@ def screen(
     if r.status_code != 200:
         try:
             err = r.json()
-            problems = "; ".join(f"{p['field']}: {p['message']}" for p in err.get("problems", []))
-            fail(f"HTTP {r.status_code}: {err.get('message', '')}" + (f" ({problems})" if problems else ""))
         except ValueError:
             fail(f"HTTP {r.status_code} from {url}")
-    result = r.json()
+        problems = "; ".join(f"{p['field']}: {p['message']}" for p in err.get("problems", []))
+        fail(f"HTTP {r.status_code}: {err.get('message', '')}" + (f" ({problems})" if problems else ""))
+    return r.json()
+
+
+def report(result: dict, url: str, out: Path | None, research_subjects: Path | None) -> None:
+    """Write the response (--out) and its ResearchSubjects (--research-subjects); print the table."""
     if out is not None:
         out.write_text(json.dumps(result, indent=2))
     if research_subjects is not None:
@@ -324,16 +286,51 @@ def screen(
     typer.echo(
         f"recorded as screening {result['screening_id']} (GET /v1/screenings/ID, role audit)", err=True
     )
-    if omop_write_cohorts:
-        from .omop_cohorts import write_omop_cohorts
 
-        typer.echo(write_omop_cohorts(url, result, key, timeout, omop_cfg, _day(at)), err=True)
-    if write_back:
-        from .write_back import fetch_subjects, write_subjects
 
-        done = write_subjects(fhir_server, fetch_subjects(url, result["screening_id"], key, timeout), rest)
-        typer.echo(
-            f"wrote ResearchSubjects to {_server_label(fhir_server)}: {done.created} created, "
-            f"{done.updated} updated",
-            err=True,
+def table(body: dict) -> str:
+    """The printed table: the ranked rows, the failed pairs, then the count per tier."""
+    lines = [f"{'rank':>4}  {'trial':<16} {'patient':<14} {'tier':<20} {'dist':>4}  reason"]
+    for r in body["rows"]:
+        lines.append(
+            f"{r['rank']:>4}  {r['trial_id']:<16} {r['patient_id']:<14} {r['tier']:<20} "
+            f"{r['distance']:>4}  {r['reason']}"
         )
+        if r["would_be_eligible_if"]:
+            lines.append(f"{'':>6}would be eligible if: {'; '.join(r['would_be_eligible_if'])}")
+        if r["to_confirm"]:
+            lines.append(f"{'':>6}to confirm: {', '.join(r['to_confirm'])}")
+    for f in body["failures"]:
+        lines.append(
+            f"{'-':>4}  {f['trial_id']:<16} {f['patient_id']:<14} {'failed ' + str(f['status']):<20} "
+            f"{'':>4}  {f['error']['message']}"
+        )
+    lines.append(
+        f"{body['pairs']} pairs: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(body["tiers"].items()))
+        + (f", failed {len(body['failures'])}" if body["failures"] else "")
+    )
+    return "\n".join(lines)
+
+
+def write_cohorts(url: str, result: dict, key: str, timeout: float, cfg: OmopConfig, at: str) -> None:
+    """--omop-write-cohorts: the run's eligible pairs into the OMOP results schema's cohort table."""
+    from verdict.data_gen.fhir.cli import reference_date
+
+    from .omop_cohorts import write_omop_cohorts
+
+    typer.echo(write_omop_cohorts(url, result, key, timeout, cfg, reference_date(at)), err=True)
+
+
+def write_research_subjects(
+    url: str, result: dict, key: str, timeout: float, fhir_server: str, rest: FhirRestConfig | None
+) -> None:
+    """--write-back: the run's ResearchSubjects onto the FHIR server the patients came from."""
+    from .write_back import fetch_subjects, write_subjects
+
+    done = write_subjects(fhir_server, fetch_subjects(url, result["screening_id"], key, timeout), rest)
+    typer.echo(
+        f"wrote ResearchSubjects to {server_label(fhir_server)}: {done.created} created, "
+        f"{done.updated} updated",
+        err=True,
+    )

@@ -393,9 +393,9 @@ def test_a_bad_source_is_refused_naming_it(service, source, field):
 
 
 def test_the_cli_records_a_fhir_server_by_its_base_url_only():
-    from verdict.serve.screen.cli import _server_label
+    from verdict.serve.screen.sources import server_label
 
-    got = _server_label("https://user:pw@fhir.site.example:8443/r4/?_count=5#x")
+    got = server_label("https://user:pw@fhir.site.example:8443/r4/?_count=5#x")
     assert got == "https://fhir.site.example:8443/r4"
 
 
