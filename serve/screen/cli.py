@@ -28,6 +28,10 @@ pairs into the results schema's `cohort` table (`omop_cohorts`).
 `--write-back` (with --fhir-server; the key must hold the admin role, which the service checks) writes
 one ResearchSubject per ranked pair back to that FHIR server (`write_back`); without it nothing is written.
 
+The command's steps are the functions below it, in the order it runs them: check the write-back
+flags, choose the patient source (`sources.py`), build the request, check the key and the service's
+host, read a record source's patients, send, report, write back.
+
 Imports inside the commands: a part's cli module imports only typer (and light modules) at module
 level, so that `verdict --help` and the other parts' commands never load this part's heavy optional
 dependencies (fastapi, vLLM, httpx, psycopg, jinja2: the serve and slurm extras; verdict/cli.py).
