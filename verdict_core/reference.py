@@ -93,100 +93,165 @@ def load_reference(path: str | Path) -> ReferenceCase:
     return import_reference(data, trial_id=stem, patient_id=path.parent.name or "patient", source=path.name)
 
 
+@dataclass
+class _Draft:
+    """What a file's two sides add up to while it is imported: atoms, definitions, criteria, values."""
+
+    cohort: Cohort
+    sorts: dict[str, str] = field(default_factory=dict)
+    skolems: dict[str, str] = field(default_factory=dict)  # fresh atom -> the definition it comes from
+    definitions: list[Definition] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    passes: dict[str, dict[str, MinedValue]] = field(default_factory=dict)  # side -> atom -> its record
+    conflicts: list[ExtractionConflict] = field(default_factory=list)
+    extra: dict[str, dict] = field(default_factory=dict)  # atom -> its recorded assessment
+
+
 def import_reference(data: dict, trial_id: str, patient_id: str, source: str = "") -> ReferenceCase:
+    """One recorded file as a checked program and the patient's resolved values (module docstring)."""
     if not is_reference_format(data):
         raise ImportFormatError(
             f"{source or trial_id}: not the reference format (needs inclusion/exclusion with raw)"
         )
     where = source or trial_id
-    sorts: dict[str, str] = {}
-    skolems: dict[str, str] = {}  # fresh atom -> the definition it comes from
-    definitions: list[Definition] = []
-    cohort = Cohort(id="main", label=f"recorded formalization {trial_id}")
-    notes: list[str] = []
-    passes: dict[str, dict[str, MinedValue]] = {}
-    conflicts: list[ExtractionConflict] = []
-    extra: dict[str, dict] = {}
+    draft = _Draft(cohort=Cohort(id="main", label=f"recorded formalization {trial_id}"))
     recorded = {}
     for side in SIDES:
         raw = data[side].get("raw") or {}
         recorded[side] = bool(data[side].get("sat_like"))
-        shape = _shape_problems(raw)
-        if shape:
-            raise ImportFormatError(f"{where}: not the reference format", [f"{side}.raw.{p}" for p in shape])
-        try:
-            decls, macros, asserts = _parse_program(raw.get("smt_program_lines") or [])
-        except _Unsupported as e:
+        _import_side(draft, side, raw, where)
+    mentions = _mentions(draft.cohort)
+    program = _checked_program(draft, trial_id, source, mentions, where)
+    aside = {a for c in draft.conflicts for a in c.set_aside}
+    merged, pass_conflicts, pass_notes, left_open = _merge_passes(
+        draft.passes, program.atom_sides(), mentions, aside
+    )
+    draft.conflicts += pass_conflicts
+    draft.notes += pass_notes
+    aside |= {a for c in pass_conflicts for a in c.set_aside}
+    resolutions = [
+        _resolution(atom.name, merged.get(atom.name), draft.extra.get(atom.name, {}), aside, left_open)
+        for atom in program.atoms
+    ]
+    patient = ResolvedPatient(
+        patient_id=patient_id,
+        trial_id=trial_id,
+        program_hash=program.content_hash,
+        policy=RECORDED_POLICY,
+        resolutions=resolutions,
+    )
+    return ReferenceCase(
+        program=program, patient=patient, recorded_sat=recorded, notes=draft.notes, conflicts=draft.conflicts
+    )
+
+
+def _import_side(draft: _Draft, side: str, raw, where: str) -> None:
+    """One side's declarations, assertions and recorded values, added to the draft in that order."""
+    shape = _shape_problems(raw)
+    if shape:
+        raise ImportFormatError(f"{where}: not the reference format", [f"{side}.raw.{p}" for p in shape])
+    try:
+        decls, macros, asserts = _parse_program(raw.get("smt_program_lines") or [])
+    except _Unsupported as e:
+        raise UnsupportedConstructError(
+            f"{where}: cannot be imported soundly", [f"{side} side: {e}"]
+        ) from None
+    except (ValueError, IndexError, TypeError) as e:
+        raise ImportFormatError(f"{where}: {side} side: cannot parse SMT program: {e}") from None
+    _declare(draft.sorts, decls, side, where)
+    for name, expr in asserts:
+        _import_assertion(draft, side, name, expr, macros, where)
+    side_values, side_extra, side_notes, side_conflicts = _values(
+        raw.get("patient_var_values_rich") or {}, draft.sorts, side
+    )
+    draft.passes[side] = {mv.atom: mv for mv in side_values}
+    draft.extra.update(side_extra)
+    draft.notes += side_notes
+    draft.conflicts += side_conflicts
+
+
+def _declare(sorts: dict[str, str], decls: dict[str, str], side: str, where: str) -> None:
+    """Add a side's declarations to the one atom table: Bool/Int/Real only, one sort per name."""
+    for name, sort in decls.items():
+        if sort not in ("Bool", "Int", "Real"):
             raise UnsupportedConstructError(
-                f"{where}: cannot be imported soundly", [f"{side} side: {e}"]
-            ) from None
-        except (ValueError, IndexError, TypeError) as e:
-            raise ImportFormatError(f"{where}: {side} side: cannot parse SMT program: {e}") from None
-        for name, sort in decls.items():
-            if sort not in ("Bool", "Int", "Real"):
-                raise UnsupportedConstructError(
-                    f"{where}: cannot be imported soundly",
-                    [f"{side} side: atom '{name}' has sort {sort!r} (Bool/Int/Real only)"],
-                )
-            if sorts.setdefault(name, sort) != sort:
-                raise ImportFormatError(
-                    f"{where}: atom '{name}' is {sorts[name]} on one side and {sort} on the other"
-                )
-        prefix = "inc" if side == "inclusion" else "exc"
-        for name, expr in asserts:
-            cid = f"{prefix}.{name}"
-            conv = _Converter(sorts, macros, skolem_prefix=cid if "AUXILIARY" in name else None)
-            try:
-                if "AUXILIARY" in name:
-                    f = conv.formula(expr)
-                    for atom in conv.fresh:
-                        skolems[atom] = cid
-                    kind = (
-                        "qualifier_implies_stem"
-                        if "QUAL_IMPLIES_STEM" in name or _is_qualifier_link(f)
-                        else "definition"
-                    )
-                    definitions.append(Definition(id=cid, kind=kind, formula=f, text=render(f)))
-                    continue
-                if side == "exclusion":
-                    f = (
-                        conv.formula(expr[1])
-                        if isinstance(expr, list) and expr[0] == "not" and len(expr) == 2
-                        else Not(op="not", arg=conv.formula(expr))
-                    )
-                else:
-                    f = conv.formula(expr)
-                text = f"[recorded {side} component {name}] " + render(f)
-                getattr(cohort, side).append(Criterion(id=cid, text=text, formula=f))
-            except _Unsupported as e:
-                raise UnsupportedConstructError(
-                    f"{where}: cannot be imported soundly", [f"{side} side, assertion {name}: {e}"]
-                ) from None
-            except (ValueError, IndexError, TypeError, KeyError, RecursionError) as e:
-                raise ImportFormatError(
-                    f"{where}: cannot import an assertion", [f"{side} side, assertion {name}: {_short(e)}"]
-                ) from None
-        side_values, side_extra, side_notes, side_conflicts = _values(
-            raw.get("patient_var_values_rich") or {}, sorts, side
+                f"{where}: cannot be imported soundly",
+                [f"{side} side: atom '{name}' has sort {sort!r} (Bool/Int/Real only)"],
+            )
+        if sorts.setdefault(name, sort) != sort:
+            raise ImportFormatError(
+                f"{where}: atom '{name}' is {sorts[name]} on one side and {sort} on the other"
+            )
+
+
+def _import_assertion(draft: _Draft, side: str, name: str, expr, macros: dict, where: str) -> None:
+    """One named assertion as a definition (AUXILIARY) or a criterion; what cannot be imported refuses
+    the file, naming the side and the assertion."""
+    cid = f"{'inc' if side == 'inclusion' else 'exc'}.{name}"
+    try:
+        if "AUXILIARY" in name:
+            draft.definitions.append(_definition(draft, cid, name, expr, macros))
+        else:
+            getattr(draft.cohort, side).append(_criterion(draft.sorts, cid, side, name, expr, macros))
+    except _Unsupported as e:
+        raise UnsupportedConstructError(
+            f"{where}: cannot be imported soundly", [f"{side} side, assertion {name}: {e}"]
+        ) from None
+    except (ValueError, IndexError, TypeError, KeyError, RecursionError) as e:
+        raise ImportFormatError(
+            f"{where}: cannot import an assertion", [f"{side} side, assertion {name}: {_short(e)}"]
+        ) from None
+
+
+def _definition(draft: _Draft, cid: str, name: str, expr, macros: dict) -> Definition:
+    """A trial-wide definition; its existential variables become fresh atoms (skolems) of it."""
+    conv = _Converter(draft.sorts, macros, skolem_prefix=cid)
+    f = conv.formula(expr)
+    for atom in conv.fresh:
+        draft.skolems[atom] = cid
+    link = "QUAL_IMPLIES_STEM" in name or _is_qualifier_link(f)
+    kind = "qualifier_implies_stem" if link else "definition"
+    return Definition(id=cid, kind=kind, formula=f, text=render(f))
+
+
+def _criterion(sorts: dict[str, str], cid: str, side: str, name: str, expr, macros: dict) -> Criterion:
+    """A criterion of the one cohort; an exclusion is stored un-negated, so it means what the side meant."""
+    conv = _Converter(sorts, macros)
+    if side == "exclusion":
+        f = (
+            conv.formula(expr[1])
+            if isinstance(expr, list) and expr[0] == "not" and len(expr) == 2
+            else Not(op="not", arg=conv.formula(expr))
         )
-        passes[side] = {mv.atom: mv for mv in side_values}
-        extra.update(side_extra)
-        notes += side_notes
-        conflicts += side_conflicts
+    else:
+        f = conv.formula(expr)
+    return Criterion(id=cid, text=f"[recorded {side} component {name}] " + render(f), formula=f)
+
+
+def _mentions(cohort: Cohort) -> dict[str, list[str]]:
+    """Atom -> the criteria (inclusion first) whose formulas use it."""
     mentions: dict[str, list[str]] = {}
     for side in SIDES:
         for cr in getattr(cohort, side):
             for name in atoms_in(cr.formula):
                 mentions.setdefault(name, []).append(cr.id)
+    return mentions
+
+
+def _checked_program(
+    draft: _Draft, trial_id: str, source: str, mentions: dict[str, list[str]], where: str
+) -> TrialProgram:
+    """The draft's atoms, definitions and cohort as one program, checked as any program is."""
     atoms = [
-        _atom(name, sort, mentions.get(name, []), skolem_of=skolems.get(name)) for name, sort in sorts.items()
+        _atom(name, sort, mentions.get(name, []), skolem_of=draft.skolems.get(name))
+        for name, sort in draft.sorts.items()
     ]
     program = TrialProgram(
         trial_id=trial_id,
         title=f"recorded formalization of {trial_id}",
         atoms=atoms,
-        definitions=definitions,
-        cohorts=[cohort],
+        definitions=draft.definitions,
+        cohorts=[draft.cohort],
         provenance=Provenance(
             source="reference-import",
             details={
@@ -199,73 +264,49 @@ def import_reference(data: dict, trial_id: str, patient_id: str, source: str = "
         ),
     )
     try:
-        program = check_program(program)
+        return check_program(program)
     except VerdictError as e:
         raise ImportFormatError(f"{where}: imported program is invalid", e.problems or [e.summary]) from None
-    aside = {a for c in conflicts for a in c.set_aside}
-    merged, pass_conflicts, pass_notes, left_open = _merge_passes(
-        passes, program.atom_sides(), mentions, aside
-    )
-    conflicts += pass_conflicts
-    notes += pass_notes
-    aside |= {a for c in pass_conflicts for a in c.set_aside}
-    resolutions = []
-    for atom in program.atoms:
-        mv = merged.get(atom.name)
-        info = extra.get(atom.name, {})
-        note = info.get("assessment") or None
-        if atom.name in aside:
-            resolutions.append(
-                Resolution(
-                    atom=atom.name,
-                    status="unresolved",
-                    note="set aside: the recorded values contradict each other (extraction conflict)",
-                )
-            )
-            continue
-        if atom.name in left_open:
-            resolutions.append(Resolution(atom=atom.name, status="unresolved", note=left_open[atom.name]))
-            continue
-        if mv is None or (mv.value is None and mv.bounds is None):
-            resolutions.append(Resolution(atom=atom.name, status="unresolved", note=note))
-            continue
-        if _is_silence(mv):
-            imp = Imputation(
-                policy=RECORDED_POLICY.name,
-                policy_version=RECORDED_POLICY.version,
-                rule="miner-silence-default",
-                reason=info.get("assessment") or mv.evidence,
-            )
-            resolutions.append(
-                Resolution(
-                    atom=atom.name,
-                    status="imputed",
-                    value=mv.value,
-                    bounds=mv.bounds,
-                    imputation=imp,
-                    note=mv.evidence or None,
-                )
-            )
-        else:
-            resolutions.append(
-                Resolution(
-                    atom=atom.name,
-                    status="observed",
-                    value=mv.value,
-                    bounds=mv.bounds,
-                    evidence=mv.evidence or info.get("assessment") or "(recorded value)",
-                    note=note,
-                )
-            )
-    patient = ResolvedPatient(
-        patient_id=patient_id,
-        trial_id=trial_id,
-        program_hash=program.content_hash,
-        policy=RECORDED_POLICY,
-        resolutions=resolutions,
-    )
-    return ReferenceCase(
-        program=program, patient=patient, recorded_sat=recorded, notes=notes, conflicts=conflicts
+
+
+def _resolution(
+    name: str, mv: MinedValue | None, info: dict, aside: set[str], left_open: dict[str, str]
+) -> Resolution:
+    """An atom's resolution: set aside (conflict), left open (sides differ), unresolved, imputed
+    (a silence default both sides share) or observed."""
+    note = info.get("assessment") or None
+    if name in aside:
+        return Resolution(
+            atom=name,
+            status="unresolved",
+            note="set aside: the recorded values contradict each other (extraction conflict)",
+        )
+    if name in left_open:
+        return Resolution(atom=name, status="unresolved", note=left_open[name])
+    if mv is None or (mv.value is None and mv.bounds is None):
+        return Resolution(atom=name, status="unresolved", note=note)
+    if _is_silence(mv):
+        imp = Imputation(
+            policy=RECORDED_POLICY.name,
+            policy_version=RECORDED_POLICY.version,
+            rule="miner-silence-default",
+            reason=info.get("assessment") or mv.evidence,
+        )
+        return Resolution(
+            atom=name,
+            status="imputed",
+            value=mv.value,
+            bounds=mv.bounds,
+            imputation=imp,
+            note=mv.evidence or None,
+        )
+    return Resolution(
+        atom=name,
+        status="observed",
+        value=mv.value,
+        bounds=mv.bounds,
+        evidence=mv.evidence or info.get("assessment") or "(recorded value)",
+        note=note,
     )
 
 
