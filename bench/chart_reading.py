@@ -41,6 +41,7 @@ from verdict.core.jsonl_store import JsonlStore
 from verdict.data_gen.formalizer.reader import ChartReading
 
 from .backends.endpoints import EndpointPlacement, EndpointRef, resolve_endpoint
+from .markdown import rate_text, section, side_by_side, table
 from .protocol import BenchError, DecisionValue
 
 log = logging.getLogger("verdict.bench")
@@ -539,28 +540,21 @@ def _k(r: dict) -> str:
 
 
 def render_chart_reading(s: dict, machinery_check: bool) -> list[str]:
-    from .report import rate_text
-
     cr = s.get("chart_reading")
     if not cr:
         return []
-    lines = [
-        "",
-        "## Read once vs exhaustive mining (long charts)",
-        "",
+    intro = [
         f"Charts: `{cr['charts']}`. Each pair mined twice by the same endpoint, both sides: exhaustive "
         "(every passage with every atom chunk) and read once (the chart read once into a fact sheet, "
         "routed to each atom chunk). A miss: read once null where exhaustive found a value. A pair has one "
         "program (a recorded pair: one per variant); decisions and costs are per program.",
+        *(["", f"**{MACHINERY}**"] if machinery_check else []),
     ]
-    if machinery_check:
-        lines += ["", f"**{MACHINERY}**"]
-    lines += [
-        "",
-        "| endpoint | pairs | programs | atoms | atom agreement [95% CI] | same value | both null | miss | "
-        "added | different | same decision [95% CI] | same tier [95% CI] |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    columns = (
+        "endpoint | pairs | programs | atoms | atom agreement [95% CI] | same value | both null | miss | "
+        "added | different | same decision [95% CI] | same tier [95% CI]"
+    )
+    lines = section("Read once vs exhaustive mining (long charts)", columns, intro)
     for name, x in cr["rows"].items():
         c = x["categories"]
         lines.append(
@@ -577,8 +571,7 @@ def render_chart_reading(s: dict, machinery_check: bool) -> list[str]:
         "were). The reading is paid once per patient: amortized over the patient's programs in this run, "
         f"and over {cr['amortize_over']} trials.",
         "",
-        "| endpoint | method | calls | prompt tokens | completion tokens |",
-        "|---|---|---|---|---|",
+        *table("endpoint | method | calls | prompt tokens | completion tokens"),
     ]
     labels = [
         ("exhaustive", "exhaustive mining"),
@@ -597,10 +590,10 @@ def render_chart_reading(s: dict, machinery_check: bool) -> list[str]:
             )
     lines += [
         "",
-        "| endpoint | patients | charts read once | documents per chart | excerpts per sheet | "
-        "pairs routed |",
+        *table(
+            "endpoint | patients | charts read once | documents per chart | excerpts per sheet | pairs routed"
+        ),
     ]
-    lines += ["|---|---|---|---|---|---|"]
     for name, x in cr["rows"].items():
         docs, exc = x["documents_per_chart"], x["excerpts_per_sheet"]
         lines.append(
@@ -611,7 +604,7 @@ def render_chart_reading(s: dict, machinery_check: bool) -> list[str]:
     if listed:
         limit = cr.get("max_listed", 50)
         lines += ["", "Atoms where read once differs (miss: read once null, exhaustive found a value):", ""]
-        lines += ["| endpoint | pair | case | atom | category |", "|---|---|---|---|---|"]
+        lines += table("endpoint | pair | case | atom | category")
         lines += [
             f"| {d['row']} | {d['pair']} | {d['case']} | {d['atom']} | {d['category']} |"
             for d in listed[:limit]
@@ -620,7 +613,7 @@ def render_chart_reading(s: dict, machinery_check: bool) -> list[str]:
             lines.append(f"| ... and {len(listed) - limit} more (results.json) | | | | |")
     fails = [(n, r, k) for n, x in cr["rows"].items() for r, k in x["failed"].items()]
     if fails:
-        lines += ["", "| endpoint | failed (why) | pairs |", "|---|---|---|"]
+        lines += ["", *table("endpoint | failed (why) | pairs")]
         lines += [f"| {n} | {r} | {k} |" for n, r, k in fails]
     if cr.get("problems"):
         lines += ["", "Charts skipped:", ""] + [f"- {p}" for p in cr["problems"][:50]]
@@ -629,27 +622,30 @@ def render_chart_reading(s: dict, machinery_check: bool) -> list[str]:
 
 def compare_chart_reading(a: dict, b: dict) -> list[str]:
     """Both runs' read-once rows side by side (`verdict bench compare`)."""
-    from .report import rate_text
+    columns = (
+        "endpoint | pairs | atom agreement | misses | same decision | calls/pair exhaustive | "
+        "calls/pair read once (amortized) | prompt tokens/pair exhaustive | "
+        "prompt tokens/pair read once"
+    )
+    return side_by_side(a, b, "chart_reading", "Read once vs exhaustive mining:", columns, _compared_rows)
 
-    if not (a.get("chart_reading") or b.get("chart_reading")):
-        return []
-    lines = [
-        "",
-        "Read once vs exhaustive mining:",
-        "",
-        "| run | endpoint | pairs | atom agreement | misses | same decision | calls/pair exhaustive | "
-        "calls/pair read once (amortized) | prompt tokens/pair exhaustive | prompt tokens/pair read once |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for tag, s in (("A", a), ("B", b)):
-        cr = s.get("chart_reading") or {}
-        for name, x in (cr.get("rows") or {}).items():
-            c = x["cost"]
-            lines.append(
-                f"| {tag} | {name} | {x['pairs']} | {rate_text(x['atom_agreement'])} | "
-                f"{x['categories']['miss']['k']} | {rate_text(x['same_decision'])} | "
-                f"{c['exhaustive']['calls']} | "
-                f"{c['read_once_projected']['calls']} | {c['exhaustive']['prompt_tokens']} | "
-                f"{c['read_once_projected']['prompt_tokens']} |"
-            )
-    return lines
+
+def _compared_rows(cr: dict) -> list[list]:
+    """A run's read-once rows as `verdict bench compare` shows them."""
+    out = []
+    for name, x in (cr.get("rows") or {}).items():
+        c = x["cost"]
+        out.append(
+            [
+                name,
+                x["pairs"],
+                rate_text(x["atom_agreement"]),
+                x["categories"]["miss"]["k"],
+                rate_text(x["same_decision"]),
+                c["exhaustive"]["calls"],
+                c["read_once_projected"]["calls"],
+                c["exhaustive"]["prompt_tokens"],
+                c["read_once_projected"]["prompt_tokens"],
+            ]
+        )
+    return out

@@ -38,6 +38,7 @@ from .backends.endpoints import (
     resolve_endpoint,
     typed_check,
 )
+from .markdown import rate_text, section, side_by_side, table
 from .protocol import CfRecord, FlipTarget, PairResult
 
 log = logging.getLogger("verdict.bench")
@@ -334,21 +335,17 @@ def render_cf(s: dict, machinery_check: bool) -> list[str]:
     cf = s.get("counterfactual")
     if not cf:
         return []
-    from .report import rate_text
-
-    lines = [
-        "",
-        "## End-to-end counterfactual self-faithfulness",
-        "",
+    intro = (
         "Each pair's flip targets (formal: the primary δ as the trial's requirements; llm_match: its "
         "stated reasons) -> the modifier rewrites the chart -> the validator checks it -> the same "
         "backend decides again on the new chart. SF_raw = flipped / validator-accepted (Wilson 95% CI); "
-        "rejected rewrites are left out of the denominator (paper D.1).",
-        "",
-        "| backend | direction | rewrites | accepted | flipped | SF_raw [95% CI] | rejected (why) | "
-        "failed (why) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+        "rejected rewrites are left out of the denominator (paper D.1)."
+    )
+    columns = (
+        "backend | direction | rewrites | accepted | flipped | SF_raw [95% CI] | rejected (why) | "
+        "failed (why)"
+    )
+    lines = section("End-to-end counterfactual self-faithfulness", columns, [intro])
     why = lambda d: "; ".join(f"{k}: {v}" for k, v in d.items()) or "0"  # noqa: E731
     for x in cf["rows"].values():
         lines.append(
@@ -366,8 +363,7 @@ def render_cf(s: dict, machinery_check: bool) -> list[str]:
             "The paper's raw ineligible -> eligible flip rates (Table 18, GPT-5 modifier and validator; "
             "not measured here):",
             "",
-            "| source | flipped / accepted | SF_raw |",
-            "|---|---|---|",
+            *table("source | flipped / accepted | SF_raw"),
         ]
         lines += [f"| {p['label']} | {p['k']}/{p['n']} | {p['rate']:.1%} |" for p in cf["paper"]]
     return lines
@@ -375,21 +371,14 @@ def render_cf(s: dict, machinery_check: bool) -> list[str]:
 
 def compare_cf(a: dict, b: dict) -> list[str]:
     """Both runs' SF_raw rows side by side (`verdict bench compare`)."""
-    from .report import rate_text
+    columns = "backend | direction | rewrites | accepted | SF_raw [95% CI]"
+    title = "End-to-end counterfactual self-faithfulness:"
+    return side_by_side(a, b, "counterfactual", title, columns, _compared_rows)
 
-    if not (a.get("counterfactual") or b.get("counterfactual")):
-        return []
-    lines = [
-        "",
-        "End-to-end counterfactual self-faithfulness:",
-        "",
-        "| run | backend | direction | rewrites | accepted | SF_raw [95% CI] |",
-        "|---|---|---|---|---|---|",
+
+def _compared_rows(cf: dict) -> list[list]:
+    """A run's SF_raw rows as `verdict bench compare` shows them."""
+    return [
+        [x["backend"], x["direction"], x["attempted"], x["valid"], rate_text(x["sf_raw"])]
+        for x in (cf.get("rows") or {}).values()
     ]
-    for tag, s in (("A", a), ("B", b)):
-        for x in ((s.get("counterfactual") or {}).get("rows") or {}).values():
-            lines.append(
-                f"| {tag} | {x['backend']} | {x['direction']} | {x['attempted']} | {x['valid']} | "
-                f"{rate_text(x['sf_raw'])} |"
-            )
-    return lines

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from . import ranking as R
+from .markdown import section, side_by_side, table
 from .protocol import PairResult
 
 
@@ -66,22 +67,18 @@ def render_ranking(s: dict, machinery_check: bool) -> list[str]:
     rk = s.get("ranking")
     if not rk:
         return []
-    lines = [
-        "",
-        "## Ranking",
-        "",
-        rk["setting"],
+    ties = (
         f"Ties broken by {rk['tie_break']}; 'over random tie orders': mean (min-max) of the metric over "
         f"{rk['tie_orders']} random orders of the tied trials. 95% CIs: bootstrap over topics. nDCG@10 "
         "with linear gains (2 eligible, 1 excluded, 0 not relevant; binary labels: 2 eligible, "
-        "0 ineligible); P@10 and recall count eligible trials.",
-        "",
-        "| backend | ranks by | topics (single-candidate, left out) | pairs (eligible) | median candidates "
-        "| nDCG@10 [95% CI] | P@10 [95% CI] | "
-        "recall@10 [95% CI] | recall@20 [95% CI] | tied pairs | nDCG@10 over tie orders | "
-        "P@10 over tie orders |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+        "0 ineligible); P@10 and recall count eligible trials."
+    )
+    columns = (
+        "backend | ranks by | topics (single-candidate, left out) | pairs (eligible) | median candidates "
+        "| nDCG@10 [95% CI] | P@10 [95% CI] | recall@10 [95% CI] | recall@20 [95% CI] | tied pairs | "
+        "nDCG@10 over tie orders | P@10 over tie orders"
+    )
+    lines = section("Ranking", columns, [rk["setting"], ties])
     short = False
     for name, x in rk["backends"].items():
         if x is None:
@@ -116,8 +113,7 @@ def render_ranking(s: dict, machinery_check: bool) -> list[str]:
             "",
             "Published figures (not measured here; TREC Clinical Trials, their own setting):",
             "",
-            "| source | nDCG@10 | P@10 |",
-            "|---|---|---|",
+            *table("source | nDCG@10 | P@10"),
         ]
         for p in rk["peers"]:
             nd, pk = (("n/a" if p.get(m) is None else f"{p[m]:.3f}") for m in ("ndcg@10", "p@10"))
@@ -128,22 +124,27 @@ def render_ranking(s: dict, machinery_check: bool) -> list[str]:
 
 def compare_ranking(a: dict, b: dict) -> list[str]:
     """Both runs' ranking rows side by side."""
-    if not (a.get("ranking") or b.get("ranking")):
-        return []
-    lines = [
-        "",
-        "Ranking (re-ranking each topic's judged trials):",
-        "",
-        "| run | backend | ranks by | topics | nDCG@10 [95% CI] | P@10 [95% CI] | recall@10 | recall@20 | "
-        "nDCG@10 over tie orders |",
-        "|---|---|---|---|---|---|---|---|---|",
+    columns = (
+        "backend | ranks by | topics | nDCG@10 [95% CI] | P@10 [95% CI] | recall@10 | recall@20 | "
+        "nDCG@10 over tie orders"
+    )
+    title = "Ranking (re-ranking each topic's judged trials):"
+    return side_by_side(a, b, "ranking", title, columns, _compared_rows)
+
+
+def _compared_rows(rk: dict) -> list[list]:
+    """A run's ranking rows as `verdict bench compare` shows them (a backend without figures left out)."""
+    return [
+        [
+            name,
+            x["ranks_by"],
+            x["topics"],
+            _m(x, "ndcg@10"),
+            _m(x, "p@10"),
+            _m(x, "recall@10"),
+            _m(x, "recall@20"),
+            _spread(x, "ndcg@10"),
+        ]
+        for name, x in (rk.get("backends") or {}).items()
+        if x and "error" not in x
     ]
-    for tag, s in (("A", a), ("B", b)):
-        for name, x in ((s.get("ranking") or {}).get("backends") or {}).items():
-            if not x or "error" in x:
-                continue
-            lines.append(
-                f"| {tag} | {name} | {x['ranks_by']} | {x['topics']} | {_m(x, 'ndcg@10')} | "
-                f"{_m(x, 'p@10')} | {_m(x, 'recall@10')} | {_m(x, 'recall@20')} | {_spread(x, 'ndcg@10')} |"
-            )
-    return lines

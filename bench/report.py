@@ -23,6 +23,7 @@ from pathlib import Path
 from verdict.core.jsonl_store import JsonlStore
 
 from . import metrics as M
+from .markdown import rate_text, row, section, table
 from .protocol import BenchError, PairResult
 
 FORMAT = "verdict.bench/v1"
@@ -288,14 +289,6 @@ def _ci(m: dict) -> str:
     return f"{m['value']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"{m['value']:.3f}"
 
 
-def rate_text(r: dict | None) -> str:
-    """A rate as 'rate (k/n; Wilson CI)' for the tables."""
-    if not r or r.get("rate") is None:
-        return "n/a"
-    ci = r.get("ci95")
-    return f"{r['rate']:.3f} ({r['k']}/{r['n']}" + (f"; {ci[0]:.3f}-{ci[1]:.3f}" if ci else "") + ")"
-
-
 def _ms(x) -> str:
     return "n/a" if x is None else (f"{x:.0f}" if x >= 100 else f"{x:.1f}")
 
@@ -305,12 +298,29 @@ def _usd(x) -> str:
 
 
 def render_markdown(s: dict) -> str:
-    ds = s["dataset"]
+    """The run's report.md: what ran on what, then one section per measure."""
     from .chart_reading import render_chart_reading
     from .counterfactual import render_cf
     from .ranking_report import render_ranking
 
     check = s.get("purpose") == "machinery_check"
+    skipped = s["dataset"]["problems"] + s.get("input_problems", [])
+    lines = _setting(s, check, skipped)
+    lines += _accuracy(s, check)
+    lines += _agreement(s)
+    lines += _validity(s)
+    lines += _latency_and_cost(s)
+    lines += _accountability(s)
+    lines += render_ranking(s, check)
+    lines += render_cf(s, check)
+    lines += render_chart_reading(s, check)
+    lines += _failures_plots_and_skipped(s, skipped)
+    return "\n".join(lines) + "\n"
+
+
+def _setting(s: dict, check: bool, skipped: list[str]) -> list[str]:
+    """The title and what the run is: dataset, policy, scoring conventions, opt-in stages."""
+    ds = s["dataset"]
     lines = [f"# Benchmark `{s['name']}`", ""]
     if check:
         lines += [MACHINERY_CHECK, ""]
@@ -327,21 +337,23 @@ def render_markdown(s: dict) -> str:
     ]
     if ds.get("dropped"):
         lines.append("- dropped by design: " + ", ".join(f"{v} {k}" for k, v in ds["dropped"].items()))
-    skipped = ds["problems"] + s.get("input_problems", [])
     lines.append(f"- input rows skipped (reported, never scored): {len(skipped)}")
     lines += [
         f"- backend `{name}`: opt-in stages on: {', '.join(b['optional_stages'])}"
         for name, b in s["backends"].items()
         if b.get("optional_stages")
     ]
-    lines += [
-        "",
-        "## Decision accuracy",
-        "",
-        "| backend | kind | scored | F1 [95% CI] | precision | recall | accuracy [95% CI] | failed "
-        "| unavailable |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    return lines
+
+
+def _accuracy(s: dict, check: bool) -> list[str]:
+    """Decision accuracy per backend, on the common pairs, and the published reference points
+    (never beside a machinery check)."""
+    columns = (
+        "backend | kind | scored | F1 [95% CI] | precision | recall | accuracy [95% CI] | failed | "
+        "unavailable"
+    )
+    lines = section("Decision accuracy", columns)
     for name, b in s["backends"].items():
         m, c = b["metrics"], b["coverage"]
         lines.append(
@@ -350,73 +362,63 @@ def render_markdown(s: dict) -> str:
         )
     if s.get("common_pairs"):
         cp = s["common_pairs"]
-        lines += [
-            "",
-            f"On the {cp['pairs']} pairs every backend scored:",
-            "",
-            "| backend | F1 [95% CI] | accuracy [95% CI] |",
-            "|---|---|---|",
-        ]
-        for name, m in cp["metrics"].items():
-            lines.append(f"| {name} | {_ci(m['f1'])} | {_ci(m['accuracy'])} |")
+        lines += ["", f"On the {cp['pairs']} pairs every backend scored:", ""]
+        lines += table("backend | F1 [95% CI] | accuracy [95% CI]")
+        lines += [row([name, _ci(m["f1"]), _ci(m["accuracy"])]) for name, m in cp["metrics"].items()]
     if s.get("reference_points") and not check:
-        lines += [
-            "",
-            "Reference points (published; not measured here):",
-            "",
-            "| source | F1 | accuracy | pairs |",
-            "|---|---|---|---|",
-        ]
+        lines += ["", "Reference points (published; not measured here):", ""]
+        lines += table("source | F1 | accuracy | pairs")
         for p in s["reference_points"]:
-            lines.append(
-                f"| {p['label']}{' (' + p['source'] + ')' if p.get('source') else ''} | {_f(p.get('f1'))} | "
-                f"{_f(p.get('accuracy'))} | {p.get('n') or 'n/a'} |"
-            )
-    if s["comparisons"]:
-        lines += [
-            "",
-            "## Agreement between backends (same pairs)",
-            "",
-            "| A | B | pairs | agreement | kappa | A elig. only | B elig. only | McNemar p (decisions) | "
-            "A right, B wrong | B right, A wrong | McNemar p (correctness) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for c in s["comparisons"]:
-            d, k = c["decisions"], c["correctness"]
-            lines.append(
-                f"| {c['a']} | {c['b']} | {c['pairs']} | {_f(d['rate'])} | {_f(d['kappa'])} | "
-                f"{d['a_only']} | {d['b_only']} | {_f(d['mcnemar_p'], 4)} | {k['a_right_b_wrong']} | "
-                f"{k['b_right_a_wrong']} | {_f(k['mcnemar_p'], 4)} |"
-            )
-    lines += [
-        "",
-        "## Structured outputs",
-        "",
-        "| backend | stage | outputs | JSON valid | schema valid | valid first try | accepted after repair |",
-        "|---|---|---|---|---|---|---|",
+            source = f"{p['label']}{' (' + p['source'] + ')' if p.get('source') else ''}"
+            lines.append(row([source, _f(p.get("f1")), _f(p.get("accuracy")), p.get("n") or "n/a"]))
+    return lines
+
+
+def _agreement(s: dict) -> list[str]:
+    """Agreement and McNemar's tests between every two backends, on the pairs both scored."""
+    if not s["comparisons"]:
+        return []
+    columns = (
+        "A | B | pairs | agreement | kappa | A elig. only | B elig. only | McNemar p (decisions) | "
+        "A right, B wrong | B right, A wrong | McNemar p (correctness)"
+    )
+    lines = section("Agreement between backends (same pairs)", columns)
+    for c in s["comparisons"]:
+        d, k = c["decisions"], c["correctness"]
+        lines.append(
+            f"| {c['a']} | {c['b']} | {c['pairs']} | {_f(d['rate'])} | {_f(d['kappa'])} | "
+            f"{d['a_only']} | {d['b_only']} | {_f(d['mcnemar_p'], 4)} | {k['a_right_b_wrong']} | "
+            f"{k['b_right_a_wrong']} | {_f(k['mcnemar_p'], 4)} |"
+        )
+    return lines
+
+
+def _validity(s: dict) -> list[str]:
+    """How often each stage's structured output was valid, first try and after its repair."""
+    columns = (
+        "backend | stage | outputs | JSON valid | schema valid | valid first try | accepted after repair"
+    )
+    lines = section("Structured outputs", columns)
+    rows = [
+        f"| {name} | {st} | {v['n']} | {rate_text(v['json_valid'])} | {rate_text(v['schema_valid'])} | "
+        f"{rate_text(v['valid_first_try'])} | {rate_text(v['accepted_after_repair'])} |"
+        for name, b in s["backends"].items()
+        for st, v in b.get("validity", {}).items()
     ]
-    any_validity = False
-    for name, b in s["backends"].items():
-        for st, v in b.get("validity", {}).items():
-            any_validity = True
-            lines.append(
-                f"| {name} | {st} | {v['n']} | {rate_text(v['json_valid'])} | "
-                f"{rate_text(v['schema_valid'])} | "
-                f"{rate_text(v['valid_first_try'])} | {rate_text(v['accepted_after_repair'])} |"
-            )
-    if not any_validity:
-        lines.append("| (no model calls in this run) | | | | | | |")
-    lines += [
-        "",
-        "## Latency and cost",
-        "",
+    return lines + (rows or ["| (no model calls in this run) | | | | | | |"])
+
+
+def _latency_and_cost(s: dict) -> list[str]:
+    """Per backend: pair and stage latency, tokens and cost per pair, and what this run paid."""
+    columns = (
+        "backend | pair p50 ms | pair p95 ms | stage p50/p95 ms | prompt tok/pair | "
+        "completion tok/pair | cost/pair | cost total | paid by this run"
+    )
+    intro = (
         "Latency: per pair, its own critical path; per stage, the model time of its calls (as recorded "
-        "when answered) or the solver's time. The trial parser counts once per trial.",
-        "",
-        "| backend | pair p50 ms | pair p95 ms | stage p50/p95 ms | prompt tok/pair | completion tok/pair | "
-        "cost/pair | cost total | paid by this run |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+        "when answered) or the solver's time. The trial parser counts once per trial."
+    )
+    lines = section("Latency and cost", columns, [intro])
     for name, b in s["backends"].items():
         lat = b["latency_ms"]
         stages = (
@@ -430,18 +432,21 @@ def render_markdown(s: dict) -> str:
             f"{_usd(c['per_pair']) if c else 'n/a'} | {_usd(c['total']) if c else 'n/a'} | "
             f"{_usd(c['paid']) if c else 'n/a'} |"
         )
-    lines += [
-        "",
-        "## Accountability",
-        "",
-        "PivotalFlipRate: each decision's primary pivotal conditions applied (the formal counterfactual), "
-        "decided again; the share that flips (Wilson 95% CI). Consistency: repeated runs of each backend "
-        "over the same pairs.",
-        "",
-        "| backend | PivotalFlipRate ineligible->eligible | PivotalFlipRate eligible->ineligible | "
-        "same decision across repeats | same facts -> same decision |",
-        "|---|---|---|---|---|",
-    ]
+    return lines
+
+
+def _accountability(s: dict) -> list[str]:
+    """PivotalFlipRate per direction and the consistency of repeated runs, per backend."""
+    lines = section(
+        "Accountability",
+        "backend | PivotalFlipRate ineligible->eligible | PivotalFlipRate eligible->ineligible | "
+        "same decision across repeats | same facts -> same decision",
+        [
+            "PivotalFlipRate: each decision's primary pivotal conditions applied (the formal "
+            "counterfactual), decided again; the share that flips (Wilson 95% CI). Consistency: repeated "
+            "runs of each backend over the same pairs."
+        ],
+    )
     for name, b in s["backends"].items():
         pf = b.get("pivotal_flip_rate") or {}
         cons = b.get("consistency") or {}
@@ -452,20 +457,23 @@ def render_markdown(s: dict) -> str:
             f"{rate_text(cons.get('same_decision')) if cons else 'n/a (1 run)'} | "
             f"{rate_text(same_facts) if same_facts else 'n/a'} |"
         )
-    lines += render_ranking(s, check)
-    lines += render_cf(s, check)
-    lines += render_chart_reading(s, check)
+    return lines
+
+
+def _failures_plots_and_skipped(s: dict, skipped: list[str]) -> list[str]:
+    """The closing sections: failed pairs by reason, the plots, and the input rows skipped."""
+    lines: list[str] = []
     fails = [(name, reason, k) for name, b in s["backends"].items() for reason, k in b["failures"].items()]
     if fails:
-        lines += ["", "## Failed pairs by reason", "", "| backend | reason | pairs |", "|---|---|---|"]
-        lines += [f"| {n} | {r} | {k} |" for n, r, k in fails]
+        lines += section("Failed pairs by reason", "backend | reason | pairs")
+        lines += [row(f) for f in fails]
     if s.get("plots"):
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in s["plots"]]
     if skipped:
         lines += ["", "## Input rows skipped", ""] + [f"- {p}" for p in skipped[:200]]
         if len(skipped) > 200:
             lines.append(f"- ... and {len(skipped) - 200} more (results.json)")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 # ---- comparing two runs -------------------------------------------------------------------------
