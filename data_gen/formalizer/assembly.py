@@ -98,6 +98,20 @@ def _slug(label: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_") or "cohort"
 
 
+@dataclass
+class _Draft:
+    """The program while the criteria are placed in trial order: its atoms, definitions and criteria,
+    and the report of what was merged, renamed and left out."""
+
+    report: dict
+    atoms: dict[str, Atom] = field(default_factory=dict)  # lower-case name -> the program's atom
+    sources: dict[str, list[str]] = field(default_factory=dict)  # lower-case name -> criterion ids
+    definitions: list[Definition] = field(default_factory=list)
+    seen_defs: set[str] = field(default_factory=set)  # formula keys: an identical definition once
+    # (criterion, program criterion, the population labels it names)
+    placed: list[tuple[CriterionText, Criterion, list[str]]] = field(default_factory=list)
+
+
 def assemble(
     trial_id: str,
     title: str,
@@ -111,8 +125,41 @@ def assemble(
     """One program from the criteria's outputs (`outputs` by criterion id; `failures`: id -> reason
     of the criteria whose output was rejected). `check_satisfiable` is the caller's engine's (its
     solver limit, its compiled-program cache): there is no default engine."""
-    report: dict = {
-        "criteria": len(criteria),
+    draft = _Draft(report=_empty_report(len(criteria)))
+    for c in criteria:
+        _place(draft, c, outputs.get(c.id), failures)
+    refused = _nothing_to_assemble(draft.report)
+    if refused is not None:
+        return refused
+    report = draft.report
+    report["merged"] = _last_merge_per_atom(report["merged"])
+    atom_list = [a.model_copy(update={"source_criteria": draft.sources[k]}) for k, a in draft.atoms.items()]
+    _add_qualifier_links(draft, atom_list)
+    report["near_duplicates"] = near_duplicates(atom_list)
+    cohorts = _cohorts(draft.placed)
+    report["cohorts"] = [co.id for co in cohorts]
+    try:
+        program = check_program(
+            TrialProgram(
+                trial_id=trial_id,
+                title=title,
+                atoms=atom_list,
+                definitions=draft.definitions,
+                cohorts=cohorts,
+                provenance=provenance,
+            )
+        )
+    except ValidationError as e:  # e.g. a trial id the core does not accept
+        return Assembly(None, report, [("schema", p) for p in describe_validation_error(e, "program")])
+    except ProgramError as e:
+        return Assembly(None, report, [("program", p) for p in e.problems] or [("program", e.summary)])
+    return _if_satisfiable(program, report, check_satisfiable)
+
+
+def _empty_report(n_criteria: int) -> dict:
+    """The assembly report before any criterion is placed."""
+    return {
+        "criteria": n_criteria,
         "formalized": [],
         "out_of_scope": [],
         "unformalized": [],
@@ -123,125 +170,131 @@ def assemble(
         "cohorts": [],
         "conflict": [],
     }
-    atoms: dict[str, Atom] = {}  # lower-case name -> the program's atom
-    sources: dict[str, list[str]] = {}
-    definitions: list[Definition] = []
-    seen_defs: set[str] = set()
-    placed: list[tuple[CriterionText, Criterion, list[str]]] = []  # (criterion, program criterion, labels)
 
-    for c in criteria:
-        out = outputs.get(c.id)
-        if out is None:  # rejected after its repair, or never answered
-            name = unformalized_atom(c)
-            atom = Atom(
-                name=name,
-                domain="bool",
-                kind="other",
-                definition=f'Criterion {c.id} ({c.side}) holds: "{c.text}" (it could not be '
-                "formalized; confirm at screening).",
-            )
-            atoms[name.lower()] = atom
-            sources[name.lower()] = [c.id]
-            placed.append((c, Criterion(id=c.id, text=c.text, formula=name), []))
-            report["unformalized"].append({"id": c.id, "reason": failures.get(c.id, "no output")})
-            continue
-        if not out.in_scope:
-            report["out_of_scope"].append({"id": c.id, "reason": out.reason})
-            continue
-        mapping: dict[str, str] = {}
-        for a in out.atoms:
-            key = a.name.lower()
-            have = atoms.get(key)
-            if have is None:
-                atoms[key] = a.model_copy(update={"source_criteria": []})
-                sources[key] = [c.id]
-                mapping[a.name] = a.name
-                continue
-            why = _compatible(have, a)
-            if why is None:
-                mapping[a.name] = have.name
-                if c.id not in sources[key]:
-                    sources[key].append(c.id)
-                    report["merged"].append({"atom": have.name, "criteria": list(sources[key])})
-                continue
-            new = f"{a.name}__{c.id}"
-            atoms[new.lower()] = a.model_copy(update={"name": new, "source_criteria": []})
-            sources[new.lower()] = [c.id]
-            mapping[a.name] = new
-            report["renamed"].append({"atom": a.name, "as": new, "criterion": c.id, "why": why})
-        formula = rename(out.formula, mapping)
-        placed.append((c, Criterion(id=c.id, text=c.text, formula=formula), list(out.cohorts)))
-        report["formalized"].append(c.id)
-        for d in out.definitions:
-            f = rename(d.formula, mapping)
-            key = _formula_key(f)
-            if key in seen_defs:
-                continue
-            seen_defs.add(key)
-            # A definition's text is its formula rendered, unless the output says more (outputs leave it out).
-            definitions.append(
-                Definition(id=f"{c.id}:{d.id}", kind=d.kind, text=d.text or render(f), formula=f)
-            )
 
-    if not placed:
-        return Assembly(
-            None,
-            report,
-            [
-                (
-                    "program",
-                    "no criterion of the trial is chart-checkable "
-                    f"({len(report['out_of_scope'])} out of scope)",
-                )
-            ],
+def _place(draft: _Draft, c: CriterionText, out: ParsedCriterion | None, failures: dict[str, str]) -> None:
+    """One criterion into the draft: its unified atoms, formula and definitions; an open atom if its
+    output failed; nothing (reported) if it is out of scope."""
+    if out is None:  # rejected after its repair, or never answered
+        _place_unformalized(draft, c, failures.get(c.id, "no output"))
+        return
+    if not out.in_scope:
+        draft.report["out_of_scope"].append({"id": c.id, "reason": out.reason})
+        return
+    mapping = _unify_atoms(draft, c, out.atoms)
+    formula = rename(out.formula, mapping)
+    draft.placed.append((c, Criterion(id=c.id, text=c.text, formula=formula), list(out.cohorts)))
+    draft.report["formalized"].append(c.id)
+    _add_definitions(draft, c, out.definitions, mapping)
+
+
+def _place_unformalized(draft: _Draft, c: CriterionText, reason: str) -> None:
+    """A failed criterion as a bool atom of its own, which the core leaves open ('to confirm')."""
+    name = unformalized_atom(c)
+    draft.atoms[name.lower()] = Atom(
+        name=name,
+        domain="bool",
+        kind="other",
+        definition=f'Criterion {c.id} ({c.side}) holds: "{c.text}" (it could not be '
+        "formalized; confirm at screening).",
+    )
+    draft.sources[name.lower()] = [c.id]
+    draft.placed.append((c, Criterion(id=c.id, text=c.text, formula=name), []))
+    draft.report["unformalized"].append({"id": c.id, "reason": reason})
+
+
+def _unify_atoms(draft: _Draft, c: CriterionText, atoms: list[Atom]) -> dict[str, str]:
+    """Merge the criterion's atoms into the program's by the unification rule (module docstring);
+    returns its atom names -> the program's (a clash renamed `<name>__<criterion id>`)."""
+    mapping: dict[str, str] = {}
+    for a in atoms:
+        key = a.name.lower()
+        have = draft.atoms.get(key)
+        if have is None:
+            draft.atoms[key] = a.model_copy(update={"source_criteria": []})
+            draft.sources[key] = [c.id]
+            mapping[a.name] = a.name
+            continue
+        why = _compatible(have, a)
+        if why is None:
+            mapping[a.name] = have.name
+            if c.id not in draft.sources[key]:
+                draft.sources[key].append(c.id)
+                draft.report["merged"].append({"atom": have.name, "criteria": list(draft.sources[key])})
+            continue
+        new = f"{a.name}__{c.id}"
+        draft.atoms[new.lower()] = a.model_copy(update={"name": new, "source_criteria": []})
+        draft.sources[new.lower()] = [c.id]
+        mapping[a.name] = new
+        draft.report["renamed"].append({"atom": a.name, "as": new, "criterion": c.id, "why": why})
+    return mapping
+
+
+def _add_definitions(draft: _Draft, c: CriterionText, definitions: list, mapping: dict[str, str]) -> None:
+    """The criterion's local definitions, trial-wide as `<criterion id>:<id>`; an identical formula once."""
+    for d in definitions:
+        f = rename(d.formula, mapping)
+        key = _formula_key(f)
+        if key in draft.seen_defs:
+            continue
+        draft.seen_defs.add(key)
+        # A definition's text is its formula rendered, unless the output says more (outputs leave it out).
+        draft.definitions.append(
+            Definition(id=f"{c.id}:{d.id}", kind=d.kind, text=d.text or render(f), formula=f)
         )
-    if not report["formalized"]:  # every criterion failed: a program of open atoms would decide nothing
-        failed = report["unformalized"]
+
+
+def _nothing_to_assemble(report: dict) -> Assembly | None:
+    """No program when no criterion is chart-checkable, or when every one failed (a program of
+    open atoms would decide nothing); None when there is something to assemble."""
+    if not (report["formalized"] or report["unformalized"]):
+        why = f"no criterion of the trial is chart-checkable ({len(report['out_of_scope'])} out of scope)"
+        return Assembly(None, report, [("program", why)])
+    if not report["formalized"]:
         return Assembly(
             None,
             report,
             [
                 (f["reason"], f"criterion {f['id']}: its output failed validation after one repair")
-                for f in failed
+                for f in report["unformalized"]
             ],
         )
-    # Merged entries list each atom once, with every criterion it was merged from.
+    return None
+
+
+def _last_merge_per_atom(merged: list[dict]) -> list[dict]:
+    """Each merged atom once, with every criterion it was merged from (its last entry)."""
     last: dict[str, dict] = {}
-    for m in report["merged"]:
+    for m in merged:
         last[m["atom"]] = m
-    report["merged"] = list(last.values())
-    atom_list = [a.model_copy(update={"source_criteria": sources[k]}) for k, a in atoms.items()]
+    return list(last.values())
+
+
+def _add_qualifier_links(draft: _Draft, atom_list: list[Atom]) -> None:
+    """`stem@@q implies stem` for every bool qualifier whose stem is a declared bool atom."""
     names = {a.name for a in atom_list}
-    for a in atom_list:  # a qualifier implies its stem
+    for a in atom_list:
         stem = a.name.split("@@")[0]
-        if "@@" in a.name and a.domain == "bool" and stem in names and atoms[stem.lower()].domain == "bool":
+        if (
+            "@@" in a.name
+            and a.domain == "bool"
+            and stem in names
+            and draft.atoms[stem.lower()].domain == "bool"
+        ):
             f = {"op": "implies", "if": a.name, "then": stem}
             d = Definition.model_validate(
                 {"id": f"qualifier:{a.name}", "kind": "qualifier_implies_stem", "formula": f}
             )
-            if _formula_key(d.formula) not in seen_defs:
-                seen_defs.add(_formula_key(d.formula))
-                definitions.append(d)
-                report["definitions_added"].append(d.id)
-    report["near_duplicates"] = near_duplicates(atom_list)
+            if _formula_key(d.formula) not in draft.seen_defs:
+                draft.seen_defs.add(_formula_key(d.formula))
+                draft.definitions.append(d)
+                draft.report["definitions_added"].append(d.id)
 
-    cohorts = _cohorts(placed)
-    report["cohorts"] = [co.id for co in cohorts]
-    try:
-        program = check_program(
-            TrialProgram(
-                trial_id=trial_id,
-                title=title,
-                atoms=atom_list,
-                definitions=definitions,
-                cohorts=cohorts,
-                provenance=provenance,
-            )
-        )
-    except ValidationError as e:  # e.g. a trial id the core does not accept
-        return Assembly(None, report, [("schema", p) for p in describe_validation_error(e, "program")])
-    except ProgramError as e:
-        return Assembly(None, report, [("program", p) for p in e.problems] or [("program", e.summary)])
+
+def _if_satisfiable(
+    program: TrialProgram, report: dict, check_satisfiable: Callable[[TrialProgram], None]
+) -> Assembly:
+    """The program if its criteria can hold together; else none, naming a minimal conflicting set."""
     try:
         check_satisfiable(program)
     except ProgramError as e:
