@@ -23,10 +23,17 @@ from pathlib import Path
 
 import yaml
 from verdict.core import configs
+from verdict.core.engine import Engine
 from verdict.core.jsonl_store import JsonlStore
+from verdict.core.policy import load_policy
 from verdict.core.progress import Progress, to_stderr
+from verdict.data_gen.formalizer.egress import EgressPolicy
+from verdict.data_gen.formalizer.ledger import Ledger
 
+from .backends import RunContext, make_backend
 from .bench_config import BenchConfig
+from .chart_reading import ChartReadingStage
+from .counterfactual import CounterfactualStage
 from .datasets import BenchDataset, load_dataset
 from .protocol import BenchError
 from .report import pair_store
@@ -103,12 +110,8 @@ class BenchRun:
 
     # -- the run ------------------------------------------------------------------------------------
     async def run(self) -> RunOutcome:
-        from verdict.core.engine import Engine
-        from verdict.core.policy import load_policy
-        from verdict.data_gen.formalizer.egress import EgressPolicy
-
-        from .backends import RunContext, make_backend
-
+        """Every backend over every pending pair (times the repeats), then the opt-in stages; the
+        outputs are written from whatever finished, also after a stop."""
         started = time.monotonic()
         cfg = self.config
         dataset = load_dataset(cfg.dataset)
@@ -118,120 +121,117 @@ class BenchRun:
         store = pair_store(self.dir)  # the first append cuts a line torn by a kill: its pair is redone
         done = {r.key: r for r in store.load()}
         outcome = RunOutcome(run_dir=self.dir, done_before=len(done))
-        (self.dir / "dataset.json").write_text(
-            json.dumps({**dataset.summary(), "pairs_list": [p.model_dump() for p in dataset.pairs]}, indent=1)
-        )
+        _write_dataset(self.dir, dataset)
         server = None
         ctx = None
         backends = []
         try:
             server = self._vllm_server()
-            ledger_cache = None
-            ctx = RunContext(
-                dataset=dataset,
-                engine=Engine(timeout_ms=cfg.solver_timeout_ms),
-                policy=policy,
-                run_name=cfg.name,
-                run_dir=self.dir,
-                cache_path=Path(cfg.cache),
-                egress=EgressPolicy.from_config(cfg.egress),
-                vllm_url=server.base_url if server is not None else None,
-            )
+            ctx = self._context(dataset, policy, server)
             backends = [make_backend(b, ctx) for b in cfg.backends]
-            for b in backends:
-                b.preflight()  # refuse before anything is sent, vLLM started or money spent
-            cf = None
-            if cfg.counterfactual.enabled:
-                from .counterfactual import CounterfactualStage
-
-                cf = CounterfactualStage(cfg.counterfactual, ctx, backends, cfg.concurrency)
-                cf.preflight()
-            charts = None
-            if cfg.chart_reading.enabled:
-                from .chart_reading import ChartReadingStage
-
-                charts = ChartReadingStage(cfg.chart_reading, ctx, backends, cfg.concurrency)
-                charts.preflight()
-            needs_calls = (
-                cf is not None
-                or charts is not None
-                or any(b.kind in ("formalizer", "llm_match") for b in backends)
-            )
-            if needs_calls:
-                from verdict.data_gen.formalizer.ledger import Ledger
-
-                ledger_cache = ctx.cache(0)
-                ctx.ledger = Ledger(ledger_cache, f"bench:{cfg.name}", cfg.budget_usd)
+            cf, charts = self._preflight(backends, ctx)
+            if _makes_calls(backends, cf, charts):
+                ctx.ledger = Ledger(ctx.cache(0), f"bench:{cfg.name}", cfg.budget_usd)
             problems = [p for b in backends for p in b.problems()] + store.problems
-            n = len(dataset.all_pairs)
-            c = dataset.counts()
-            self.progress(
-                f"bench {cfg.name}: {dataset.kind}: {n} pairs ({c['eligible']} eligible, {c['ineligible']} "
-                f"ineligible); {len(dataset.problems)} input rows skipped"
-                + (
-                    f", dropped {', '.join(f'{v} {k}' for k, v in dataset.dropped.items())}"
-                    if dataset.dropped
-                    else ""
-                )
-                + (
-                    f"; {len(dataset.ranking_pairs)} not-relevant pairs for the ranking only"
-                    if dataset.ranking_pairs
-                    else ""
-                )
-                + f"; {len(backends)} backend(s) x {cfg.repeats} repeat(s)"
-            )
-            for p in (dataset.problems + problems)[:10]:
-                self.progress(f"  skipped: {p}")
-            if len(dataset.problems) + len(problems) > 10:
-                self.progress(f"  ... and {len(dataset.problems) + len(problems) - 10} more (see report.md)")
+            self._announce(dataset, backends, problems)
             if server is not None:
                 self.progress(f"starting vLLM ({cfg.vllm.model}) for the local students ...")
                 await asyncio.to_thread(server.start)
-            outcome.pairs_total = n * len(backends) * cfg.repeats
-            for b in backends:
-                for r in range(cfg.repeats):
-                    stop = await self._run_backend(b, r, dataset, done, store, outcome)
-                    if stop:
-                        break
-                if outcome.status == "stopped_budget":
-                    break
-            if cf is not None and outcome.status == "complete":
-                self.progress("counterfactual stage: modifier -> validator -> the backend again")
-                stop, paid, failed = await cf.run(done, self.dir)
-                outcome.paid_usd += paid
-                outcome.endpoint_failures += failed
-                if stop:
-                    outcome.status, outcome.message = "stopped_budget", stop
-            if charts is not None and outcome.status == "complete":
-                self.progress(
-                    "chart_reading stage: each pair mined exhaustively and from the chart read once"
-                )
-                stop, paid, failed = await charts.run(self.dir)
-                outcome.paid_usd += paid
-                outcome.endpoint_failures += failed
-                problems += charts.problems
-                if stop:
-                    outcome.status, outcome.message = "stopped_budget", stop
-            if outcome.endpoint_failures and outcome.status == "complete":
-                outcome.status = "incomplete"
-                outcome.message = (
-                    f"{outcome.endpoint_failures} pair(s) failed with endpoint errors and were not "
-                    "recorded: run the same command again to retry them"
-                )
+            outcome.pairs_total = len(dataset.all_pairs) * len(backends) * cfg.repeats
+            await self._run_backends(backends, dataset, done, store, outcome)
+            problems += await self._run_stages(cf, charts, done, outcome)
+            _mark_endpoint_failures(outcome)
         finally:
-            for b in backends:
-                await b.aclose()
-            if server is not None:
-                await asyncio.to_thread(server.stop)
-            if ctx is not None:
-                ctx.close()
-            logging.getLogger("verdict.bench").removeHandler(handler)
-            logging.getLogger("verdict.data_gen").removeHandler(handler)
-            handler.close()
-            store.close()
+            await _close(backends, server, ctx, handler, store)
         outcome.elapsed_s = time.monotonic() - started
         outcome.files = self.write_outputs(dataset, problems, status=outcome.status)
         return outcome
+
+    def _context(self, dataset: BenchDataset, policy, server) -> RunContext:
+        """What every backend and stage of the run shares: dataset, engine, policy, cache, egress, vLLM."""
+        cfg = self.config
+        return RunContext(
+            dataset=dataset,
+            engine=Engine(timeout_ms=cfg.solver_timeout_ms),
+            policy=policy,
+            run_name=cfg.name,
+            run_dir=self.dir,
+            cache_path=Path(cfg.cache),
+            egress=EgressPolicy.from_config(cfg.egress),
+            vllm_url=server.base_url if server is not None else None,
+        )
+
+    def _preflight(
+        self, backends: list, ctx: RunContext
+    ) -> tuple[CounterfactualStage | None, ChartReadingStage | None]:
+        """Check every backend and opt-in stage before anything is sent, vLLM started or money spent;
+        the stages the config turns on."""
+        cfg = self.config
+        for b in backends:
+            b.preflight()
+        cf = None
+        if cfg.counterfactual.enabled:
+            cf = CounterfactualStage(cfg.counterfactual, ctx, backends, cfg.concurrency)
+            cf.preflight()
+        charts = None
+        if cfg.chart_reading.enabled:
+            charts = ChartReadingStage(cfg.chart_reading, ctx, backends, cfg.concurrency)
+            charts.preflight()
+        return cf, charts
+
+    def _announce(self, dataset: BenchDataset, backends: list, problems: list[str]) -> None:
+        """The run's plan in one progress line, then the first input rows skipped."""
+        cfg = self.config
+        c = dataset.counts()
+        self.progress(
+            f"bench {cfg.name}: {dataset.kind}: {len(dataset.all_pairs)} pairs ({c['eligible']} eligible, "
+            f"{c['ineligible']} ineligible); {len(dataset.problems)} input rows skipped"
+            + (
+                f", dropped {', '.join(f'{v} {k}' for k, v in dataset.dropped.items())}"
+                if dataset.dropped
+                else ""
+            )
+            + (
+                f"; {len(dataset.ranking_pairs)} not-relevant pairs for the ranking only"
+                if dataset.ranking_pairs
+                else ""
+            )
+            + f"; {len(backends)} backend(s) x {cfg.repeats} repeat(s)"
+        )
+        for p in (dataset.problems + problems)[:10]:
+            self.progress(f"  skipped: {p}")
+        if len(dataset.problems) + len(problems) > 10:
+            self.progress(f"  ... and {len(dataset.problems) + len(problems) - 10} more (see report.md)")
+
+    async def _run_backends(
+        self, backends: list, dataset: BenchDataset, done: dict, store: JsonlStore, outcome: RunOutcome
+    ) -> None:
+        """Each backend's repeats in turn; a budget stop ends the run, a fatal error propagates."""
+        for b in backends:
+            for r in range(self.config.repeats):
+                stop = await self._run_backend(b, r, dataset, done, store, outcome)
+                if stop:
+                    break
+            if outcome.status == "stopped_budget":
+                break
+
+    async def _run_stages(
+        self,
+        cf: CounterfactualStage | None,
+        charts: ChartReadingStage | None,
+        done: dict,
+        outcome: RunOutcome,
+    ) -> list[str]:
+        """The opt-in stages, each only while the run is complete so far; the problems they report."""
+        problems: list[str] = []
+        if cf is not None and outcome.status == "complete":
+            self.progress("counterfactual stage: modifier -> validator -> the backend again")
+            _count_stage(outcome, *await cf.run(done, self.dir))
+        if charts is not None and outcome.status == "complete":
+            self.progress("chart_reading stage: each pair mined exhaustively and from the chart read once")
+            _count_stage(outcome, *await charts.run(self.dir))
+            problems += charts.problems
+        return problems
 
     def _vllm_server(self):
         cfg = self.config
@@ -333,6 +333,54 @@ class BenchRun:
             "report": str(self.dir / "report.md"),
             **{p.stem: str(p) for p in plots},
         }
+
+
+def _write_dataset(run_dir: Path, dataset: BenchDataset) -> None:
+    """dataset.json beside the results: the dataset's summary and every pair it holds."""
+    (run_dir / "dataset.json").write_text(
+        json.dumps({**dataset.summary(), "pairs_list": [p.model_dump() for p in dataset.pairs]}, indent=1)
+    )
+
+
+def _makes_calls(backends: list, cf: CounterfactualStage | None, charts: ChartReadingStage | None) -> bool:
+    """Whether anything in the run calls a model endpoint (then a ledger holds it to the budget)."""
+    return (
+        cf is not None or charts is not None or any(b.kind in ("formalizer", "llm_match") for b in backends)
+    )
+
+
+def _count_stage(outcome: RunOutcome, stop: str | None, paid: float, failed: int) -> None:
+    """A stage's payments and endpoint failures into the outcome; its budget stop stops the run."""
+    outcome.paid_usd += paid
+    outcome.endpoint_failures += failed
+    if stop:
+        outcome.status, outcome.message = "stopped_budget", stop
+
+
+def _mark_endpoint_failures(outcome: RunOutcome) -> None:
+    """A run that left pairs to endpoint errors is incomplete: the same command retries them."""
+    if outcome.endpoint_failures and outcome.status == "complete":
+        outcome.status = "incomplete"
+        outcome.message = (
+            f"{outcome.endpoint_failures} pair(s) failed with endpoint errors and were not "
+            "recorded: run the same command again to retry them"
+        )
+
+
+async def _close(
+    backends: list, server, ctx: RunContext | None, handler: logging.Handler, store: JsonlStore
+) -> None:
+    """Release what the run opened, also after an error: backends, vLLM, caches, its log file, the store."""
+    for b in backends:
+        await b.aclose()
+    if server is not None:
+        await asyncio.to_thread(server.stop)
+    if ctx is not None:
+        ctx.close()
+    logging.getLogger("verdict.bench").removeHandler(handler)
+    logging.getLogger("verdict.data_gen").removeHandler(handler)
+    handler.close()
+    store.close()
 
 
 def _progress(total: int, enabled: bool, label: str):
