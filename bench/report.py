@@ -84,13 +84,26 @@ def _stage_rows(rs: list[PairResult]) -> dict[str, list]:
 def backend_summary(
     name: str, kind: str, rs_all: list[PairResult], n_pairs: int, scoring, repeats: int
 ) -> dict:
+    """One backend's numbers: coverage, scores, output validity, latency, cost, accountability."""
     rs = [r for r in rs_all if r.repeat == 0]
+    stage_rows = _stage_rows(rs)
+    out = _coverage_and_scores(kind, rs, n_pairs, scoring)
+    out["validity"] = _validity_by_stage(stage_rows)
+    out["latency_ms"] = _latency(rs, stage_rows)
+    out.update(_tokens_and_cost(stage_rows, n_usable=len([r for r in rs if r.status != "unavailable"])))
+    if any(r.status == "decided" and r.program_hash for r in rs):
+        out["pivotal_flip_rate"] = _pivotal_flip_rate(rs)
+    if repeats > 1:
+        out["consistency"] = _consistency(rs_all, repeats)
+    return out
+
+
+def _coverage_and_scores(kind: str, rs: list[PairResult], n_pairs: int, scoring) -> dict:
+    """How many pairs were run, decided, failed, unavailable and scored; the scores; why pairs failed."""
     status = Counter(r.status for r in rs)
     decisions = Counter(r.decision for r in rs if r.status == "decided")
     scored = _scored(rs, scoring.failed_as)
-    stage_rows = _stage_rows(rs)
-    usable = [r for r in rs if r.status != "unavailable"]
-    out: dict = {
+    return {
         "kind": kind,
         "coverage": {
             "pairs": n_pairs,
@@ -109,15 +122,21 @@ def backend_summary(
             Counter(r.reason or "?" for r in rs if r.status == "unavailable").most_common(20)
         ),
     }
-    # validity of structured outputs, per stage (calls only: a pass with no atoms asks nothing)
-    out["validity"] = {
+
+
+def _validity_by_stage(stage_rows: dict[str, list]) -> dict:
+    """Validity of structured outputs per stage (calls only: a pass with no atoms asks nothing)."""
+    return {
         st: M.validity(
             [s.first_reason for s in rows if s.attempts], [s.status == "accepted" for s in rows if s.attempts]
         )
         for st, rows in sorted(stage_rows.items())
         if any(s.attempts for s in rows)
     }
-    # latency
+
+
+def _latency(rs: list[PairResult], stage_rows: dict[str, list]) -> dict:
+    """Pair latency, and each stage's model time (or the solver's) as p50/p95."""
     stages_ms = {
         st: M.latency_summary([s.model_ms for s in rows if s.attempts])
         for st, rows in sorted(stage_rows.items())
@@ -126,52 +145,62 @@ def backend_summary(
     solve = [r.solve_ms for r in rs if r.solve_ms is not None]
     if solve:
         stages_ms["solve"] = M.latency_summary(solve)
-    out["latency_ms"] = {
+    return {
         "pair": M.latency_summary([r.latency_ms for r in rs if r.latency_ms is not None]),
         "stages": stages_ms,
     }
-    # tokens and cost (per pair the backend worked on; the parser once per trial)
+
+
+def _tokens_and_cost(stage_rows: dict[str, list], n_usable: int) -> dict:
+    """Tokens and cost per pair the backend worked on (the parser once per trial); {} without calls."""
     calls = [s for rows in stage_rows.values() for s in rows]
-    if any(s.attempts for s in calls):
-        n = max(1, len(usable))
-        pt = sum(s.prompt_tokens for s in calls)
-        ct = sum(s.completion_tokens for s in calls)
-        cost = sum(s.cost_usd for s in calls)
-        out["tokens"] = {
+    if not any(s.attempts for s in calls):
+        return {}
+    n = max(1, n_usable)
+    pt = sum(s.prompt_tokens for s in calls)
+    ct = sum(s.completion_tokens for s in calls)
+    cost = sum(s.cost_usd for s in calls)
+    return {
+        "tokens": {
             "prompt_per_pair": pt / n,
             "completion_per_pair": ct / n,
             "prompt_total": pt,
             "completion_total": ct,
-        }
-        out["cost_usd"] = {
+        },
+        "cost_usd": {
             "per_pair": cost / n,
             "total": cost,
             "paid": sum(s.paid_usd for s in calls),
             "calls": sum(s.attempts for s in calls),
             "cache_hits": sum(s.cached_calls for s in calls),
-        }
-    # accountability: the formal counterfactuals, per direction (paper Def. 3)
+        },
+    }
+
+
+def _pivotal_flip_rate(rs: list[PairResult]) -> dict:
+    """The formal counterfactuals' flip rate per direction (paper Def. 3)."""
     flips = [f for r in rs for f in r.flips]
-    if any(r.status == "decided" and r.program_hash for r in rs):
-        out["pivotal_flip_rate"] = {
-            d: M.rate(
-                sum(f.flipped for f in flips if f.direction == d), sum(1 for f in flips if f.direction == d)
-            )
-            for d in ("to_eligible", "to_ineligible")
-        }
-    if repeats > 1:
-        by_pair: dict[str, list[str]] = defaultdict(list)
-        by_facts: dict[tuple, list[str]] = defaultdict(list)
-        for r in rs_all:
-            if r.status == "decided":
-                by_pair[r.pair_id].append(r.decision)
-                if r.program_hash and r.patient_hash:
-                    by_facts[(r.program_hash, r.patient_hash)].append(r.decision)
-        cons = {"repeats": repeats, "same_decision": M.consistency(by_pair)}
-        if by_facts:
-            cons["same_facts_same_decision"] = M.consistency(by_facts)
-        out["consistency"] = cons
-    return out
+    return {
+        d: M.rate(
+            sum(f.flipped for f in flips if f.direction == d), sum(1 for f in flips if f.direction == d)
+        )
+        for d in ("to_eligible", "to_ineligible")
+    }
+
+
+def _consistency(rs_all: list[PairResult], repeats: int) -> dict:
+    """Whether repeats decide each pair the same, and the same facts the same way."""
+    by_pair: dict[str, list[str]] = defaultdict(list)
+    by_facts: dict[tuple, list[str]] = defaultdict(list)
+    for r in rs_all:
+        if r.status == "decided":
+            by_pair[r.pair_id].append(r.decision)
+            if r.program_hash and r.patient_hash:
+                by_facts[(r.program_hash, r.patient_hash)].append(r.decision)
+    cons = {"repeats": repeats, "same_decision": M.consistency(by_pair)}
+    if by_facts:
+        cons["same_facts_same_decision"] = M.consistency(by_facts)
+    return cons
 
 
 # ---- comparisons --------------------------------------------------------------------------------
