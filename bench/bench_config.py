@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import Field, SerializeAsAny, field_validator, model_validator
 from verdict.core.configs import StrictModel
 from verdict.core.program import Id
-from verdict.data_gen.formalizer.endpoint_config import EgressConfig
+from verdict.data_gen.formalizer import EgressConfig
 from verdict.serve.vllm.config import VLLMConfig
 
 from .backends import BackendConfig, backend_config

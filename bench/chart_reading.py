@@ -38,7 +38,7 @@ from typing import Literal
 from pydantic import Field
 from verdict.core.configs import StrictModel
 from verdict.core.jsonl_store import JsonlStore
-from verdict.data_gen.formalizer.reader import ChartReading
+from verdict.data_gen.formalizer import ChartReading
 
 from .backends.endpoints import EndpointPlacement, EndpointRef, resolve_endpoint
 from .markdown import rate_text, section, side_by_side, table
@@ -273,7 +273,7 @@ class ChartReadingStage:
             charts, problems = fhir_charts(c.path, c.at, self.data_class)
             self.problems += problems
             return charts
-        from verdict.data_gen.formalizer.budget import qwen25_counter
+        from verdict.data_gen.formalizer import qwen25_counter
 
         from .long_charts import chart_of, filler_documents
 
@@ -319,7 +319,7 @@ class ChartReadingStage:
     # -- one pair ---------------------------------------------------------------------------------
     async def _decided(self, program, chart, mined) -> tuple[object, ModeOutcome]:
         from verdict.core.ranking import placement
-        from verdict.data_gen.formalizer.staged import resolved
+        from verdict.data_gen.formalizer import resolved
 
         patient = resolved(program, chart.patient_id, mined, self.ctx.policy)
         d = await asyncio.to_thread(self.ctx.engine.decide, program, patient)
@@ -328,8 +328,7 @@ class ChartReadingStage:
 
     async def _reading(self, fz, chart) -> Work:
         """The whole reading of this chart (every reader call, cached ones counted)."""
-        from verdict.data_gen.formalizer.mining_plan import as_documents
-        from verdict.data_gen.formalizer.reader import sheet_key
+        from verdict.data_gen.formalizer import as_documents, sheet_key
 
         async def absent():
             raise BenchError("the chart's fact sheet is gone")
@@ -339,9 +338,7 @@ class ChartReadingStage:
 
     async def one(self, row: Row, pair, case: str, program, chart) -> ChartPairRecord:
         from verdict.core.errors import PatientError
-        from verdict.data_gen.formalizer import side_atoms
-        from verdict.data_gen.formalizer.accounting import pair_cost
-        from verdict.data_gen.formalizer.staged import mine_pair
+        from verdict.data_gen.formalizer import mine_pair, pair_cost, side_atoms
 
         rec = dict(
             row=row.name, pair_id=pair.pair_id, case=case, patient_id=pair.patient_id, trial_id=pair.trial_id
@@ -390,7 +387,7 @@ class ChartReadingStage:
     async def run(self, run_dir: Path) -> tuple[str | None, float, int]:
         """Every pending comparison: (the budget stop's message if it stopped, paid USD, comparisons
         left for the next run after endpoint errors)."""
-        from verdict.data_gen.formalizer.errors import BudgetExhausted, EndpointError
+        from verdict.data_gen.formalizer import BudgetExhausted, EndpointError
 
         await asyncio.to_thread(self._recorded)
         charts = await asyncio.to_thread(self.charts)

@@ -117,8 +117,7 @@ GOAL = {
 
 
 def _caller_class():
-    from verdict.data_gen.formalizer import Formalizer
-    from verdict.data_gen.formalizer.prompt_templates import load_prompt
+    from verdict.data_gen.formalizer import Formalizer, load_prompt
 
     class CfCaller(Formalizer):
         """The formalizer runtime with the two counterfactual stages (cache, ledger, egress)."""
@@ -266,7 +265,7 @@ class CounterfactualStage:
     async def run(self, results: dict, run_dir: Path) -> tuple[str | None, float, int]:
         """Every pending counterfactual: (the budget stop's message if it stopped there, paid USD,
         counterfactuals left for the next run after endpoint errors)."""
-        from verdict.data_gen.formalizer.errors import BudgetExhausted, EndpointError
+        from verdict.data_gen.formalizer import BudgetExhausted, EndpointError
 
         store = cf_store(run_dir)
         done = {x.key for x in store.load()}

@@ -27,7 +27,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 from verdict.core.configs import StrictModel
-from verdict.data_gen.formalizer.protocol import PatientDoc, TrialDoc
+from verdict.data_gen.formalizer import PatientDoc, TrialDoc
 
 from .protocol import PAIR_SEP, BenchError, LabeledPair, pair_id
 

@@ -107,8 +107,7 @@ def filler_documents(
     """Other trials' criteria texts (benchmarks-layout trials JSONL), distinct, about `tokens` tokens
     in all; none of the trials in `exclude`, none holding a piece of a recorded quote (`quotes`: it
     would put the patient's quoted words elsewhere in the chart)."""
-    from verdict.data_gen.formalizer.checks import normalize_ws, split_pieces
-    from verdict.data_gen.formalizer.protocol import NoteDocument
+    from verdict.data_gen.formalizer import NoteDocument, normalize_ws, split_pieces
 
     pieces = {p for q in quotes for p in split_pieces(q)}
     docs, total, seen = [], 0, set()
@@ -134,7 +133,7 @@ def filler_documents(
 
 def chart_of(patient_id: str, note: str, docs: list, data_class: str = "private"):
     """The patient's long chart: the note (document `note`) in the middle of `docs`."""
-    from verdict.data_gen.formalizer.protocol import NoteDocument, PatientDoc
+    from verdict.data_gen.formalizer import NoteDocument, PatientDoc
 
     mid = len(docs) // 2
     doc = NoteDocument(id="note", text=note, kind="admission_note")

@@ -157,9 +157,7 @@ def parse_limited_reason(recipe: RecipeConfig):
     """Whether a trial can get a usable program from the students' parser, decided before any model
     runs: it needs criteria text, at least one criterion, and every criterion within the parser's
     prompt budget (`students.limits`; split as the parser splits). Returns trial id -> reason|None."""
-    from verdict.data_gen.formalizer.budget import load_limits
-    from verdict.data_gen.formalizer.criteria import split_trial
-    from verdict.data_gen.formalizer.parser import criterion_messages
+    from verdict.data_gen.formalizer import criterion_messages, load_limits, split_trial
     from verdict.data_gen.sources import load_trials
 
     trials: dict = {}

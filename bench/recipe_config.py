@@ -78,7 +78,7 @@ class StudentSettings(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _from_limits(cls, data):
-        from verdict.data_gen.formalizer.budget import STUDENT_STAGES, apply_limits
+        from verdict.data_gen.formalizer import STUDENT_STAGES, apply_limits
 
         return apply_limits(
             data,

@@ -27,8 +27,7 @@ from verdict.core.engine import Engine
 from verdict.core.jsonl_store import JsonlStore
 from verdict.core.policy import load_policy
 from verdict.core.progress import Progress, to_stderr
-from verdict.data_gen.formalizer.egress import EgressPolicy
-from verdict.data_gen.formalizer.ledger import Ledger
+from verdict.data_gen.formalizer import EgressPolicy, Ledger
 
 from .backends import RunContext, make_backend
 from .bench_config import BenchConfig
@@ -245,7 +244,7 @@ class BenchRun:
         self, backend, repeat: int, dataset: BenchDataset, done: dict, store: JsonlStore, outcome: RunOutcome
     ) -> bool:
         """Decide the backend's pending pairs; True if the run must stop (budget, fatal error)."""
-        from verdict.data_gen.formalizer.errors import BudgetExhausted, EgressRefused, EndpointError
+        from verdict.data_gen.formalizer import BudgetExhausted, EgressRefused, EndpointError
 
         todo = dataset.all_pairs
         pending = [p for p in todo if (backend.name, repeat, p.pair_id) not in done]

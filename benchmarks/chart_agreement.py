@@ -65,11 +65,7 @@ def load_pairs() -> list:
 async def run(name, pairs, srv, qwen, policy, *, version, staged, chart=None, reading=False) -> Run:
     from verdict.bench.long_charts import replay_script
     from verdict.core.engine import Engine
-    from verdict.data_gen.formalizer import Formalizer
-    from verdict.data_gen.formalizer.endpoint_config import EndpointConfig
-    from verdict.data_gen.formalizer.protocol import PatientDoc
-    from verdict.data_gen.formalizer.reader import ChartReading
-    from verdict.data_gen.formalizer.staged import decide_pair
+    from verdict.data_gen.formalizer import ChartReading, EndpointConfig, Formalizer, PatientDoc, decide_pair
 
     teacher = EndpointConfig(
         name="scripted",
@@ -118,7 +114,7 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     from verdict.bench.long_charts import chart_of, filler_documents, reference_script
     from verdict.core.policy import load_policy
-    from verdict.data_gen.formalizer.budget import qwen25_counter
+    from verdict.data_gen.formalizer import qwen25_counter
     from verdict.data_gen.scripted_server import ScriptedServer
 
     pairs = load_pairs()[: a.limit]

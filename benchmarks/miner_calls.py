@@ -88,8 +88,7 @@ def patient_texts(shared: Path) -> list[tuple[str, str]]:
 
 def filler_texts(shared: Path):
     """Trial criteria texts, one document each, paragraphs seen before left out (distinct text)."""
-    from verdict.data_gen.formalizer.checks import normalize_ws
-    from verdict.data_gen.formalizer.passages import paragraph_spans
+    from verdict.data_gen.formalizer import normalize_ws, paragraph_spans
 
     seen: set[str] = set()
     for name in ("trials.jsonl", "trials_judged0_only.jsonl"):
@@ -111,7 +110,7 @@ def filler_texts(shared: Path):
 def chart_of(size: int, shared: Path, counter, facts: int | None = None):
     """Documents adding up to at least `size` tokens: patient texts (at most about `facts` tokens of
     them when given), then filler."""
-    from verdict.data_gen.formalizer.protocol import NoteDocument
+    from verdict.data_gen.formalizer import NoteDocument
 
     docs, total = [], 0
     for kind, source in (("patient", patient_texts(shared)), ("filler", filler_texts(shared))):
@@ -127,7 +126,7 @@ def chart_of(size: int, shared: Path, counter, facts: int | None = None):
 
 def excerpt_share(quotes: dict[str, list[str]], texts: dict[str, str], counter) -> float:
     """Tokens the scripted reader keeps of the recorded SIGIR patients' texts, over their tokens."""
-    from verdict.data_gen.formalizer.checks import normalize_ws, split_pieces
+    from verdict.data_gen.formalizer import normalize_ws, split_pieces
 
     kept = total = 0
     for pid, qs in quotes.items():
@@ -143,9 +142,7 @@ def excerpt_share(quotes: dict[str, list[str]], texts: dict[str, str], counter) 
 def scripted_excerpts(call, quotes, share, counter, terms_of=None):
     """What a reader that misses nothing it is shown keeps of one reader call (see the docstring).
     `terms_of(patient, excerpt)`: the terms it writes for an excerpt (None: none)."""
-    from verdict.data_gen.formalizer.chart import locate
-    from verdict.data_gen.formalizer.checks import normalize_ws, split_pieces
-    from verdict.data_gen.formalizer.reader import Excerpt
+    from verdict.data_gen.formalizer import Excerpt, locate, normalize_ws, split_pieces
 
     out = []
     for p in call.passages:
@@ -190,7 +187,7 @@ def route_of(prog, router):
     """The product's routing of a fact sheet (`mine_chart`), for the planner."""
     if router is None:
         return None
-    from verdict.data_gen.formalizer.reader import ChartReading, sheet_route
+    from verdict.data_gen.formalizer import ChartReading, sheet_route
 
     return sheet_route(prog, router, ChartReading())
 
@@ -198,9 +195,7 @@ def route_of(prog, router):
 def mining_cost(prog, docs, limits, counter, side_only: str | None = None, router=None) -> Cost:
     """Both sides' (or one side's) planned miner calls over these documents (a fact sheet: routed
     by `router` as the product routes it)."""
-    from verdict.data_gen.formalizer.checks import compact
-    from verdict.data_gen.formalizer.mining_plan import plan_miner_calls
-    from verdict.data_gen.formalizer.prompt_templates import stage_prompt
+    from verdict.data_gen.formalizer import compact, plan_miner_calls, stage_prompt
 
     def null_line(a: str) -> int:
         return counter.count_text(compact({"atom": a, "value": None, "evidence": ""}) + ",")
@@ -232,7 +227,7 @@ def terms_from(quotes, leave_out: str | None = None):
     """The scripted reader's terms for an excerpt: `reader.recorded_terms` over the patient's
     recorded (quote, atom) pairs, leaving out one trial's atoms when asked (so an atom's own name
     never routes its own evidence)."""
-    from verdict.data_gen.formalizer.reader import recorded_terms
+    from verdict.data_gen.formalizer import recorded_terms
 
     def terms_of(pid: str, excerpt: str) -> list[str]:
         cited = [(q, a) for q, a, t in quotes.get(pid, []) if t != leave_out]
@@ -243,10 +238,7 @@ def terms_from(quotes, leave_out: str | None = None):
 
 def reading(docs, limits, counter, quotes, share, terms_of=None):
     """The one reading of a chart: its cost, the fact sheet's documents and its router."""
-    from verdict.data_gen.formalizer.chart import reduce_chart
-    from verdict.data_gen.formalizer.protocol import ChartRead
-    from verdict.data_gen.formalizer.reader import FactSheet, plan_reader_calls
-    from verdict.data_gen.formalizer.routing import SheetRouter
+    from verdict.data_gen.formalizer import ChartRead, FactSheet, SheetRouter, plan_reader_calls, reduce_chart
 
     reduced = reduce_chart(docs)
     calls = plan_reader_calls(
@@ -313,10 +305,13 @@ def routing_recall(limits, counter, quotes, share, shared: Path, size: int) -> N
     reader that names what it reads, never this trial's own atom names), and terms from every
     trial's atoms (an upper bound: this trial's atom names route its own evidence)."""
     from verdict.core.reference import load_reference
-    from verdict.data_gen.formalizer.checks import normalize_ws, split_pieces
-    from verdict.data_gen.formalizer.miner_prompt import side_atoms
-    from verdict.data_gen.formalizer.mining_plan import plan_miner_calls
-    from verdict.data_gen.formalizer.routing import SheetRouter
+    from verdict.data_gen.formalizer import (
+        SheetRouter,
+        normalize_ws,
+        plan_miner_calls,
+        side_atoms,
+        split_pieces,
+    )
 
     docs, tokens = chart_of(size, shared, counter)
     _, _, _, base = reading(docs, limits, counter, quotes, share, lambda pid, x: [])
@@ -432,9 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = ap.parse_args(argv)
 
-    from verdict.data_gen.formalizer.budget import load_limits, qwen25_counter
-    from verdict.data_gen.formalizer.miner_prompt import side_atoms
-    from verdict.data_gen.formalizer.reader import ChartReading
+    from verdict.data_gen.formalizer import ChartReading, load_limits, qwen25_counter, side_atoms
 
     limits = load_limits(a.limits)
     counter = qwen25_counter()  # the real vocabulary, whatever the limits' tokenizer is

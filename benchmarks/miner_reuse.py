@@ -35,7 +35,7 @@ BENCH = REPO.parent / "shared" / "data" / "benchmarks"
 def criterion_program(trial):
     """One bool atom per distinct criterion text (see the module docstring)."""
     from verdict.core.program import load_program
-    from verdict.data_gen.formalizer.criteria import split_trial
+    from verdict.data_gen.formalizer import split_trial
 
     atoms, cohort = {}, {"id": "main", "inclusion": [], "exclusion": []}
     for c in split_trial(trial).criteria:
@@ -65,9 +65,7 @@ def load(topics: int):
 
 async def mine_all(url, limits, patients, by_patient, programs, reuse: bool) -> dict[str, list[int]]:
     """patient id -> calls made for each of its trials, in trial order."""
-    from verdict.data_gen.formalizer import Formalizer
-    from verdict.data_gen.formalizer.endpoint_config import EndpointConfig
-    from verdict.data_gen.formalizer.value_reuse import ValueReuse
+    from verdict.data_gen.formalizer import EndpointConfig, Formalizer, ValueReuse
 
     t = EndpointConfig(
         name="scripted",
@@ -107,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limits", default="paper", help="configs/limits/NAME.yaml (default: paper)")
     a = ap.parse_args(argv)
 
-    from verdict.data_gen.formalizer.budget import load_limits
+    from verdict.data_gen.formalizer import load_limits
     from verdict.data_gen.scripted_server import Script, ScriptedResponse, ScriptedServer
 
     limits = load_limits(a.limits)

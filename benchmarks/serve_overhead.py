@@ -80,8 +80,7 @@ class MinerRequests:
         self.pairs = [(tid, pid) for tid in self.programs for pid in self.notes]
 
     def bodies(self, tid: str, note: str) -> list[dict]:
-        from verdict.data_gen.formalizer import core_schema, side_atoms, with_atom_enum
-        from verdict.data_gen.formalizer.client import build_request
+        from verdict.data_gen.formalizer import build_request, core_schema, side_atoms, with_atom_enum
 
         program, out = self.programs[tid], []
         for side in ("inclusion", "exclusion"):

@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from verdict.data_gen.formalizer.endpoint_config import EndpointConfig  # noqa: E402
+from verdict.data_gen.formalizer import EndpointConfig  # noqa: E402
 from verdict.data_gen.runner import TeacherRun  # noqa: E402
 from verdict.data_gen.teacher_config import RunConfig  # noqa: E402
 

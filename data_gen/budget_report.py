@@ -25,9 +25,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .formalizer.budget import StudentLimits, TokenCounter, load_limits
-from .formalizer.checks import compact
-from .formalizer.protocol import NoteDocument
+from verdict.data_gen.formalizer import NoteDocument, StudentLimits, TokenCounter, compact, load_limits
 
 SHARED = Path("../shared/data")  # the project's shared corpora, beside the checkout
 DEFAULT_TRIALS = [SHARED / "benchmarks" / "trials.jsonl", SHARED / "benchmarks" / "trials_judged0_only.jsonl"]
@@ -136,8 +134,8 @@ def measure_reference(
     """Per-criterion parser records and planned miner calls of the recorded outputs."""
     from verdict.core.errors import VerdictError
     from verdict.core.reference import load_reference
+    from verdict.data_gen.formalizer import MinerBudgetError, plan_miner_calls
 
-    from .formalizer.mining_plan import MinerBudgetError, plan_miner_calls
     from .recorded import fit_to_grammar, recorded_answer
     from .sources import load_patients
 
@@ -220,9 +218,7 @@ def recorded_parser_records(program, trial, counter: TokenCounter) -> list[tuple
 def parser_records(program, counter: TokenCounter) -> list[tuple[str, int, int, str]]:
     """(stage, prompt tokens, completion tokens, criterion id) of each criterion of a program: our
     prompt for the criterion text, and the program re-expressed as that criterion's output."""
-    from .formalizer.assembly import criterion_outputs
-    from .formalizer.criteria import CriterionText
-    from .formalizer.parser import criterion_messages
+    from verdict.data_gen.formalizer import CriterionText, criterion_messages, criterion_outputs
 
     sides = {cr.id: side for _, side, cr in program.criteria()}
     texts = {cr.id: cr.text or cr.id for _, _, cr in program.criteria()}
@@ -237,8 +233,8 @@ def parser_records(program, counter: TokenCounter) -> list[tuple[str, int, int, 
 def measure_trials(report: BudgetReport, counter: TokenCounter, trial_paths: list[Path]) -> None:
     """Per-criterion parser prompts of every trial, as the parser splits them (each distinct
     criterion counted once: the criterion cache answers repeats)."""
-    from .formalizer.criteria import CriterionText, split_trial
-    from .formalizer.parser import criterion_messages
+    from verdict.data_gen.formalizer import CriterionText, criterion_messages, split_trial
+
     from .sources import load_trials
 
     budget = report.limits.prompt_budget("parser")
@@ -291,7 +287,8 @@ def measure_notes(
     sizes: tuple[int, ...] = NOTE_TOKENS,
 ) -> None:
     """Planned miner calls for long records, against every reference program."""
-    from .formalizer.mining_plan import MinerBudgetError, plan_miner_calls
+    from verdict.data_gen.formalizer import MinerBudgetError, plan_miner_calls
+
     from .sources import load_patients
 
     texts = []

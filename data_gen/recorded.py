@@ -36,6 +36,20 @@ from verdict.core.engine import default_engine
 from verdict.core.errors import VerdictError
 from verdict.core.formula import atoms_in
 from verdict.core.program import ParsedCriterion, TrialProgram
+from verdict.data_gen.formalizer import (
+    SINGLE_NOTE_ID,
+    CriterionText,
+    NoteDocument,
+    StageResult,
+    TrialDoc,
+    Usage,
+    check_criterion_output,
+    criterion_messages,
+    criterion_outputs,
+    recorded_reader_result,
+    split_trial,
+    stage_prompt,
+)
 
 from .formalizer import (
     check_miner_output,
@@ -44,12 +58,6 @@ from .formalizer import (
     quote_in_note,
     side_atoms,
 )
-from .formalizer.assembly import criterion_outputs
-from .formalizer.criteria import CriterionText, split_trial
-from .formalizer.parser import check_criterion_output, criterion_messages
-from .formalizer.prompt_templates import stage_prompt
-from .formalizer.protocol import SINGLE_NOTE_ID, NoteDocument, StageResult, TrialDoc, Usage
-from .formalizer.reader import recorded_reader_result
 from .records import RecordStore
 from .sources import load_patients, load_trials
 
@@ -479,8 +487,7 @@ def assembly_figures(reference_dir: str | Path) -> dict:
     """The assembly on the reference corpus: each recorded program re-expressed per requirement
     (`requirement_outputs`) and assembled again; merges, renames and near-duplicates counted."""
     from verdict.core.reference import load_reference
-
-    from .formalizer.assembly import assemble
+    from verdict.data_gen.formalizer import assemble
 
     f = {
         "files": 0,

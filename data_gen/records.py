@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .formalizer.cache import open_db
-from .formalizer.protocol import StageResult
+from verdict.data_gen.formalizer import StageResult, open_db
+
 from .teacher_config import TASK_OF_STAGE
 
 SCHEMA = """

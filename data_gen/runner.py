@@ -24,14 +24,23 @@ from pathlib import Path
 
 from verdict.core.engine import Engine
 from verdict.core.program import TrialProgram
+from verdict.data_gen.formalizer import (
+    BudgetExhausted,
+    CallCache,
+    EgressPolicy,
+    EgressRefused,
+    EndpointConfig,
+    EndpointError,
+    Ledger,
+    Pair,
+    PatientDoc,
+    TeacherConfigError,
+    TrialDoc,
+    estimate_prompt_tokens,
+    load_teacher,
+)
 
 from .formalizer import Formalizer, side_atoms
-from .formalizer.cache import CallCache
-from .formalizer.egress import EgressPolicy
-from .formalizer.endpoint_config import EndpointConfig, load_teacher
-from .formalizer.errors import BudgetExhausted, EgressRefused, EndpointError, TeacherConfigError
-from .formalizer.ledger import Ledger, estimate_prompt_tokens
-from .formalizer.protocol import Pair, PatientDoc, TrialDoc
 from .records import RecordStore, record_id
 from .sources import load_pairs, load_patients, load_trials
 from .teacher_config import RunConfig

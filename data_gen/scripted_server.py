@@ -241,7 +241,7 @@ def auto_nulls(body: dict) -> dict:
 
 def request_text(body: dict) -> str:
     """The text a request was sent (its user messages), whitespace-normalized."""
-    from .formalizer.checks import normalize_ws
+    from verdict.data_gen.formalizer import normalize_ws
 
     return normalize_ws(
         " ".join(str(m.get("content", "")) for m in body.get("messages", []) if m.get("role") == "user")
@@ -251,7 +251,7 @@ def request_text(body: dict) -> str:
 def note_text(body: dict) -> str:
     """The note a request quotes (the first \"\"\"-delimited block of its user text), whitespace-normalized;
     the whole user text if it quotes none."""
-    from .formalizer.checks import normalize_ws
+    from verdict.data_gen.formalizer import normalize_ws
 
     for m in body.get("messages", []):
         parts = str(m.get("content", "")).split('"""') if m.get("role") == "user" else []
@@ -261,7 +261,7 @@ def note_text(body: dict) -> str:
 
 
 def _shown(evidence: str, shown: str) -> bool:
-    from .formalizer.checks import split_pieces
+    from verdict.data_gen.formalizer import split_pieces
 
     pieces = split_pieces(evidence)
     return bool(pieces) and all(p in shown for p in pieces)
@@ -269,7 +269,7 @@ def _shown(evidence: str, shown: str) -> bool:
 
 def auto_excerpts(body: dict, quotes: list[str], quoted_in: str = "request") -> list[str]:
     """The pieces of `quotes` verbatim in the request's text (or its note), each once, in the order given."""
-    from .formalizer.checks import split_pieces
+    from verdict.data_gen.formalizer import split_pieces
 
     shown = note_text(body) if quoted_in == "note" else request_text(body)
     return list(dict.fromkeys(p for q in quotes for p in split_pieces(q) if p in shown))

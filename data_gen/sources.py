@@ -21,9 +21,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
 from verdict.core.errors import describe_validation_error
-
-from .formalizer.errors import SourceError
-from .formalizer.protocol import Pair, PatientDoc, TrialDoc
+from verdict.data_gen.formalizer import Pair, PatientDoc, SourceError, TrialDoc
 
 T = TypeVar("T")
 _EXCLUSION_HEADING = re.compile(r"^\s*exclusion criteria\s*:?", re.IGNORECASE | re.MULTILINE)

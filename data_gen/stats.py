@@ -7,8 +7,8 @@ from collections import Counter
 from pathlib import Path
 
 from verdict.core.errors import VerdictError
+from verdict.data_gen.formalizer import CallCache
 
-from .formalizer.cache import CallCache
 from .records import ASSEMBLED, RecordStore
 
 
@@ -107,7 +107,8 @@ def criteria_figures(trial_files: list[str | Path], top: int = 10) -> dict:
     """Split every trial (criteria.py) and count what the criterion cache saves: a parser call is
     one (side, criterion text) request, so an exact repeat (after whitespace normalization, which
     the request applies too) is a cache hit. Case-folded and side-free counts are figures only."""
-    from .formalizer.criteria import normalize_criterion, split_trial
+    from verdict.data_gen.formalizer import normalize_criterion, split_trial
+
     from .sources import load_trials
 
     trials: dict = {}

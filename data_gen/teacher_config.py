@@ -11,9 +11,7 @@ from typing import Literal, get_args
 from pydantic import Field, model_validator
 from verdict.core.configs import StrictModel, load_config
 from verdict.core.program import Id
-
-from .formalizer.endpoint_config import DataClass, EgressConfig
-from .formalizer.errors import TeacherConfigError
+from verdict.data_gen.formalizer import DataClass, EgressConfig, TeacherConfigError
 
 RunStage = Literal["parser", "miner_inclusion", "miner_exclusion"]
 RUN_STAGES: tuple[str, ...] = get_args(RunStage)

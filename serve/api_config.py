@@ -13,8 +13,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 from verdict.core.configs import StrictModel
 from verdict.core.solver_pool import SolverPool
-from verdict.data_gen.formalizer.endpoint_config import EgressConfig, EndpointConfig, StageTokens
-from verdict.data_gen.formalizer.reader import ChartReading
+from verdict.data_gen.formalizer import ChartReading, EgressConfig, EndpointConfig, StageTokens
 
 from .pages.session import SessionConfig
 from .protocol import POLICY_NAME, base_url_problem, checked_base_url

@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 from verdict.core import configs
 from verdict.core.configs import StrictModel, find_config
 from verdict.core.errors import VerdictError
-from verdict.data_gen.formalizer.budget import derive_limits, limits_of, student_limit_keys
+from verdict.data_gen.formalizer import derive_limits, limits_of, student_limit_keys
 
 from .api_config import ApiConfig
 from .errors import ServeConfigError

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from verdict.data_gen.formalizer.egress import ENV_ALLOW as EGRESS_ENV
-from verdict.data_gen.formalizer.egress import RULE as EGRESS_RULE
-from verdict.data_gen.formalizer.egress import EgressPolicy
+from verdict.data_gen.formalizer import EGRESS_RULE, EgressPolicy
+from verdict.data_gen.formalizer import ENV_ALLOW as EGRESS_ENV
 
 from .errors import ServeConfigError
 

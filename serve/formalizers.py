@@ -8,10 +8,7 @@ only once the egress check passed (serve/egress_check.py).
 from __future__ import annotations
 
 from verdict.core.solver_pool import SolverPool
-from verdict.data_gen.formalizer import Formalizer
-from verdict.data_gen.formalizer.egress import EgressPolicy
-from verdict.data_gen.formalizer.endpoints import EndpointPool, PoolMember
-from verdict.data_gen.formalizer.value_reuse import ValueReuse
+from verdict.data_gen.formalizer import EgressPolicy, EndpointPool, Formalizer, PoolMember, ValueReuse
 
 from .api_config import ApiConfig
 from .egress_check import check_formalizer_hosts, origin_of

@@ -8,11 +8,15 @@ import asyncio
 import contextlib
 import logging
 
-from verdict.data_gen.formalizer import Formalizer, core_schema
-from verdict.data_gen.formalizer.checks import with_atom_enum
-from verdict.data_gen.formalizer.client import build_request
-from verdict.data_gen.formalizer.endpoints import PoolMember, failure_reason
-from verdict.data_gen.formalizer.errors import EndpointError
+from verdict.data_gen.formalizer import (
+    EndpointError,
+    Formalizer,
+    PoolMember,
+    build_request,
+    core_schema,
+    failure_reason,
+    with_atom_enum,
+)
 
 from .egress_check import origin_of
 from .formalizers import Formalizers

@@ -14,7 +14,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from verdict.data_gen.formalizer.accounting import PairCost
+from verdict.data_gen.formalizer import PairCost
 
 STAGES = ("parse", "miner_inclusion", "miner_exclusion", "resolve", "solve", "render", "audit")
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)

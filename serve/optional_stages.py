@@ -22,9 +22,7 @@ from verdict.core.decision import Decision
 from verdict.core.patient import ResolvedPatient
 from verdict.core.program import TrialProgram
 from verdict.core.solver_pool import SolverPool
-from verdict.data_gen.formalizer import Formalizer
-from verdict.data_gen.formalizer.arbiter import definition_conflicts, redecide
-from verdict.data_gen.formalizer.protocol import PatientDoc, StageResult
+from verdict.data_gen.formalizer import Formalizer, PatientDoc, StageResult, definition_conflicts, redecide
 
 from .api_config import FormalizerConfig
 from .errors import FormalizerFailed, FormalizerUnavailable, ServiceError

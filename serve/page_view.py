@@ -17,8 +17,7 @@ from verdict.core.patient import ResolvedPatient
 from verdict.core.program import TrialProgram
 from verdict.core.ranking import rests_on_unasked
 from verdict.core.rationale import rationale_json
-from verdict.data_gen.formalizer.findings import PassageConflict
-from verdict.data_gen.formalizer.protocol import ChartRead
+from verdict.data_gen.formalizer import ChartRead, PassageConflict
 
 from .audit import DecisionRow
 from .audit.artifacts import DecisionArtifacts

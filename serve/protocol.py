@@ -29,7 +29,7 @@ from verdict.core.program import Id, TrialProgram
 from verdict.data_gen.fhir.models import FhirPatientRecord
 from verdict.data_gen.fhir.records import age_at
 from verdict.data_gen.fhir.resolve import default_code_map
-from verdict.data_gen.formalizer.protocol import SINGLE_NOTE_ID, NoteDocument
+from verdict.data_gen.formalizer import SINGLE_NOTE_ID, NoteDocument
 
 from .contract import all_of, exactly_one, given, only_with, outline, rules
 

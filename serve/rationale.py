@@ -10,7 +10,7 @@ from verdict.core.decision import Decision
 from verdict.core.patient import ResolvedPatient
 from verdict.core.program import TrialProgram
 from verdict.core.rationale import md, rationale_json, render_markdown
-from verdict.data_gen.formalizer.findings import PassageConflict
+from verdict.data_gen.formalizer import PassageConflict
 
 
 def render_rationale(

@@ -13,9 +13,7 @@ import time
 import uuid
 from collections.abc import Awaitable
 
-from verdict.data_gen.formalizer.errors import EgressRefused, EndpointError
-from verdict.data_gen.formalizer.miner import BUDGET as MINER_BUDGET
-from verdict.data_gen.formalizer.protocol import StageResult
+from verdict.data_gen.formalizer import MINER_BUDGET, EgressRefused, EndpointError, StageResult
 
 from .errors import FormalizerFailed, FormalizerUnavailable
 from .metrics import ServiceMetrics

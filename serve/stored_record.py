@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from verdict.data_gen.formalizer.protocol import SINGLE_NOTE_ID, NoteDocument, PatientDoc
+from verdict.data_gen.formalizer import SINGLE_NOTE_ID, NoteDocument, PatientDoc
 
 from .audit import DecisionRow
 

@@ -26,13 +26,22 @@ from pathlib import Path
 from verdict.core.patient import MinedValue
 from verdict.core.program import ParsedCriterion, load_program
 from verdict.core.progress import Progress
-from verdict.data_gen.formalizer import Formalizer, compact, criterion_outputs, quote_in_note, side_atoms
-from verdict.data_gen.formalizer.criteria import normalize_criterion
-from verdict.data_gen.formalizer.miner_prompt import miner_target
-from verdict.data_gen.formalizer.mining_plan import plan_for
-from verdict.data_gen.formalizer.prompt_templates import PROMPTS_DIR
-from verdict.data_gen.formalizer.protocol import NoteDocument, PatientDoc
-from verdict.data_gen.formalizer.reader import chart_tokens, recorded_sheet, sheet_plan
+from verdict.data_gen.formalizer import (
+    PROMPTS_DIR,
+    Formalizer,
+    NoteDocument,
+    PatientDoc,
+    chart_tokens,
+    compact,
+    criterion_outputs,
+    miner_target,
+    normalize_criterion,
+    plan_for,
+    quote_in_note,
+    recorded_sheet,
+    sheet_plan,
+    side_atoms,
+)
 from verdict.data_gen.sft_record import (
     ADAPTER_TASKS,
     TASKS,  # noqa: F401  (re-exported for the demo and tests)

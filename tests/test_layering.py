@@ -204,6 +204,28 @@ def test_the_formalizer_is_self_contained():
     assert not out, sorted(out)
 
 
+def formalizer_reached_past_its_entry() -> list[str]:
+    """Imports of a formalizer module other than its entry (`verdict.data_gen.formalizer`), made
+    outside the formalizer's own folder (tests aside: they test the modules one by one)."""
+    inside = REPO / "data_gen" / "formalizer"
+    entry = "verdict.data_gen.formalizer"
+    found = []
+    for folder in PARTS:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            if inside in path.parents:
+                continue
+            for line, name in imports_of(path, package_of(path, folder)):
+                if name.startswith(entry + "."):
+                    found.append(f"{path.relative_to(REPO)}:{line}: imports {name} (use {entry})")
+    return found
+
+
+def test_other_parts_reach_the_formalizer_through_its_one_entry():
+    """The formalizer's public surface is its package (`data_gen/formalizer/__init__.py`, issue 25):
+    serve, bench, train and the teacher pipeline import from it, never from its modules."""
+    assert formalizer_reached_past_its_entry() == []
+
+
 def test_the_cycle_check_finds_a_cycle_hidden_in_a_function():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert import_cycle(graph) == ["a", "b", "c", "a"]

@@ -78,7 +78,7 @@ class Checked:
 
 def check_output(task: str, text: str) -> Checked:
     """The formalizer's own first check (`parse_output`): JSON, then the task's output model."""
-    from verdict.data_gen.formalizer.checks import parse_output
+    from verdict.data_gen.formalizer import parse_output
 
     parsed, problems = parse_output(text, None, 0, sft_data.output_model(task, text))
     if parsed is not None:

@@ -41,7 +41,7 @@ class EvalConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _from_limits(cls, data):
-        from verdict.data_gen.formalizer.budget import apply_limits
+        from verdict.data_gen.formalizer import apply_limits
 
         return apply_limits(data, "eval settings", lambda lim: {("max_new_tokens",): lim.max_new_tokens})
 

@@ -109,7 +109,7 @@ class TrainConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _from_limits(cls, data):
-        from verdict.data_gen.formalizer.budget import apply_limits
+        from verdict.data_gen.formalizer import apply_limits
 
         return apply_limits(data, "train config", lambda lim: {("max_length",): lim.max_length})
 

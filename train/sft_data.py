@@ -38,7 +38,7 @@ def output_model(task: str, content: str | dict | None = None) -> type[BaseModel
     if task == "parser" and content is not None and is_criterion_output(content):
         return ParsedCriterion
     if task == "reader":
-        from verdict.data_gen.formalizer.reader import ReaderOutput
+        from verdict.data_gen.formalizer import ReaderOutput
 
         return ReaderOutput
     return {"parser": ParsedTrial, "value_miner": ValueMinerOutput}[task]

@@ -142,7 +142,7 @@ def build_qwen25_tokenizer():
     Face tokenizer with the official Qwen2.5 chat template."""
     from transformers import PreTrainedTokenizerFast
     from trl.chat_template_utils import qwen2_5_chat_template
-    from verdict.data_gen.formalizer.budget import qwen25_tokenizer_file
+    from verdict.data_gen.formalizer import qwen25_tokenizer_file
 
     tok = PreTrainedTokenizerFast(
         tokenizer_file=str(qwen25_tokenizer_file()),

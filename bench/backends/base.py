@@ -50,7 +50,7 @@ class RunContext:
         """The call cache of a repeat: repeat 0 shares the teacher cache (answers already paid for
         are reused); repeat r > 0 has its own file in the run directory, so a repeat really asks
         the endpoint again, and a resumed repeat still never pays twice."""
-        from verdict.data_gen.formalizer.cache import CallCache
+        from verdict.data_gen.formalizer import CallCache
 
         if repeat not in self._caches:
             path = self.cache_path if repeat == 0 else self.run_dir / f"cache-repeat-{repeat}.sqlite"

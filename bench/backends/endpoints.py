@@ -27,7 +27,7 @@ def resolve_endpoint(ref: EndpointRef, placement: EndpointPlacement, vllm_url: s
     from pydantic import ValidationError
     from verdict.core.configs import describe
     from verdict.core.errors import VerdictError, describe_validation_error
-    from verdict.data_gen.formalizer.endpoint_config import EndpointConfig, load_teacher
+    from verdict.data_gen.formalizer import EndpointConfig, load_teacher
 
     try:
         endpoint = load_teacher(ref) if isinstance(ref, str) else EndpointConfig.model_validate(ref)
@@ -53,7 +53,7 @@ def resolve_endpoint(ref: EndpointRef, placement: EndpointPlacement, vllm_url: s
 def endpoint_with_stages(endpoint, limits: dict[str, int]):
     """The endpoint config with output limits for stages `data_gen` does not know (a bench stage)."""
     from pydantic import create_model
-    from verdict.data_gen.formalizer.endpoint_config import EndpointConfig, StageTokens
+    from verdict.data_gen.formalizer import EndpointConfig, StageTokens
 
     tokens = create_model(
         "BenchStageTokens", __base__=StageTokens, **{k: (int, Field(v, gt=0)) for k, v in limits.items()}

@@ -256,7 +256,7 @@ class FormalizerBackend(Backend):
         """The opt-in arbiter and verbalizer, as in the service (serve/optional_stages.py): the
         decision and its flips after them, and the extra solve time in ms. A rejected output keeps
         the solver result."""
-        from verdict.data_gen.formalizer.arbiter import definition_conflicts
+        from verdict.data_gen.formalizer import definition_conflicts
 
         miner, extra_ms = self.formalizer(repeat, "miner"), 0.0
         conflicts = definition_conflicts(d)

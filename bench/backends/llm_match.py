@@ -76,8 +76,7 @@ class LlmMatchConfig(BackendConfig, EndpointPlacement):
 
 
 def _direct_matcher_class():
-    from verdict.data_gen.formalizer import Formalizer
-    from verdict.data_gen.formalizer.prompt_templates import load_prompt
+    from verdict.data_gen.formalizer import Formalizer, load_prompt
 
     class DirectMatcher(Formalizer):
         def __init__(self, *args, prompt_version: str = "v1", **kw):

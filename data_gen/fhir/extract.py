@@ -16,8 +16,8 @@ from typing import Any
 from pydantic import BaseModel
 from verdict.core.errors import VerdictError
 from verdict.core.formula import number_problem
+from verdict.data_gen.formalizer import NoteDocument
 
-from ..formalizer.protocol import NoteDocument
 from .code_map import CodeMap
 from .errors import UnitConversionError
 from .html_text import html_to_text

@@ -13,8 +13,7 @@ from typing import Literal
 
 from pydantic import Field
 from verdict.core.configs import StrictModel
-
-from ..formalizer.protocol import NoteDocument, PatientDoc
+from verdict.data_gen.formalizer import NoteDocument, PatientDoc
 
 RECORD_FORMAT = "verdict.fhir_patient/v1"
 FactCategory = Literal["condition", "observation", "medication", "procedure"]

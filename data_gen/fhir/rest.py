@@ -31,9 +31,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from verdict.data_gen.formalizer import EgressPolicy, SourceEgress
 
-from ..formalizer.egress import EgressPolicy
-from ..formalizer.endpoint_config import SourceEgress
 from .errors import FhirServerError, FhirSourceError
 from .smart import SmartBackendAuth, SmartBackendConfig
 from .validate import MAX_ATTACHMENT_BYTES, READ_TYPES, parse_json

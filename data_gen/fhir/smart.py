@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from verdict.data_gen.formalizer import EgressPolicy, is_loopback
 
-from ..formalizer.egress import EgressPolicy, is_loopback
 from .errors import FhirServerError
 
 if TYPE_CHECKING:

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..formalizer.errors import EgressRefused
+from verdict.data_gen.formalizer import EgressRefused
+
 from .code_map import CodeMap, load_code_map
 from .errors import FhirSourceError
 from .models import FhirPatientRecord

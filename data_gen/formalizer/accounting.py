@@ -94,7 +94,7 @@ def pair_cost(*sides: StageResult) -> PairCost:
     )
 
 
-def total(costs: list[PairCost]) -> dict[str, float | int]:
+def cost_total(costs: list[PairCost]) -> dict[str, float | int]:
     """Totals and per-pair means of what a batch or screen sent: for summaries (counts only)."""
     n = len(costs)
     paid = CallCost()

@@ -18,7 +18,7 @@ from .endpoint_config import EgressConfig
 from .errors import EgressRefused
 
 ENV_ALLOW = "VERDICT_EGRESS_ALLOW"
-RULE = "patient text goes only to loopback or to hosts on the site's egress allowlist"
+EGRESS_RULE = "patient text goes only to loopback or to hosts on the site's egress allowlist"
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,8 @@ class EgressPolicy:
             if host is not None:
                 raise EgressRefused(
                     f"refused: {what} would send patient text (dataset class '{data_class}') to {label} "
-                    f"'{host}', which is not allowed (rule: {RULE}). Nothing was sent. To allow it, add "
+                    f"'{host}', which is not allowed (rule: {EGRESS_RULE}). Nothing was sent. "
+                    "To allow it, add "
                     f"'{host}' to egress.allow_hosts in the run config or to ${ENV_ALLOW}; if the notes are "
                     "public or synthetic, declare it with patients.data_class: public|synthetic"
                 )

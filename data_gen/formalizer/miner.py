@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from .routing import SheetRoute
     from .runtime import Runtime
 
-BUDGET = "budget"  # the rejection reason of a pass that cannot be asked within the model's limits
+MINER_BUDGET = "budget"  # the rejection reason of a pass that cannot be asked within the model's limits
 
 
 async def mine_values(
@@ -220,7 +220,7 @@ class SideMining:
         """The side rejected before any call: no call of it fits the model's limits."""
         return self.result(
             status="rejected",
-            reason=BUDGET,
+            reason=MINER_BUDGET,
             problems=[error.summary],
             messages=self.messages(self.docs[0].text, names),
         )

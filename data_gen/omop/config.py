@@ -12,8 +12,8 @@ import os
 
 from pydantic import Field, field_validator, model_validator
 from verdict.core.configs import StrictModel
+from verdict.data_gen.formalizer import SourceEgress
 
-from ..formalizer.endpoint_config import SourceEgress
 from .errors import OmopSourceError
 
 PASSWORD_ENV = "VERDICT_OMOP_PASSWORD"

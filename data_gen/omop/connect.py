@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
+from verdict.data_gen.formalizer import EgressPolicy
 
-from ..formalizer.egress import EgressPolicy
 from .config import OmopConfig
 from .errors import OmopSourceError
 

@@ -25,12 +25,12 @@ from decimal import Decimal
 
 from psycopg import sql
 from verdict.core.formula import number_problem
+from verdict.data_gen.formalizer import NoteDocument
 
 from ..fhir.code_map import CodeMap
 from ..fhir.extract import canonical_of, checked_fact
 from ..fhir.models import CodedFact, Coding, FactCategory, FhirPatientRecord
 from ..fhir.records import birth_fields
-from ..formalizer.protocol import NoteDocument
 
 OMOP_SYSTEM = "https://fhir-terminology.ohdsi.org"  # the code map's `omop:` prefix: standard concept ids
 VOCABULARIES = {

@@ -12,8 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from verdict.data_gen.formalizer.accounting import PairCost
-from verdict.data_gen.formalizer.protocol import ChartRead
+from verdict.data_gen.formalizer import ChartRead, PairCost
 
 from ..trial_versions import TrialVersion
 

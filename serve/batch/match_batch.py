@@ -30,8 +30,7 @@ from verdict.core.policy import load_policy
 from verdict.core.progress import Progress
 from verdict.core.ranking import rank
 from verdict.data_gen.fhir.models import FhirPatientRecord
-from verdict.data_gen.formalizer.accounting import PairCost
-from verdict.data_gen.formalizer.accounting import total as cost_total
+from verdict.data_gen.formalizer import PairCost, cost_total
 from verdict.data_gen.sources import load_pairs, load_patients, load_trials
 
 from ..audit import AuditStore

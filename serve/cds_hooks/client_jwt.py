@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 import jwt
-from verdict.data_gen.formalizer.egress import EgressPolicy
+from verdict.data_gen.formalizer import EgressPolicy
 
 from ..api_config import CdsClient, CdsHooksConfig
 from ..errors import ServeConfigError, ServiceError

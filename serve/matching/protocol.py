@@ -9,8 +9,7 @@ from verdict.core.configs import StrictModel
 from verdict.core.decision import Decision
 from verdict.core.patient import PolicyRef, ResolvedPatient
 from verdict.core.program import Id
-from verdict.data_gen.formalizer.accounting import PairCost
-from verdict.data_gen.formalizer.findings import PassageConflict
+from verdict.data_gen.formalizer import PairCost, PassageConflict
 
 from ..contract import exactly_one, only_with, rules
 from ..protocol import (

@@ -22,12 +22,17 @@ from verdict.core.settled import settles
 from verdict.core.solver_pool import SolverPool
 from verdict.data_gen.fhir.models import FhirPatientRecord
 from verdict.data_gen.fhir.resolve import CodedResolutions, coded_resolutions
-from verdict.data_gen.formalizer import merge_sides
-from verdict.data_gen.formalizer.accounting import PairCost, pair_cost
-from verdict.data_gen.formalizer.findings import MinedValues
-from verdict.data_gen.formalizer.protocol import PatientDoc, StageResult
-from verdict.data_gen.formalizer.reader import pair_chart_read
-from verdict.data_gen.formalizer.staged import held_open, mine_pair
+from verdict.data_gen.formalizer import (
+    MinedValues,
+    PairCost,
+    PatientDoc,
+    StageResult,
+    held_open,
+    merge_sides,
+    mine_pair,
+    pair_chart_read,
+    pair_cost,
+)
 
 from ..api_config import ApiConfig
 from ..audit import AuditStore, DecisionRow, TrialRow

@@ -37,14 +37,20 @@ from urllib.parse import urlsplit
 from verdict.core.engine import default_engine
 from verdict.core.errors import VerdictError
 from verdict.core.program import load_program
-from verdict.data_gen.formalizer import check_miner_output, compact, quote_in_note, side_atoms
-from verdict.data_gen.formalizer.assembly import criterion_outputs
-from verdict.data_gen.formalizer.criteria import CriterionText
-from verdict.data_gen.formalizer.egress import EgressPolicy
-from verdict.data_gen.formalizer.miner_prompt import asked_atoms
-from verdict.data_gen.formalizer.parser import check_criterion_output, criterion_messages
-from verdict.data_gen.formalizer.prompt_templates import stage_prompt
-from verdict.data_gen.formalizer.protocol import StageResult
+from verdict.data_gen.formalizer import (
+    CriterionText,
+    EgressPolicy,
+    StageResult,
+    asked_atoms,
+    check_criterion_output,
+    check_miner_output,
+    compact,
+    criterion_messages,
+    criterion_outputs,
+    quote_in_note,
+    side_atoms,
+    stage_prompt,
+)
 from verdict.data_gen.records import RecordStore
 from verdict.data_gen.sft_record import target
 

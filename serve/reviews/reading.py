@@ -27,11 +27,17 @@ from verdict.core.patient import Resolution, ResolvedPatient
 from verdict.core.policy import Policy, load_policy, resolve
 from verdict.core.program import TrialProgram
 from verdict.core.settled import not_asked, settles
-from verdict.data_gen.formalizer.accounting import PairCost, pair_cost
-from verdict.data_gen.formalizer.findings import MinedValues, PassageConflict, merge_sides
-from verdict.data_gen.formalizer.miner import mine_values
-from verdict.data_gen.formalizer.miner_prompt import side_atoms
-from verdict.data_gen.formalizer.protocol import PatientDoc, StageResult
+from verdict.data_gen.formalizer import (
+    MinedValues,
+    PairCost,
+    PassageConflict,
+    PatientDoc,
+    StageResult,
+    merge_sides,
+    mine_values,
+    pair_cost,
+    side_atoms,
+)
 
 from ..audit import DecisionRow
 from ..errors import InvalidInput, ServiceError

@@ -26,7 +26,7 @@ from verdict.core.engine import Engine
 from verdict.core.errors import VerdictError
 from verdict.core.policy import Policy, load_policy
 from verdict.core.program import TrialProgram, load_program
-from verdict.data_gen.formalizer.client import EndpointClient
+from verdict.data_gen.formalizer import EndpointClient
 
 from ..api_config import ApiConfig
 from ..audit import AuditStore, DecisionRow

@@ -39,8 +39,7 @@ from verdict.core.errors import PatientError, PolicyError, VerdictError
 from verdict.core.patient import Resolution, ResolvedPatient
 from verdict.core.policy import Policy, load_policy
 from verdict.core.program import TrialProgram
-from verdict.data_gen.formalizer.accounting import PairCost
-from verdict.data_gen.formalizer.findings import PassageConflict
+from verdict.data_gen.formalizer import PairCost, PassageConflict
 
 from ..api_keys import KeyEntry
 from ..audit import DecisionRow

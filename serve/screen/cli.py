@@ -236,8 +236,7 @@ def api_key(key_env: str) -> str:
 
 def checked_target(url: str) -> str:
     """The service's screen endpoint, once its host passes the egress allowlist (before any connection)."""
-    from verdict.data_gen.formalizer.egress import EgressPolicy
-    from verdict.data_gen.formalizer.errors import EgressRefused
+    from verdict.data_gen.formalizer import EgressPolicy, EgressRefused
 
     target = url.rstrip("/") + "/v1/screen"
     try:

@@ -13,8 +13,7 @@ from pydantic import TypeAdapter, ValidationError
 from verdict.core.errors import ProgramError, VerdictError
 from verdict.core.program import Id, Provenance, TrialProgram, check_program
 from verdict.core.solver_pool import SolverPool
-from verdict.data_gen.formalizer import Formalizer
-from verdict.data_gen.formalizer.protocol import TrialDoc
+from verdict.data_gen.formalizer import Formalizer, TrialDoc
 from verdict.data_gen.sources import ctgov_studies
 
 from ..audit import AuditStore, TrialRow

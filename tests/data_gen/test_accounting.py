@@ -1,6 +1,6 @@
 """Per-pair cost (data_gen/formalizer/accounting.py): what a pair sent, and the one-time reading."""
 
-from verdict.data_gen.formalizer.accounting import PairCost, pair_cost, total
+from verdict.data_gen.formalizer.accounting import PairCost, cost_total, pair_cost
 from verdict.data_gen.formalizer.protocol import ChartRead, StageResult, Usage
 
 from .teacher_data import accepted_result
@@ -54,15 +54,15 @@ def test_totals_count_each_reading_once_and_give_per_pair_means():
         }
     )
     reuse = read.model_copy(update={"reading_reused": True})
-    t = total([read, reuse, reuse, reuse])
+    t = cost_total([read, reuse, reuse, reuse])
     assert t["chart_readings"] == 1 and t["calls"] == 2 * 4 + 10 and t["calls_per_pair"] == 4.5
-    assert t["prompt_tokens"] == 800 + 9000 and total([])["calls_per_pair"] == 0
+    assert t["prompt_tokens"] == 800 + 9000 and cost_total([])["calls_per_pair"] == 0
 
 
 def test_a_chart_mined_whole_is_no_reading_and_cached_reader_calls_are_listed_apart():
     whole = ChartRead(documents=3, mined_whole=True)
     cost = pair_cost(side(1, 0, 100, 5, chart_read=whole), side(1, 0, 100, 5, chart_read=whole))
-    assert cost.reading is None and total([cost])["chart_readings"] == 0
+    assert cost.reading is None and cost_total([cost])["chart_readings"] == 0
     rerun = ChartRead(documents=134, calls=0, cache_hits=12)  # a rerun: every reader call from the cache
     again = pair_cost(side(1, 0, 100, 5, chart_read=rerun))
     assert again.reading.calls == 0 and again.reading.cache_hits == 12 and again.paid().calls == 1
