@@ -154,7 +154,6 @@ class Runtime:
         repair is asked for them: the sparse miner splits a cut-off chunk instead). Returns the
         StageResult: accepted (with the checked output)
         or rejected (with the problems), its attempts and usage."""
-        t = self.endpoint
         usage = Usage()
         attempts: list[Attempt] = []
         convo = list(messages)
@@ -163,61 +162,33 @@ class Runtime:
             call, cached = await self._call(
                 stage, convo, schema, schema_name, patient_text, data_class, sensitive
             )
-            usage = usage.add(
-                Usage(
-                    prompt_tokens=call.prompt_tokens,
-                    completion_tokens=call.completion_tokens,
-                    cost_usd=call.cost_usd,
-                    paid_usd=0.0 if cached else call.cost_usd,
-                    calls_paid=0 if cached else 1,
-                    cache_hits=int(cached),
-                    paid_prompt_tokens=0 if cached else call.prompt_tokens,
-                    paid_completion_tokens=0 if cached else call.completion_tokens,
-                )
-            )
+            usage = usage.add(_call_usage(call, cached))
             # Checks that run the solver go to a thread: the event loop keeps the other calls moving.
             check = await asyncio.to_thread(validate, call) if solver else validate(call)
-            attempts.append(
-                Attempt(
-                    key=call.key,
-                    cached=cached,
-                    finish_reason=call.finish_reason,
-                    problems=check.messages,
-                    reason=check.reason,
-                )
-            )
+            attempts.append(_attempt_of(call, cached, check))
             if check.ok or check.reason in no_repair:
                 break
-            convo = convo + [
-                {"role": "assistant", "content": call.content or ""},
-                *[
-                    m
-                    for m in self.repair_prompt.render(
-                        PROBLEMS="\n".join(f"- {p}" for p in check.messages[:20])
-                    )
-                    if m["role"] == "user"
-                ],
-            ]
+            convo = convo + self._repair_turns(call, check)
         assert check is not None
-        status = "accepted" if check.ok else "rejected"
-        log.info(
-            "stage=%s %s status=%s reason=%s attempts=%d paid=%d",
-            stage,
-            ids,
-            status,
-            check.reason or "-",
-            len(attempts),
-            usage.calls_paid,
-        )
+        _log_outcome(stage, ids, check, attempts, usage)
         return check.result(
             stage=stage,
-            teacher=t.name,
-            model=t.model,
+            teacher=self.endpoint.name,
+            model=self.endpoint.model,
             prompt_version=self.prompt(stage).ident,
             messages=messages,
             attempts=attempts,
             usage=usage,
         )
+
+    def _repair_turns(self, call: CachedCall, check: Check) -> list[dict[str, str]]:
+        """The turns that ask for one repair: the rejected answer, then the problems fed back (the
+        first 20) in the repair prompt's user turn."""
+        problems = "\n".join(f"- {p}" for p in check.messages[:20])
+        return [
+            {"role": "assistant", "content": call.content or ""},
+            *[m for m in self.repair_prompt.render(PROBLEMS=problems) if m["role"] == "user"],
+        ]
 
     async def _call(
         self,
@@ -336,6 +307,44 @@ class Runtime:
         if self.ledger is not None and ticket is not None:
             self.ledger.settle(ticket, cost)
         return call, False
+
+
+def _call_usage(call: CachedCall, cached: bool) -> Usage:
+    """What one answered call used; a cache hit counts its tokens and cost but pays nothing."""
+    return Usage(
+        prompt_tokens=call.prompt_tokens,
+        completion_tokens=call.completion_tokens,
+        cost_usd=call.cost_usd,
+        paid_usd=0.0 if cached else call.cost_usd,
+        calls_paid=0 if cached else 1,
+        cache_hits=int(cached),
+        paid_prompt_tokens=0 if cached else call.prompt_tokens,
+        paid_completion_tokens=0 if cached else call.completion_tokens,
+    )
+
+
+def _attempt_of(call: CachedCall, cached: bool, check: Check) -> Attempt:
+    """One attempt as the stage result keeps it: the call's key and finish, the check's verdict."""
+    return Attempt(
+        key=call.key,
+        cached=cached,
+        finish_reason=call.finish_reason,
+        problems=check.messages,
+        reason=check.reason,
+    )
+
+
+def _log_outcome(stage: str, ids: str, check: Check, attempts: list[Attempt], usage: Usage) -> None:
+    """One log line per stage run: ids and counts only, never text (patient text stays out of logs)."""
+    log.info(
+        "stage=%s %s status=%s reason=%s attempts=%d paid=%d",
+        stage,
+        ids,
+        "accepted" if check.ok else "rejected",
+        check.reason or "-",
+        len(attempts),
+        usage.calls_paid,
+    )
 
 
 class _Flight:
