@@ -185,13 +185,77 @@ def compile_program(
     cohort and numeric cell gets an indicator constant defined by an equivalence, so assumptions
     can switch it on (c) or off (not c) and `consequences` can read three-valued entailment."""
     ctx = ctx or z3.Context()
-    atoms = program.atom_table()
-    domains = {a.name: a.domain for a in program.atoms}
-    w = Writer(domains)
-    decls = [f"(declare-const {sym(a.name)} {SORT[a.domain]})" for a in program.atoms]
-    body: list[str] = []
-    for d in program.definitions:
-        body.append(w.formula(d.formula))
+    text, crit_meta, cell_specs = _program_text(program)
+    solver = z3.Solver(ctx=ctx)
+    solver.set("timeout", timeout_ms)
+    solver.from_string(text)  # parsed straight into the solver, no Python round trip per assertion
+    parsed = solver.assertions()
+
+    sorts = {"bool": z3.BoolSort(ctx), "int": z3.IntSort(ctx), "real": z3.RealSort(ctx)}
+    zvars = {a.name: _const(ctx, a.name, sorts[a.domain]) for a in program.atoms}
+    nd = len(program.definitions)
+    defs = [(d.id, parsed[k], frozenset(atoms_in(d.formula))) for k, d in enumerate(program.definitions)]
+    component = _components([a.name for a in program.atoms], [names for _, _, names in defs])
+    lit = lambda name: _const(ctx, name, sorts["bool"])  # noqa: E731  (same name, same constant as in the text)
+    return CompiledProgram(
+        program=program,
+        ctx=ctx,
+        vars=zvars,
+        atoms=program.atom_table(),
+        definitions=defs,
+        criteria=_compiled_criteria(crit_meta, parsed, nd, component),
+        cohort_ids=[c.id for c in program.cohorts],
+        cohort_guard={c.id: lit("!cohort:" + c.id) for c in program.cohorts},
+        side_guard={
+            (c.id, s): lit(f"!side:{c.id}:{s}") for c in program.cohorts for s in ("inclusion", "exclusion")
+        },
+        phi_guard=lit("!phi"),
+        cells={
+            name: [Cell(*span, lit(f"!cell:{name}:{k}")) for k, span in enumerate(spans)]
+            for name, spans in cell_specs.items()
+        },
+        complex_numeric=frozenset(_complex_numeric(program)),
+        component=component,
+        solver=solver,
+        smt_text=text,
+    )
+
+
+@dataclass
+class _SmtText:
+    """The program's SMT-LIB text as it is written: declarations first, then the assertions."""
+
+    decls: list[str]
+    body: list[str]
+
+    def indicator(self, name: str, expr: str) -> None:
+        """A Bool constant defined as equivalent to `expr`, so an assumption can switch `expr`."""
+        self.decls.append(f"(declare-const {sym(name)} Bool)")
+        self.body.append(f"(= {sym(name)} {expr})")
+
+    def text(self) -> str:
+        return "\n".join(self.decls + [f"(assert {b})" for b in self.body])
+
+
+def _program_text(program: TrialProgram) -> tuple[str, list[tuple], dict[str, list[tuple]]]:
+    """(SMT-LIB text, criteria in indicator order, numeric cells per atom): the atoms, the
+    definitions (the first assertions, in order), then the criterion, side, cohort and cell
+    indicators."""
+    out = _SmtText([f"(declare-const {sym(a.name)} {SORT[a.domain]})" for a in program.atoms], [])
+    w = Writer({a.name: a.domain for a in program.atoms})
+    out.body += [w.formula(d.formula) for d in program.definitions]
+    crit_meta, side_members = _criterion_indicators(program, w, out)
+    _cohort_indicators(program, side_members, out)
+    cell_specs = _cell_indicators(program, out)
+    return out.text(), crit_meta, cell_specs
+
+
+def _criterion_indicators(
+    program: TrialProgram, w: Writer, out: _SmtText
+) -> tuple[list[tuple], dict[tuple[str, str], list[str]]]:
+    """One indicator per criterion (`!c<i>`: the formula on the inclusion side, its negation on
+    the exclusion side). Returns (index, cohort, side, criterion) per indicator and the indicator
+    names of each side."""
     crit_meta = []
     side_members: dict[tuple[str, str], list[str]] = {}
     for cohort in program.cohorts:
@@ -200,25 +264,30 @@ def compile_program(
             for cr in getattr(cohort, side):
                 i = len(crit_meta)
                 f = w.formula(cr.formula)
-                ind = f"!c{i}"
-                decls.append(f"(declare-const {sym(ind)} Bool)")
-                body.append(f"(= {sym(ind)} {f if side == 'inclusion' else f'(not {f})'})")
+                out.indicator(f"!c{i}", f if side == "inclusion" else f"(not {f})")
                 crit_meta.append((i, cohort.id, side, cr))
-                side_members[(cohort.id, side)].append(sym(ind))
+                side_members[(cohort.id, side)].append(sym(f"!c{i}"))
+    return crit_meta, side_members
+
+
+def _cohort_indicators(
+    program: TrialProgram, side_members: dict[tuple[str, str], list[str]], out: _SmtText
+) -> None:
+    """An indicator per side (all its criteria), per cohort (both sides) and `!phi` (any cohort)."""
     for cohort in program.cohorts:
         parts = []
         for side in ("inclusion", "exclusion"):
-            ind = f"!side:{cohort.id}:{side}"
             members = side_members[(cohort.id, side)]
-            decls.append(f"(declare-const {sym(ind)} Bool)")
-            body.append(f"(= {sym(ind)} {_conj(members)})")
+            out.indicator(f"!side:{cohort.id}:{side}", _conj(members))
             parts += members
-        decls.append(f"(declare-const {sym('!cohort:' + cohort.id)} Bool)")
-        body.append(f"(= {sym('!cohort:' + cohort.id)} {_conj(parts)})")
-    decls.append(f"(declare-const {sym('!phi')} Bool)")
+        out.indicator("!cohort:" + cohort.id, _conj(parts))
     cohorts = [sym("!cohort:" + c.id) for c in program.cohorts]
-    body.append(f"(= {sym('!phi')} {cohorts[0] if len(cohorts) == 1 else '(or ' + ' '.join(cohorts) + ')'})")
+    out.indicator("!phi", cohorts[0] if len(cohorts) == 1 else "(or " + " ".join(cohorts) + ")")
 
+
+def _cell_indicators(program: TrialProgram, out: _SmtText) -> dict[str, list[tuple]]:
+    """An indicator per cell of each numeric atom: the spans between the thresholds the program
+    compares it with. Returns the spans per atom."""
     thresholds: dict[str, set[float]] = {}
     for f in [d.formula for d in program.definitions] + [cr.formula for _, _, cr in program.criteria()]:
         for atom, _, c, _ in simple_comparisons(f):
@@ -230,21 +299,15 @@ def compile_program(
         spans = _spans(sorted(thresholds.get(a.name, set())))
         cell_specs[a.name] = spans
         for k, span in enumerate(spans):
-            ind = f"!cell:{a.name}:{k}"
-            decls.append(f"(declare-const {sym(ind)} Bool)")
-            body.append(f"(= {sym(ind)} {_span_text(sym(a.name), SORT[a.domain], *span)})")
+            out.indicator(f"!cell:{a.name}:{k}", _span_text(sym(a.name), SORT[a.domain], *span))
+    return cell_specs
 
-    text = "\n".join(decls + [f"(assert {b})" for b in body])
-    solver = z3.Solver(ctx=ctx)
-    solver.set("timeout", timeout_ms)
-    solver.from_string(text)  # parsed straight into the solver, no Python round trip per assertion
-    parsed = solver.assertions()
 
-    sorts = {"bool": z3.BoolSort(ctx), "int": z3.IntSort(ctx), "real": z3.RealSort(ctx)}
-    zvars = {a.name: _const(ctx, a.name, sorts[a.domain]) for a in program.atoms}
-    nd = len(program.definitions)
-    defs = [(d.id, parsed[k], frozenset(atoms_in(d.formula))) for k, d in enumerate(program.definitions)]
-    component = _components([a.name for a in program.atoms], [names for _, _, names in defs])
+def _compiled_criteria(
+    crit_meta: list[tuple], parsed: z3.AstVector, nd: int, component: dict[str, frozenset[str]]
+) -> list[CompiledCriterion]:
+    """Each criterion with its indicator and requirement, read off its parsed equivalence (the
+    assertions after the `nd` definitions)."""
     criteria: list[CompiledCriterion] = []
     for i, cohort_id, side, cr in crit_meta:
         eq = parsed[nd + i]
@@ -252,30 +315,7 @@ def compile_program(
         criteria.append(
             CompiledCriterion(i, cohort_id, side, cr, eq.arg(1), eq.arg(0), names, _cone(component, names))
         )
-    lit = lambda name: _const(ctx, name, sorts["bool"])  # noqa: E731  (same name, same constant as in the text)
-    cells = {
-        name: [Cell(*span, lit(f"!cell:{name}:{k}")) for k, span in enumerate(spans)]
-        for name, spans in cell_specs.items()
-    }
-    return CompiledProgram(
-        program=program,
-        ctx=ctx,
-        vars=zvars,
-        atoms=atoms,
-        definitions=defs,
-        criteria=criteria,
-        cohort_ids=[c.id for c in program.cohorts],
-        cohort_guard={c.id: lit("!cohort:" + c.id) for c in program.cohorts},
-        side_guard={
-            (c.id, s): lit(f"!side:{c.id}:{s}") for c in program.cohorts for s in ("inclusion", "exclusion")
-        },
-        phi_guard=lit("!phi"),
-        cells=cells,
-        complex_numeric=frozenset(_complex_numeric(program)),
-        component=component,
-        solver=solver,
-        smt_text=text,
-    )
+    return criteria
 
 
 def _const(ctx: z3.Context, name: str, sort: z3.SortRef) -> z3.ExprRef:
