@@ -40,6 +40,7 @@ from verdict.data_gen.formalizer import (
     SINGLE_NOTE_ID,
     CriterionText,
     NoteDocument,
+    PatientDoc,
     StageResult,
     TrialDoc,
     Usage,
@@ -383,26 +384,29 @@ def import_recorded(
     trials_path: str | Path | list[str | Path] | None = None,
     parser_prompt_version: str = "v1",
 ) -> RecordedSummary:
-    from verdict.core.reference import load_reference
-
+    """The recorded outputs under `reference_dir` as checked records in `<out_dir>/<name>`: per
+    file a parser record (when the trial's text is known) and a value-miner record per side, per
+    patient note a reader record."""
     ref = Path(reference_dir)
     files = sorted(ref.glob("*/*__full.json"))
     if not files:
         raise VerdictError(f"no reference files (<patient>/<trial>__full.json) under {ref}")
     patients = load_patients(patients_path, data_class="public")
-    notes = patients.by_id("patient_id")
     run_dir = Path(out_dir) / name
     store = RecordStore(run_dir / "records.sqlite")
     out = RecordedSummary(run_dir=str(run_dir), problems=list(patients.problems))
-    trials: dict[str, TrialDoc] = {}
     trial_files = (
         [] if trials_path is None else list(trials_path) if isinstance(trials_path, list) else [trials_path]
     )
-    for tf in trial_files:  # the first file that has a trial gives its text
-        loaded = load_trials(tf)
-        out.problems += loaded.problems
-        for t in loaded.items:
-            trials.setdefault(t.trial_id, t)
+    run = _RecordedImport(
+        store=store,
+        out=out,
+        notes=patients.by_id("patient_id"),
+        trials=_trial_texts(trial_files, out),
+        has_trial_files=bool(trial_files),
+        prompt_version=prompt_version,
+        parser_prompt_version=parser_prompt_version,
+    )
     try:
         store.set_meta(
             "config",
@@ -415,72 +419,108 @@ def import_recorded(
                 "teachers": {"parser": TEACHER, "miner": TEACHER},
             },
         )
-        # patient -> (first trial, (recorded quote, the atom citing it) of every trial)
-        quotes: dict[str, tuple[str, list[tuple[str, str]]]] = {}
         for f in files:
-            out.files += 1
-            patient_id, stem = f.parent.name, f.name.split("__")[0]
-            m = re.match(r"(NCT\d+)", stem)
-            trial_id = m.group(1) if m else stem
-            note = notes.get(patient_id)
-            if note is None:
-                out.problems.append(f"{f.parent.name}/{f.name}: no note for patient '{patient_id}'")
-                continue
-            try:
-                case = fit_to_grammar(load_reference(f))
-            except VerdictError as e:
-                out.problems.append(f"{f.parent.name}/{f.name}: {e.summary}")
-                continue
-            said = quotes.setdefault(patient_id, (trial_id, []))[1]
-            said += [
-                (r.evidence, r.atom)
-                for r in case.patient.resolutions
-                if r.status == "observed" and r.evidence
-            ]
-            trial = trials.get(trial_id)
-            if trial is not None:
-                parsed = recorded_parser_result(case.program, trial, parser_prompt_version, out)
-                store.put(parsed, trial_id, item=stem)
-            elif trial_files:
-                out.no_trial_text += 1
-            for side in ("inclusion", "exclusion"):
-                names = side_atoms(case.program, side)
-                if not names:
-                    continue
-                stage = f"miner_{side}"
-                sparse = stage_prompt(stage, prompt_version).sparse
-                answer = recorded_answer(case, side, names, note.text, sparse=sparse)
-                check = check_miner_output(
-                    answer, "stop", case.program, names, note.text, max_tokens=0, sparse=sparse
-                )
-                res = check.result(
-                    stage=stage,
-                    teacher=TEACHER,
-                    model=MODEL,
-                    prompt_version=f"miner_{side}@{prompt_version}",
-                    messages=miner_messages(case.program, note.text, side, names, prompt_version),
-                )
-                store.put(res, trial_id, patient_id, item=stem)
-                if check.ok:
-                    out.accepted += 1
-                else:
-                    out.rejected += 1
-                    out.reasons[check.reason or "?"] = out.reasons.get(check.reason or "?", 0) + 1
-        # The reader's distillation: one record per note, its recorded quotes as the excerpts (its
-        # split follows the patient's first trial).
-        for patient_id, (trial_id, said) in quotes.items():
-            note = notes[patient_id]
-            doc = NoteDocument(id=SINGLE_NOTE_ID, text=note.text)
-            res = recorded_reader_result(doc, said, teacher=TEACHER, model=MODEL)
-            store.put(res, trial_id, patient_id, item=f"reader-{patient_id}")
-            if res.accepted:
-                out.reader_accepted += 1
-            else:
-                out.reader_rejected += 1
+            run.import_file(f)
+        run.put_reader_records()
         store.set_meta("status", "complete")
     finally:
         store.close()
     return out
+
+
+def _trial_texts(trial_files: list[str | Path], out: RecordedSummary) -> dict[str, TrialDoc]:
+    """The trials by id; the first file that has a trial gives its text (load problems counted)."""
+    trials: dict[str, TrialDoc] = {}
+    for tf in trial_files:
+        loaded = load_trials(tf)
+        out.problems += loaded.problems
+        for t in loaded.items:
+            trials.setdefault(t.trial_id, t)
+    return trials
+
+
+@dataclass
+class _RecordedImport:
+    """One import: the store the records go to, the notes and trial texts they are checked
+    against, and the summary it counts into."""
+
+    store: RecordStore
+    out: RecordedSummary
+    notes: dict[str, PatientDoc]
+    trials: dict[str, TrialDoc]
+    has_trial_files: bool
+    prompt_version: str
+    parser_prompt_version: str
+    # patient -> (first trial, (recorded quote, the atom citing it) of every trial)
+    quotes: dict[str, tuple[str, list[tuple[str, str]]]] = field(default_factory=dict)
+
+    def import_file(self, f: Path) -> None:
+        """One reference file: its parser record and a value-miner record per side; a file with no
+        note or that does not load is a problem in the summary."""
+        from verdict.core.reference import load_reference
+
+        out = self.out
+        out.files += 1
+        patient_id, stem = f.parent.name, f.name.split("__")[0]
+        m = re.match(r"(NCT\d+)", stem)
+        trial_id = m.group(1) if m else stem
+        note = self.notes.get(patient_id)
+        if note is None:
+            out.problems.append(f"{f.parent.name}/{f.name}: no note for patient '{patient_id}'")
+            return
+        try:
+            case = fit_to_grammar(load_reference(f))
+        except VerdictError as e:
+            out.problems.append(f"{f.parent.name}/{f.name}: {e.summary}")
+            return
+        self.quotes.setdefault(patient_id, (trial_id, []))[1].extend(
+            (r.evidence, r.atom) for r in case.patient.resolutions if r.status == "observed" and r.evidence
+        )
+        trial = self.trials.get(trial_id)
+        if trial is not None:
+            parsed = recorded_parser_result(case.program, trial, self.parser_prompt_version, out)
+            self.store.put(parsed, trial_id, item=stem)
+        elif self.has_trial_files:
+            out.no_trial_text += 1
+        for side in ("inclusion", "exclusion"):
+            self.put_miner_record(case, side, note.text, trial_id, patient_id, stem)
+
+    def put_miner_record(self, case, side: str, note: str, trial_id: str, patient_id: str, stem: str) -> None:
+        """The side's recorded values as a value-miner record, checked like a teacher's answer (a
+        side without atoms makes none)."""
+        names = side_atoms(case.program, side)
+        if not names:
+            return
+        stage = f"miner_{side}"
+        sparse = stage_prompt(stage, self.prompt_version).sparse
+        answer = recorded_answer(case, side, names, note, sparse=sparse)
+        check = check_miner_output(answer, "stop", case.program, names, note, max_tokens=0, sparse=sparse)
+        res = check.result(
+            stage=stage,
+            teacher=TEACHER,
+            model=MODEL,
+            prompt_version=f"miner_{side}@{self.prompt_version}",
+            messages=miner_messages(case.program, note, side, names, self.prompt_version),
+        )
+        self.store.put(res, trial_id, patient_id, item=stem)
+        if check.ok:
+            self.out.accepted += 1
+        else:
+            self.out.rejected += 1
+            self.out.reasons[check.reason or "?"] = self.out.reasons.get(check.reason or "?", 0) + 1
+
+    def put_reader_records(self) -> None:
+        """The reader's distillation: one record per note, its recorded quotes as the excerpts (its
+        split follows the patient's first trial)."""
+        for patient_id, (trial_id, said) in self.quotes.items():
+            note = self.notes[patient_id]
+            doc = NoteDocument(id=SINGLE_NOTE_ID, text=note.text)
+            res = recorded_reader_result(doc, said, teacher=TEACHER, model=MODEL)
+            self.store.put(res, trial_id, patient_id, item=f"reader-{patient_id}")
+            if res.accepted:
+                self.out.reader_accepted += 1
+            else:
+                self.out.reader_rejected += 1
 
 
 def assembly_figures(reference_dir: str | Path) -> dict:
