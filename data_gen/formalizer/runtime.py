@@ -152,8 +152,8 @@ class Runtime:
         (never text); `sensitive` are texts the client keeps out of errors; `solver`: the check runs
         the solver (run in a thread); `no_repair`: rejection reasons the caller handles itself (no
         repair is asked for them: the sparse miner splits a cut-off chunk instead). Returns the
-        StageResult: accepted (with the checked output)
-        or rejected (with the problems), its attempts and usage."""
+        StageResult: accepted (with the checked output) or rejected (with the problems), its
+        attempts and usage."""
         usage = Usage()
         attempts: list[Attempt] = []
         convo = list(messages)
@@ -165,7 +165,15 @@ class Runtime:
             usage = usage.add(_call_usage(call, cached))
             # Checks that run the solver go to a thread: the event loop keeps the other calls moving.
             check = await asyncio.to_thread(validate, call) if solver else validate(call)
-            attempts.append(_attempt_of(call, cached, check))
+            attempts.append(
+                Attempt(
+                    key=call.key,
+                    cached=cached,
+                    finish_reason=call.finish_reason,
+                    problems=check.messages,
+                    reason=check.reason,
+                )
+            )
             if check.ok or check.reason in no_repair:
                 break
             convo = convo + self._repair_turns(call, check)
@@ -320,17 +328,6 @@ def _call_usage(call: CachedCall, cached: bool) -> Usage:
         cache_hits=int(cached),
         paid_prompt_tokens=0 if cached else call.prompt_tokens,
         paid_completion_tokens=0 if cached else call.completion_tokens,
-    )
-
-
-def _attempt_of(call: CachedCall, cached: bool, check: Check) -> Attempt:
-    """One attempt as the stage result keeps it: the call's key and finish, the check's verdict."""
-    return Attempt(
-        key=call.key,
-        cached=cached,
-        finish_reason=call.finish_reason,
-        problems=check.messages,
-        reason=check.reason,
     )
 
 
