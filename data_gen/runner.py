@@ -27,6 +27,7 @@ from verdict.core.program import TrialProgram
 from verdict.data_gen.formalizer import (
     BudgetExhausted,
     CallCache,
+    ConfigError,
     EgressPolicy,
     EgressRefused,
     EndpointConfig,
@@ -34,7 +35,6 @@ from verdict.data_gen.formalizer import (
     Ledger,
     Pair,
     PatientDoc,
-    TeacherConfigError,
     TrialDoc,
     estimate_prompt_tokens,
     load_teacher,
@@ -148,7 +148,7 @@ class TeacherRun:
     def preflight(self, plan: Plan) -> None:
         """Refuse the whole run before any request if a stage would send patient text off-site."""
         if not plan.trials:
-            raise TeacherConfigError(
+            raise ConfigError(
                 "no trials to work on" + (": " + "; ".join(plan.problems[:5]) if plan.problems else "")
             )
         p = self.config.patients
@@ -387,7 +387,7 @@ class _Work:
                 else:
                     self.summary.failed += 1
                     log.warning("item failed: %s", e.summary)
-            except (EgressRefused, TeacherConfigError) as e:
+            except (EgressRefused, ConfigError) as e:
                 self.fatal = self.fatal or e
             except Exception as e:  # a bug must not lose the run's other work; the item stays undone
                 self.summary.failed += 1

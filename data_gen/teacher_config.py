@@ -11,7 +11,7 @@ from typing import Literal, get_args
 from pydantic import Field, model_validator
 from verdict.core.configs import StrictModel, load_config
 from verdict.core.program import Id
-from verdict.data_gen.formalizer import DataClass, EgressConfig, TeacherConfigError
+from verdict.data_gen.formalizer import ConfigError, DataClass, EgressConfig
 
 RunStage = Literal["parser", "miner_inclusion", "miner_exclusion"]
 RUN_STAGES: tuple[str, ...] = get_args(RunStage)
@@ -100,4 +100,4 @@ class RunConfig(StrictModel):
 
 def load_run_config(name_or_path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """configs/teacher_runs/NAME.yaml (or a path); ``overrides`` as ``--set key=value``."""
-    return load_config("teacher_runs", RunConfig, name_or_path, overrides, TeacherConfigError, "run")[1]
+    return load_config("teacher_runs", RunConfig, name_or_path, overrides, ConfigError, "run")[1]

@@ -56,7 +56,7 @@ from .criteria import CriterionText, normalize_criterion, split_trial
 from .egress import EGRESS_RULE, ENV_ALLOW, EgressPolicy, is_loopback
 from .endpoint_config import DataClass, EgressConfig, EndpointConfig, SourceEgress, StageTokens, load_teacher
 from .endpoints import EndpointPool, PoolMember, failure_reason
-from .errors import BudgetExhausted, EgressRefused, EndpointError, SourceError, TeacherConfigError
+from .errors import BudgetExhausted, ConfigError, EgressRefused, EndpointError, SourceError
 from .findings import MinedValues, PassageConflict, merge_sides
 from .ledger import Ledger, estimate_prompt_tokens
 from .miner import MINER_BUDGET, mine_values
@@ -136,7 +136,7 @@ __all__ = [
     "StageResult",
     "StageTokens",
     "StudentLimits",
-    "TeacherConfigError",
+    "ConfigError",
     "TokenCounter",
     "TrialDoc",
     "Usage",

@@ -23,7 +23,7 @@ from typing import Any
 
 from .egress import EgressPolicy
 from .endpoint_config import EndpointConfig
-from .errors import EndpointError, TeacherConfigError
+from .errors import ConfigError, EndpointError
 
 log = logging.getLogger("verdict.data_gen.formalizer.client")
 RETRY_AFTER_MAX_S = 300.0
@@ -100,7 +100,7 @@ class EndpointClient:
         if t.api_key_env:
             key = os.environ.get(t.api_key_env, "")
             if not key:
-                raise TeacherConfigError(
+                raise ConfigError(
                     f"teacher '{t.name}': environment variable {t.api_key_env} is not set "
                     "(it holds the API key)"
                 )

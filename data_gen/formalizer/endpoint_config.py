@@ -17,7 +17,7 @@ from pydantic import (
 )
 from verdict.core.configs import StrictModel, load_config
 
-from .errors import TeacherConfigError
+from .errors import ConfigError
 
 Stage = Literal["parser", "miner_inclusion", "miner_exclusion", "arbiter", "verbalizer", "reader"]
 STAGES: tuple[str, ...] = get_args(Stage)
@@ -174,4 +174,4 @@ SourceEgress = Annotated[
 
 def load_teacher(name_or_path: str | Path, overrides: list[str] | None = None) -> EndpointConfig:
     """configs/teachers/NAME.yaml (or a path); ``overrides`` as ``--set key=value``."""
-    return load_config("teachers", EndpointConfig, name_or_path, overrides, TeacherConfigError, "teacher")[1]
+    return load_config("teachers", EndpointConfig, name_or_path, overrides, ConfigError, "teacher")[1]

@@ -32,7 +32,7 @@ from typing import Any, Literal
 from .client import Completion, EndpointClient
 from .egress import EgressPolicy
 from .endpoint_config import EndpointConfig
-from .errors import EndpointError, TeacherConfigError
+from .errors import ConfigError, EndpointError
 
 log = logging.getLogger("verdict.data_gen.formalizer.endpoints")
 
@@ -109,9 +109,9 @@ class EndpointPool:
         check_timeout_s: float = 3.0,
     ):
         if not base_urls:
-            raise TeacherConfigError("an endpoint pool needs at least one base URL")
+            raise ConfigError("an endpoint pool needs at least one base URL")
         if len(set(u.rstrip("/") for u in base_urls)) != len(base_urls):
-            raise TeacherConfigError(f"endpoint pool: the same base URL is listed twice ({base_urls})")
+            raise ConfigError(f"endpoint pool: the same base URL is listed twice ({base_urls})")
         self.teacher = teacher
         self.egress = egress if egress is not None else EgressPolicy.from_config()
         self.required_models = list(required_models)

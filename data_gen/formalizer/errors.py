@@ -1,15 +1,16 @@
-"""Errors of the teacher pipeline. All are VerdictErrors: the CLI prints `error: <message>`, exit 2.
+"""Errors of the formalizer. All are VerdictErrors: the CLI prints `error: <message>`, exit 2. A
+malformed or unknown endpoint, run or prompt config is the core's one `ConfigError` (it was a
+`TeacherConfigError` of its own, for student endpoints too).
 
 Messages name the problem and how to fix it; they never quote patient text.
 """
 
 from __future__ import annotations
 
+from verdict.core.configs import ConfigError
 from verdict.core.errors import VerdictError
 
-
-class TeacherConfigError(VerdictError):
-    """A teacher or run config is malformed or unknown."""
+__all__ = ["BudgetExhausted", "ConfigError", "EgressRefused", "EndpointError", "SourceError"]
 
 
 class SourceError(VerdictError):

@@ -22,7 +22,7 @@ from typing import Literal
 
 from verdict.core.configs import StrictModel, build, find_config, parse_yaml
 
-from .errors import TeacherConfigError
+from .errors import ConfigError
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 _SLOT = re.compile(r"\{\{([A-Z_]+)\}\}")
@@ -75,7 +75,7 @@ class PromptTemplate:
         missing = self.slots - set(values)
         unknown = set(values) - self.slots
         if missing or unknown:
-            raise TeacherConfigError(
+            raise ConfigError(
                 f"prompt {self.ident}: slots missing {sorted(missing)} / not in template {sorted(unknown)}"
             )
         # One pass over the template: values are never re-scanned, so text in them that looks like
@@ -113,14 +113,12 @@ class PromptFile(StrictModel):
 
 @lru_cache(maxsize=64)
 def _load(name: str, version: str) -> PromptTemplate:
-    path = find_config("prompt", f"{name}.{version}", TeacherConfigError, dirs=[PROMPTS_DIR])
+    path = find_config("prompt", f"{name}.{version}", ConfigError, dirs=[PROMPTS_DIR])
     raw = path.read_bytes()  # parsed and hashed as one read: the hash is of the text in use
     where = f"prompt file {path.name}"
-    data = build(
-        PromptFile, parse_yaml(raw, where, TeacherConfigError), where=where, error=TeacherConfigError
-    )
+    data = build(PromptFile, parse_yaml(raw, where, ConfigError), where=where, error=ConfigError)
     if data.name != name or data.version != version:
-        raise TeacherConfigError(f"prompt file {path.name} declares {data.name}.{data.version}")
+        raise ConfigError(f"prompt file {path.name} declares {data.name}.{data.version}")
     return PromptTemplate(
         name=name,
         version=version,

@@ -6,7 +6,7 @@ import time
 import pytest
 from verdict.data_gen.formalizer.client import EndpointClient, build_request, quotes_any
 from verdict.data_gen.formalizer.endpoint_config import EndpointConfig
-from verdict.data_gen.formalizer.errors import EndpointError, TeacherConfigError
+from verdict.data_gen.formalizer.errors import ConfigError, EndpointError
 from verdict.data_gen.scripted_server import Rule, Script
 from verdict.data_gen.scripted_server import ScriptedResponse as R
 
@@ -160,7 +160,7 @@ def test_reasoning_model_parameters(scripted_server):
 def test_missing_api_key_is_named_and_nothing_is_sent(scripted_server, monkeypatch):
     monkeypatch.delenv("VERDICT_TEST_KEY", raising=False)
     scripted_server.set_script(script(R(content="x")))
-    with pytest.raises(TeacherConfigError, match="VERDICT_TEST_KEY"):
+    with pytest.raises(ConfigError, match="VERDICT_TEST_KEY"):
         call(teacher(scripted_server.url, api_key_env="VERDICT_TEST_KEY"))
     assert scripted_server.connections == 0
     monkeypatch.setenv("VERDICT_TEST_KEY", "sk-test")

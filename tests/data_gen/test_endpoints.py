@@ -265,9 +265,9 @@ def test_egress_is_checked_for_every_endpoint():
 
 
 def test_the_same_url_twice_is_refused():
-    from verdict.data_gen.formalizer.errors import TeacherConfigError
+    from verdict.data_gen.formalizer.errors import ConfigError
 
-    with pytest.raises(TeacherConfigError, match="twice"):
+    with pytest.raises(ConfigError, match="twice"):
         pool(["http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1/"])
 
 

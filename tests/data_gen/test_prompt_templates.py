@@ -1,7 +1,7 @@
 """Versioned prompt templates: a changed wording needs a new version (LOCK.json pins each hash)."""
 
 import pytest
-from verdict.data_gen.formalizer.errors import TeacherConfigError
+from verdict.data_gen.formalizer.errors import ConfigError
 from verdict.data_gen.formalizer.prompt_templates import (
     STAGE_TEMPLATE,
     available,
@@ -29,7 +29,7 @@ def test_templates_render_with_exactly_their_slots(name):
     msgs = t.render(**{s: f"<{s}>" for s in t.slots})
     text = "\n".join(m["content"] for m in msgs)
     assert "{{" not in text and all(f"<{s}>" in text for s in t.slots)
-    with pytest.raises(TeacherConfigError, match="slots missing"):
+    with pytest.raises(ConfigError, match="slots missing"):
         t.render()
 
 
@@ -40,5 +40,5 @@ def test_values_are_not_expanded_again():
 
 
 def test_unknown_version_names_the_known_ones():
-    with pytest.raises(TeacherConfigError, match="trial_parser.v1"):
+    with pytest.raises(ConfigError, match="trial_parser.v1"):
         load_prompt("trial_parser", "v9")

@@ -3,7 +3,7 @@
 import pytest
 from verdict.core.configs import available
 from verdict.data_gen.formalizer.endpoint_config import load_teacher
-from verdict.data_gen.formalizer.errors import TeacherConfigError
+from verdict.data_gen.formalizer.errors import ConfigError
 from verdict.data_gen.teacher_config import load_run_config
 
 
@@ -30,7 +30,7 @@ def test_reasoning_model_example_omits_temperature():
 def test_unknown_key_is_named(tmp_path):
     p = tmp_path / "t.yaml"
     p.write_text("name: t\nbase_url: http://127.0.0.1:1/v1\nmodel: m\ntemprature: 0.2\n")
-    with pytest.raises(TeacherConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         load_teacher(p)
     assert "unknown config key 'temprature' (did you mean 'temperature'?)" in str(e.value)
 
@@ -48,7 +48,7 @@ def test_unknown_key_is_named(tmp_path):
 def test_bad_values_are_explained(tmp_path, body, words):
     p = tmp_path / "t.yaml"
     p.write_text(f"name: t\nmodel: m\n{body}\n")
-    with pytest.raises(TeacherConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         load_teacher(p)
     assert all(w in str(e.value) for w in words), str(e.value)
 
@@ -56,17 +56,17 @@ def test_bad_values_are_explained(tmp_path, body, words):
 def test_run_config_consistency(tmp_path):
     p = tmp_path / "r.yaml"
     p.write_text("name: r\nteachers: {parser: scripted, miner: scripted}\ntrials: {path: t.jsonl}\n")
-    with pytest.raises(TeacherConfigError, match="need a patients source"):
+    with pytest.raises(ConfigError, match="need a patients source"):
         load_run_config(p)
     p.write_text(
         "name: r\nteachers: {miner: scripted}\nstages: [miner_inclusion]\ntrials: {path: t.jsonl}\n"
         "patients: {path: p.jsonl}\n"
     )
-    with pytest.raises(TeacherConfigError, match="add 'parser'"):
+    with pytest.raises(ConfigError, match="add 'parser'"):
         load_run_config(p)
     p.write_text(
         "name: r\nteachers: {parser: scripted}\nstages: [parser]\ntrials: {path: t.jsonl}\n"
         "patients: {path: p.jsonl, data_class: secret}\n"
     )
-    with pytest.raises(TeacherConfigError, match="data_class"):
+    with pytest.raises(ConfigError, match="data_class"):
         load_run_config(p)
