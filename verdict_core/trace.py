@@ -56,28 +56,10 @@ def eligible_trace(
         lb = by_key[(cc.cohort, cc.criterion.id)]
         if lb.label == "satisfied":
             met += 1
-            steps.append(
-                TraceStep(
-                    cohort=cc.cohort,
-                    criterion=cc.criterion.id,
-                    side=cc.side,
-                    status="satisfied",
-                    text=cc.criterion.text,
-                    facts=[f.cite() for f in support[cc.index]],
-                )
-            )
+            steps.append(_step(cc, "satisfied", facts=support[cc.index]))
         else:
             deferred += 1
-            steps.append(
-                TraceStep(
-                    cohort=cc.cohort,
-                    criterion=cc.criterion.id,
-                    side=cc.side,
-                    status="assumed",
-                    text=cc.criterion.text,
-                    assumptions=[a for a in lb.open_atoms if a in assumed],
-                )
-            )
+            steps.append(_step(cc, "assumed", assumptions=[a for a in lb.open_atoms if a in assumed]))
     through = f"cohort {admitting[0]}" if len(admitting) == 1 else f"cohorts {', '.join(admitting)}"
     summary = (
         f"eligible through {through}: {met} criteria met by the chart, {deferred} resting on "
@@ -98,33 +80,14 @@ def ineligible_trace(sess: Session, labels: list[CriterionLabel], support) -> Tr
         violated = [cc for cc in ccs if by_key[(cid, cc.criterion.id)].label == "violated"]
         rest = [cc for cc in ccs if cc not in violated]
         extra = [] if sess.check(*[cc.pos for cc in rest], *lits) else _fewest_to_drop(sess, rest)
-        for cc in violated:
-            steps.append(
-                TraceStep(
-                    cohort=cid,
-                    criterion=cc.criterion.id,
-                    side=cc.side,
-                    status="violated",
-                    text=cc.criterion.text,
-                    facts=[f.cite() for f in support[cc.index]],
-                )
-            )
+        steps.extend(_step(cc, "violated", facts=support[cc.index]) for cc in violated)
         keep = [cc for cc in rest if cc not in extra]
         for cc in extra:
             cone = cc.cone.union(*(k.cone for k in keep))
             facts = minimal_facts(
                 sess, [cc.pos] + [k.pos for k in keep], [f for f in sess.facts if f.atom in cone]
             )
-            steps.append(
-                TraceStep(
-                    cohort=cid,
-                    criterion=cc.criterion.id,
-                    side=cc.side,
-                    status="violated",
-                    text=cc.criterion.text,
-                    facts=[f.cite() for f in facts],
-                )
-            )
+            steps.append(_step(cc, "violated", facts=facts))
         names = [cc.criterion.id for cc in violated + extra]
         parts.append(
             f"cohort {cid} fails {', '.join(names)}"
@@ -132,6 +95,19 @@ def ineligible_trace(sess: Session, labels: list[CriterionLabel], support) -> Tr
             else f"fails {', '.join(names)}"
         )
     return Trace(summary="ineligible: " + "; ".join(parts), steps=steps)
+
+
+def _step(cc, status: str, facts=(), assumptions: list[str] | None = None) -> TraceStep:
+    """One criterion's trace step, citing the facts (or naming the assumptions) it rests on."""
+    return TraceStep(
+        cohort=cc.cohort,
+        criterion=cc.criterion.id,
+        side=cc.side,
+        status=status,
+        text=cc.criterion.text,
+        facts=[f.cite() for f in facts],
+        assumptions=assumptions or [],
+    )
 
 
 def _fewest_to_drop(sess: Session, rest) -> list:

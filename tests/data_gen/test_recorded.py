@@ -2,6 +2,8 @@
 value-miner records (no API calls)."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 from verdict.core.program import ParsedCriterion
@@ -160,47 +162,29 @@ def test_check_is_the_formalizers_check():
     assert ok.ok
 
 
-def test_import_recorded_command(recorded, tmp_path):
-    import subprocess
-    import sys
-
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "verdict",
-            "teacher",
-            "import-recorded",
-            "--reference",
-            str(REFERENCE_V6),
-            "--patients",
-            str(BENCHMARKS / "patients_sigir.jsonl"),
-            "--out-dir",
-            str(tmp_path),
-        ],
+def _import_recorded(*args: str, timeout: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "verdict", "teacher", "import-recorded", *args],
         capture_output=True,
         text=True,
+        timeout=timeout,
+    )
+
+
+def test_import_recorded_command(recorded, tmp_path):
+    r = _import_recorded(
+        "--reference",
+        str(REFERENCE_V6),
+        "--patients",
+        str(BENCHMARKS / "patients_sigir.jsonl"),
+        "--out-dir",
+        str(tmp_path),
         timeout=300,
     )
     assert r.returncode == 0, r.stderr
     _, s = recorded
     assert f"{s.accepted} accepted, {s.rejected} rejected" in r.stdout
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "verdict",
-            "teacher",
-            "import-recorded",
-            "--reference",
-            str(tmp_path / "nothing"),
-            "--out-dir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = _import_recorded("--reference", str(tmp_path / "nothing"), "--out-dir", str(tmp_path), timeout=60)
     assert r.returncode == 2 and "no reference files" in r.stderr
 
 
