@@ -16,7 +16,7 @@ from verdict.data_gen.formalizer.client import EndpointClient, build_request
 from verdict.data_gen.formalizer.endpoint_config import EndpointConfig
 from verdict.data_gen.formalizer.protocol import PatientDoc
 
-from tests.fixtures.vllm import STUDENT_MAX_TOKENS, teacher_programs
+from tests.fixtures.vllm import STUDENT_MAX_TOKENS, teacher_programs, write_student_inputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -102,28 +102,7 @@ def test_value_miner_student_through_the_formalizer(vllm_server, student_records
 
 
 def test_teacher_run_with_local_students(vllm_server, student_records, tmp_path):
-    trials = tmp_path / "trials.jsonl"
-    trials.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "nct_id": t["trial_id"],
-                    "title": t["title"],
-                    "inclusion": t["inclusion"],
-                    "exclusion": t["exclusion"],
-                }
-            )
-            + "\n"
-            for t in student_records["trials"]
-        )
-    )
-    patients = tmp_path / "patients.jsonl"
-    patients.write_text(
-        "".join(
-            json.dumps({"_id": p["patient_id"], "text": p["note"]}) + "\n"
-            for p in student_records["patients"]
-        )
-    )
+    inputs = write_student_inputs(tmp_path, student_records)
     teachers = {}
     for model in ("parser", "value_miner"):
         path = tmp_path / f"{model}.yaml"
@@ -137,8 +116,8 @@ def test_teacher_run_with_local_students(vllm_server, student_records, tmp_path)
                 "out_dir": str(tmp_path / "runs"),
                 "cache": str(tmp_path / "runs" / "c.sqlite"),
                 "teachers": {"parser": teachers["parser"], "miner": teachers["value_miner"]},
-                "trials": {"path": str(trials)},
-                "patients": {"path": str(patients), "data_class": "private"},
+                "trials": {"path": str(inputs["trials"])},
+                "patients": {"path": str(inputs["patients"]), "data_class": "private"},
             }
         )
     )

@@ -20,34 +20,16 @@ from verdict.serve.batch.match_batch import (
 )
 from verdict.serve.errors import BatchError
 
-from tests.fixtures.vllm import MAX_MODEL_LEN, STUDENT_MAX_TOKENS, vllm_available, vllm_python
+from tests.fixtures.vllm import (
+    MAX_MODEL_LEN,
+    STUDENT_MAX_TOKENS,
+    vllm_available,
+    vllm_python,
+    write_student_inputs,
+)
 from tests.serve.conftest import verdict_command
 from tests.serve.test_app import core_decision
 from tests.support import REPO, need
-
-
-def write_inputs(folder: Path, records: dict) -> dict[str, Path]:
-    folder.mkdir(parents=True, exist_ok=True)
-    pats = folder / "patients.jsonl"
-    pats.write_text(
-        "".join(json.dumps({"_id": p["patient_id"], "text": p["note"]}) + "\n" for p in records["patients"])
-    )
-    trs = folder / "trials.jsonl"
-    trs.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "nct_id": t["trial_id"],
-                    "title": t["title"],
-                    "inclusion": t["inclusion"],
-                    "exclusion": t["exclusion"],
-                }
-            )
-            + "\n"
-            for t in records["trials"]
-        )
-    )
-    return {"patients": pats, "trials": trs}
 
 
 def write_serve_config(folder: Path, base: Path, adapters: dict[str, Path]) -> Path:
@@ -81,7 +63,7 @@ def expected_decisions(records: dict) -> dict[tuple[str, str], dict]:
 
 
 def test_plan_shards_by_trial_and_refuses_a_changed_plan(tmp_path, student_records):
-    inputs = write_inputs(tmp_path / "in", student_records)
+    inputs = write_student_inputs(tmp_path / "in", student_records)
     cfg = write_serve_config(tmp_path, tmp_path, {})
     plan = plan_batch(tmp_path / "b", name="b", serve_config=cfg, shards=3, **inputs)
     assert plan.counts == {"patients": 3, "trials": 2, "pairs": 6}
@@ -225,7 +207,7 @@ def test_fhir_records_go_through_the_batch_with_their_coded_facts(tmp_path):
 def test_shards_resume_after_a_crash_and_merge_without_duplicates(
     tmp_path, student_records, vllm_server, student_base_dir, student_adapters
 ):
-    inputs = write_inputs(tmp_path / "in", student_records)
+    inputs = write_student_inputs(tmp_path / "in", student_records)
     cfg = write_serve_config(tmp_path, student_base_dir, student_adapters)
     out = tmp_path / "batch"
     plan_batch(out, name="resume", serve_config=cfg, shards=3, **inputs)
@@ -296,7 +278,7 @@ def test_batch_as_a_job_array_on_the_real_slurm_cluster(
     tmp_path, slurm_cluster, student_records, student_base_dir, student_adapters
 ):
     need(vllm_available(), f"vLLM environment missing ({vllm_python()})")
-    inputs = write_inputs(tmp_path / "in", student_records)
+    inputs = write_student_inputs(tmp_path / "in", student_records)
     cfg = write_serve_config(tmp_path, student_base_dir, student_adapters)
     out = tmp_path / "batch"
     cmd = batch_command(
@@ -332,7 +314,7 @@ def test_batch_as_a_job_array_on_the_real_slurm_cluster(
 
 
 def test_render_only_writes_the_array_and_the_merge_job(tmp_path, student_records):
-    inputs = write_inputs(tmp_path / "in", student_records)
+    inputs = write_student_inputs(tmp_path / "in", student_records)
     cfg = write_serve_config(tmp_path, tmp_path, {})
     out = tmp_path / "batch"
     cmd = batch_command(cfg, inputs, out, "--no-submit")
