@@ -240,12 +240,10 @@ class ChartReadingStage:
 
     def preflight(self) -> None:
         for r in self.rows:
-            self.ctx.egress.check(
-                r.endpoint.base_url,
-                carries_patient_text=True,
+            self.ctx.egress.check_endpoint(
+                r.endpoint,
                 data_class=self.data_class,
                 what=f"chart_reading '{r.name}' (value miner '{r.endpoint.name}')",
-                via_proxy=r.endpoint.proxy,
             )
 
     # -- inputs -----------------------------------------------------------------------------------

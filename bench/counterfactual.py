@@ -180,12 +180,8 @@ class CounterfactualStage:
 
     def preflight(self) -> None:
         for role, ep in self.endpoints.items():
-            self.ctx.egress.check(
-                ep.base_url,
-                carries_patient_text=True,
-                data_class=self.ctx.dataset.data_class,
-                what=f"counterfactual {role} '{ep.name}'",
-                via_proxy=ep.proxy,
+            self.ctx.egress.check_endpoint(
+                ep, data_class=self.ctx.dataset.data_class, what=f"counterfactual {role} '{ep.name}'"
             )
 
     def caller(self, role: str):

@@ -156,12 +156,8 @@ class TeacherRun:
             if stage == "parser" or p is None:
                 continue
             t = self.teacher(stage)
-            self.egress.check(
-                t.base_url,
-                carries_patient_text=True,
-                data_class=p.data_class,
-                what=f"stage '{stage}' of teacher '{t.name}'",
-                via_proxy=t.proxy,
+            self.egress.check_endpoint(
+                t, data_class=p.data_class, what=f"stage '{stage}' of teacher '{t.name}'"
             )
 
     # -- the run ------------------------------------------------------------------------------------

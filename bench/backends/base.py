@@ -127,6 +127,10 @@ class Backend:
             **kw,
         )
 
+    def failed(self, pair: LabeledPair, repeat: int, reason: str, **kw) -> PairResult:
+        """The pair's result when a stage failed: no decision, the reason why."""
+        return self.result(pair, repeat, status="failed", reason=reason, **kw)
+
 
 BACKENDS: dict[str, type[Backend]] = {}
 

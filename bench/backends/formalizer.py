@@ -132,12 +132,10 @@ class FormalizerBackend(Backend):
         self._parses: dict[tuple[int, str], asyncio.Future] = {}
 
     def preflight(self) -> None:
-        self.ctx.egress.check(
-            self.miner_ep.base_url,
-            carries_patient_text=True,
+        self.ctx.egress.check_endpoint(
+            self.miner_ep,
             data_class=self.ctx.dataset.data_class,
             what=f"backend '{self.name}' (value miner '{self.miner_ep.name}')",
-            via_proxy=self.miner_ep.proxy,
         )
 
     def unavailable(self, pair: LabeledPair) -> str | None:
@@ -183,12 +181,8 @@ class FormalizerBackend(Backend):
         parser_fz = self.formalizer(repeat, "parser")
         stages = {"parser": stage_stat(parsed, parser_fz.cache, shared=True)}
         if not parsed.accepted:
-            return self.result(
-                pair,
-                repeat,
-                status="failed",
-                stages=stages,
-                reason=f"parser output rejected after one repair ({parsed.reason})",
+            return self.failed(
+                pair, repeat, f"parser output rejected after one repair ({parsed.reason})", stages=stages
             )
         program = parsed.output
         miner = self.formalizer(repeat, "miner")
@@ -199,14 +193,8 @@ class FormalizerBackend(Backend):
             stages[res.stage] = stage_stat(res, miner.cache)
         bad = [r for r in (inc, exc) if not r.accepted]
         if bad:
-            return self.result(
-                pair,
-                repeat,
-                status="failed",
-                stages=stages,
-                program_hash=program.content_hash,
-                reason="; ".join(f"{r.stage} output rejected after one repair ({r.reason})" for r in bad),
-            )
+            why = "; ".join(f"{r.stage} output rejected after one repair ({r.reason})" for r in bad)
+            return self.failed(pair, repeat, why, stages=stages, program_hash=program.content_hash)
         t0 = time.perf_counter()
         try:
             mined = merge_sides(inc.output, exc.output)  # the service's merge: conflicts stay unresolved
@@ -219,14 +207,8 @@ class FormalizerBackend(Backend):
                 sources=mined.sources,
             )
         except PatientError as e:
-            return self.result(
-                pair,
-                repeat,
-                status="failed",
-                stages=stages,
-                program_hash=program.content_hash,
-                reason=f"value-miner output does not fit the program ({e.summary})",
-            )
+            why = f"value-miner output does not fit the program ({e.summary})"
+            return self.failed(pair, repeat, why, stages=stages, program_hash=program.content_hash)
         resolve_ms = (time.perf_counter() - t0) * 1000
         d, flips, solve_ms = await asyncio.to_thread(
             decide_formal, self.ctx.engine, program, patient, pair.pair_id

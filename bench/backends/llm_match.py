@@ -122,12 +122,10 @@ class LlmMatchBackend(Backend):
         self._matchers: dict[int, object] = {}
 
     def preflight(self) -> None:
-        self.ctx.egress.check(
-            self.endpoint.base_url,
-            carries_patient_text=True,
+        self.ctx.egress.check_endpoint(
+            self.endpoint,
             data_class=self.ctx.dataset.data_class,
             what=f"backend '{self.name}' (endpoint '{self.endpoint.name}')",
-            via_proxy=self.endpoint.proxy,
         )
 
     def unavailable(self, pair: LabeledPair) -> str | None:
@@ -156,13 +154,8 @@ class LlmMatchBackend(Backend):
         res = await m.match(self.ctx.dataset.trials[pair.trial_id], note)
         stat = stage_stat(res, m.cache)
         if not res.accepted:
-            return self.result(
-                pair,
-                repeat,
-                status="failed",
-                stages={STAGE: stat},
-                reason=f"{STAGE} output rejected after one repair ({res.reason})",
-            )
+            why = f"{STAGE} output rejected after one repair ({res.reason})"
+            return self.failed(pair, repeat, why, stages={STAGE: stat})
         return self.result(
             pair,
             repeat,

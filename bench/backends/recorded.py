@@ -66,7 +66,7 @@ class RecordedBackend(Backend):
                 case = load_case(f)
                 patient = case.patient_under(self.policy)
             except VerdictError as e:  # a corrupt file fails its pair, visibly
-                return self.result(pair, repeat, status="failed", reason=f"{f.name}: {e.summary}")
+                return self.failed(pair, repeat, f"{f.name}: {e.summary}")
             d, fl, ms = decide_formal(
                 self.ctx.engine, case.program, patient, case=f"{f.parent.name}/{f.name}"
             )

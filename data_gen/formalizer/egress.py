@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from .endpoint_config import EgressConfig
+from .endpoint_config import EgressConfig, EndpointConfig
 from .errors import EgressRefused
 
 ENV_ALLOW = "VERDICT_EGRESS_ALLOW"
@@ -80,6 +80,13 @@ class EgressPolicy:
                     f"'{host}' to egress.allow_hosts in the run config or to ${ENV_ALLOW}; if the notes are "
                     "public or synthetic, declare it with patients.data_class: public|synthetic"
                 )
+
+    def check_endpoint(self, ep: EndpointConfig, *, data_class: str, what: str) -> None:
+        """Raise EgressRefused unless patient text of `data_class` may go to the endpoint (and its
+        proxy)."""
+        self.check(
+            ep.base_url, carries_patient_text=True, data_class=data_class, what=what, via_proxy=ep.proxy
+        )
 
 
 def is_loopback(host: str) -> bool:
