@@ -14,9 +14,11 @@ nor in the log: the service's stage runner withholds the checker's messages).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable
+from dataclasses import dataclass
 
 from verdict.core.decision import Decision
 from verdict.core.patient import ResolvedPatient
@@ -31,6 +33,16 @@ from .stage_runner import StageRunner
 log = logging.getLogger("verdict.serve")
 
 
+@dataclass(frozen=True)
+class DecidedPair:
+    """A pair as the core decided it: what both stages read."""
+
+    program: TrialProgram
+    record: PatientDoc
+    patient: ResolvedPatient
+    decision: Decision
+
+
 class OptionalStages:
     """Both stages, asked of the value miner through the service's stage runner."""
 
@@ -40,46 +52,32 @@ class OptionalStages:
         self.engine = engine
         self.stages = stages
 
-    async def arbitrate(
-        self,
-        program: TrialProgram,
-        record: PatientDoc,
-        patient: ResolvedPatient,
-        decision: Decision,
-        timings: dict[str, float],
-    ) -> tuple[Decision, dict | None]:
-        """The decision after the arbiter (or the same one), and what the arbiter did: None when it was
-        not asked (off, or no fact contradicts a definition)."""
-        conflicts = definition_conflicts(decision)
+    async def arbitrate(self, d: DecidedPair, timings: dict[str, float]) -> tuple[DecidedPair, dict | None]:
+        """The pair after the arbiter (decided again, or the same), and what the arbiter did: None when
+        it was not asked (off, or no fact contradicts a definition)."""
+        conflicts = definition_conflicts(d.decision)
         if not self.config.arbiter or not conflicts:
-            return decision, None
-        asked = self.miner.arbitrate(program, record, patient, conflicts)
-        res, failed = await self._ask("arbiter", asked, record, timings)
+            return d, None
+        asked = self.miner.arbitrate(d.program, d.record, d.patient, conflicts)
+        res, failed = await self._ask("arbiter", asked, d.record, timings)
         if failed is not None:
             log.warning("arbiter failed (%s); the solver result is kept", failed.code)
-            return decision, {"status": "failed", "overrides": [], "problem": failed.summary}
+            return d, {"status": "failed", "overrides": [], "problem": failed.summary}
         stage = {"prompt": res.prompt_version, "attempts": len(res.attempts)}
         if not res.output:  # no faithful correction: the solver result stands (appendix A.5)
-            return decision, {"status": "no_override", "overrides": [], **stage}
+            return d, {"status": "no_override", "overrides": [], **stage}
         t0 = time.perf_counter()
         # The engine applies the overrides itself (its arbiter hook), as any caller of decide would.
-        again, applied = await redecide(self.engine.adecide, program, patient, res)
+        again, applied = await redecide(self.engine.adecide, d.program, d.patient, res)
         timings["solve"] = round(timings.get("solve", 0.0) + _ms(t0), 3)
-        return again, {"status": "applied", "overrides": applied, **stage}
+        return dataclasses.replace(d, decision=again), {"status": "applied", "overrides": applied, **stage}
 
-    async def verbalize(
-        self,
-        program: TrialProgram,
-        record: PatientDoc,
-        patient: ResolvedPatient,
-        decision: Decision,
-        timings: dict[str, float],
-    ) -> tuple[str | None, dict | None]:
+    async def verbalize(self, d: DecidedPair, timings: dict[str, float]) -> tuple[str | None, dict | None]:
         """The verbalizer's rationale text (None when off or rejected) and its record (None when off)."""
         if not self.config.verbalizer:
             return None, None
-        asked = self.miner.verbalize(program, patient, decision, data_class=record.data_class)
-        res, failed = await self._ask("verbalizer", asked, record, timings)
+        asked = self.miner.verbalize(d.program, d.patient, d.decision, data_class=d.record.data_class)
+        res, failed = await self._ask("verbalizer", asked, d.record, timings)
         if failed is not None:
             log.warning("verbalizer failed (%s); no rationale text", failed.code)
             return None, {"status": "failed", "problem": failed.summary}

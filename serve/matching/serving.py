@@ -41,7 +41,7 @@ from ..errors import FormalizerFailed, InvalidInput
 from ..formalizers import Formalizers
 from ..metrics import ServiceMetrics
 from ..note_free import note_free
-from ..optional_stages import OptionalStages
+from ..optional_stages import DecidedPair, OptionalStages
 from ..quote_hash import QuoteHasher
 from ..rationale import render_rationale
 from ..stage_runner import StageRunner
@@ -49,6 +49,17 @@ from ..stored_record import documents_meta, sha256_text, stored_record
 from ..trial_versions import InactiveUse, TrialVersion
 from ..trials.serving import TrialService, trial_doc
 from .protocol import Links, MatchRequest, MatchResponse, ModelIds
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What one match decides on: the trial's program, the patient's record and its coded FHIR facts
+    (None without FHIR), the missingness policy."""
+
+    program: TrialProgram
+    record: PatientDoc
+    coded: CodedResolutions | None
+    policy: Policy
 
 
 @dataclass(frozen=True)
@@ -115,14 +126,13 @@ class MatchingService:
         coded = coded_resolutions(program, req.patient.fhir) if req.patient.fhir is not None else None
         self.metrics.in_flight.inc()
         try:
-            inc, exc = await self._mine(program, record, coded, policy, timings)
-            d = await self._decide(program, record, policy, inc, exc, coded, timings)
+            inputs = _Inputs(program, record, coded, policy)
+            inc, exc = await self._mine(inputs, timings)
+            d = await self._decide(inputs, inc, exc, timings)
             models = await self._models(row)
             cost = pair_cost(inc, exc)
             timings["total"] = _ms(t_start)
-            stored = await self._record(
-                req, caller, row, program, policy, record, coded, d, models, timings, cost, version
-            )
+            stored = await self._record(req, caller, row, inputs, d, models, timings, cost, version)
         finally:
             self.metrics.in_flight.dec()
         self.metrics.decisions.labels(d.decision.decision).inc()
@@ -165,17 +175,11 @@ class MatchingService:
         timings["parse"] = _ms(t0)
         return row, cached
 
-    async def _mine(
-        self,
-        program: TrialProgram,
-        record: PatientDoc,
-        coded: CodedResolutions | None,
-        policy: Policy,
-        timings: dict[str, float],
-    ) -> tuple[StageResult, StageResult]:
+    async def _mine(self, inputs: _Inputs, timings: dict[str, float]) -> tuple[StageResult, StageResult]:
         """The value miner's inclusion and exclusion passes (atoms `coded` decides skipped): staged
         (`api.formalizer.staged_mining`, data_gen/formalizer/staged.py: the exclusion side first, the
         inclusion side only when it can change the decision), else both concurrently."""
+        program, record, coded = inputs.program, inputs.record, inputs.coded
         note = record.text  # every document's text: what error messages must never quote
         skip = coded.decided if coded is not None else frozenset()
         t0 = time.perf_counter()
@@ -189,7 +193,7 @@ class MatchingService:
                 self.engine,
                 program,
                 record,
-                policy,
+                inputs.policy,
                 skip=skip,
                 mine=side,
                 # the stop rule sees what the decision will: the coded FHIR facts too
@@ -204,17 +208,11 @@ class MatchingService:
         return inc, exc
 
     async def _decide(
-        self,
-        program: TrialProgram,
-        record: PatientDoc,
-        policy: Policy,
-        inc: StageResult,
-        exc: StageResult,
-        coded: CodedResolutions | None,
-        timings: dict[str, float],
+        self, inputs: _Inputs, inc: StageResult, exc: StageResult, timings: dict[str, float]
     ) -> _Decided:
         """Mined values -> resolved patient (policy, coded facts) -> the core's decision (the opt-in
         arbiter may decide again) -> rationale (and the opt-in verbalizer's prose)."""
+        program, record, coded = inputs.program, inputs.record, inputs.coded
         t0 = time.perf_counter()
         mined = merge_sides(inc.output, exc.output)  # passages, documents and sides: one merge rule
         try:
@@ -222,7 +220,7 @@ class MatchingService:
                 program,
                 record.patient_id,
                 list(mined),
-                policy,
+                inputs.policy,
                 held_open=held_open(inc, exc),  # conflicts, unread and unasked atoms
                 sources=mined.sources,
             )
@@ -235,14 +233,15 @@ class MatchingService:
         decision = await self.engine.adecide(program, patient)
         timings["solve"] = self._observe("solve", t0)
         # Opt-in (api.formalizer.arbiter): facts contradicting definitions re-read, decided again.
-        decision, arbiter = await self.optional.arbitrate(program, record, patient, decision, timings)
+        decided, arbiter = await self.optional.arbitrate(
+            DecidedPair(program, record, patient, decision), timings
+        )
+        decision = decided.decision
         t0 = time.perf_counter()
         markdown, rationale = render_rationale(program, patient, decision, mined.conflicts, arbiter)
         timings["render"] = self._observe("render", t0)
         # Opt-in (api.formalizer.verbalizer): prose restating the decision; decides nothing.
-        rationale_text, verbalizer = await self.optional.verbalize(
-            program, record, patient, decision, timings
-        )
+        rationale_text, verbalizer = await self.optional.verbalize(decided, timings)
         rationale.update(
             {k: v for k, v in (("arbiter", arbiter), ("verbalizer", verbalizer)) if v is not None}
         )
@@ -265,10 +264,7 @@ class MatchingService:
         req: MatchRequest,
         caller: str,
         row: TrialRow,
-        program: TrialProgram,
-        policy: Policy,
-        record: PatientDoc,
-        coded: CodedResolutions | None,
+        inputs: _Inputs,
         d: _Decided,
         models: ModelIds,
         timings: dict[str, float],
@@ -276,6 +272,7 @@ class MatchingService:
         version: TrialVersion,
     ) -> DecisionRow:
         """The decision's audit row: what an auditor needs to reproduce it (observed as stage 'audit')."""
+        program, policy, record, coded = inputs.program, inputs.policy, inputs.record, inputs.coded
         stored_note = stored_record(req.patient.note, record)
         chart_read = pair_chart_read(d.inc, d.exc, d.mined.sources)  # None: the chart was mined whole
         t0 = time.perf_counter()
