@@ -31,8 +31,6 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 def build_tokenizer(vocab_size: int = 512, extra_corpus: str = ""):
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-    from trl.chat_template_utils import qwen2_5_chat_template
 
     qwen_split = (
         r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"""
@@ -55,17 +53,7 @@ def build_tokenizer(vocab_size: int = 512, extra_corpus: str = ""):
         show_progress=False,
     )
     tk.train_from_iterator([_CORPUS + extra_corpus] * 20, trainer=trainer)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=tk,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        bos_token=None,
-        unk_token=None,
-        model_max_length=32768,
-        clean_up_tokenization_spaces=False,
-    )
-    tok.chat_template = qwen2_5_chat_template
-    return tok
+    return _chat_tokenizer(tokenizer_object=tk)
 
 
 def build_tiny_student(
@@ -140,19 +128,25 @@ QWEN25_PADDED_VOCAB = 151_936  # Qwen2.5's embedding rows (151,665 tokens, padde
 def build_qwen25_tokenizer():
     """The real Qwen2.5 tokenizer (rebuilt offline, data_gen/formalizer/budget.py) as a Hugging
     Face tokenizer with the official Qwen2.5 chat template."""
-    from transformers import PreTrainedTokenizerFast
-    from trl.chat_template_utils import qwen2_5_chat_template
     from verdict.data_gen.formalizer import qwen25_tokenizer_file
 
+    return _chat_tokenizer(tokenizer_file=str(qwen25_tokenizer_file()), split_special_tokens=False)
+
+
+def _chat_tokenizer(**source):
+    """A Hugging Face tokenizer with Qwen2.5's special tokens and official chat template, over
+    `source` (its tokenizer_object or tokenizer_file, and further options)."""
+    from transformers import PreTrainedTokenizerFast
+    from trl.chat_template_utils import qwen2_5_chat_template
+
     tok = PreTrainedTokenizerFast(
-        tokenizer_file=str(qwen25_tokenizer_file()),
+        **source,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         bos_token=None,
         unk_token=None,
         model_max_length=32768,
         clean_up_tokenization_spaces=False,
-        split_special_tokens=False,
     )
     tok.chat_template = qwen2_5_chat_template
     return tok
