@@ -13,6 +13,8 @@ from verdict.data_gen.formalizer.value_reuse import ValueReuse
 from verdict.data_gen.scripted_server import Match, Rule, Script, ScriptedServer
 from verdict.data_gen.scripted_server import ScriptedResponse as R
 
+from tests.support import AGE
+
 from .teacher_data import teacher_config
 
 NOTE = "A 58-year-old man with type 2 diabetes, HbA1c 8.1%, no chest pain."
@@ -20,13 +22,6 @@ VALUES = {
     "age_years": {"value": 58, "evidence": "58-year-old"},
     "has_t2dm": {"value": True, "evidence": "type 2 diabetes"},
     "hba1c_percent": {"value": 8.1, "evidence": "HbA1c 8.1%"},
-}
-AGE = {
-    "name": "age_years",
-    "domain": "int",
-    "kind": "demographic",
-    "unit": "years",
-    "definition": "Age in years.",
 }
 
 

@@ -10,14 +10,7 @@ import pytest
 from verdict.data_gen.scripted_server import Script, ScriptedServer
 
 from tests.serve.conftest import start_service
-
-AGE = {
-    "name": "age_years",
-    "domain": "int",
-    "kind": "demographic",
-    "unit": "years",
-    "definition": "Age in years.",
-}
+from tests.support import AGE
 
 
 def _bool(name):

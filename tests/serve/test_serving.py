@@ -14,15 +14,8 @@ from verdict.data_gen.scripted_server import ScriptedServer
 
 from tests.serve.conftest import CHROMIUM, launch_chromium, start_service
 from tests.serve.programs import fermat
-from tests.support import need, run_together
+from tests.support import AGE, need, run_together
 
-AGE = {
-    "name": "age_years",
-    "domain": "int",
-    "kind": "demographic",
-    "unit": "years",
-    "definition": "Age in years.",
-}
 PAIN = {"name": "has_chest_pain", "domain": "bool", "kind": "diagnosis", "definition": "Has chest pain."}
 # what the scripted parser answers, per criterion (criterion_parser@v1): any inclusion criterion is
 # "adults", any exclusion criterion "chest pain"
