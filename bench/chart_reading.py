@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -42,9 +41,9 @@ from verdict.data_gen.formalizer import ChartReading
 
 from .backends.endpoints import EndpointPlacement, EndpointRef, resolve_endpoint
 from .markdown import rate_text, section, side_by_side, table
+from .pending import Pending
 from .protocol import BenchError, DecisionValue
 
-log = logging.getLogger("verdict.bench")
 CHART_FILE = "chart_reading.jsonl"
 Category = Literal["same", "both_null", "miss", "added", "different"]
 CATEGORIES: tuple[str, ...] = ("same", "both_null", "miss", "added", "different")
@@ -385,8 +384,6 @@ class ChartReadingStage:
     async def run(self, run_dir: Path) -> tuple[str | None, float, int]:
         """Every pending comparison: (the budget stop's message if it stopped, paid USD, comparisons
         left for the next run after endpoint errors)."""
-        from verdict.data_gen.formalizer import BudgetExhausted, EndpointError
-
         await asyncio.to_thread(self._recorded)
         charts = await asyncio.to_thread(self.charts)
         ds = self.ctx.dataset
@@ -395,15 +392,15 @@ class ChartReadingStage:
         store = chart_store(run_dir)
         done = {x.key for x in store.load()}
         sem = asyncio.Semaphore(self.concurrency)
-        state: dict = {"stop": None, "paid": 0.0, "failed": 0}
+        state = Pending()
         ledger = self.ctx.ledger
         spent0 = ledger.spent if ledger is not None else None
 
         async def go(row: Row, pair):
             async with sem:
-                if state["stop"]:
+                if state.halted:
                     return
-                try:
+                with state.item(f"chart_reading {pair.pair_id} on {row.name}"):
                     for case, program, why in await self.cases(row, pair):
                         if (row.name, pair.pair_id, case) in done:
                             continue
@@ -421,16 +418,6 @@ class ChartReadingStage:
                             else await self.one(row, pair, case, program, charts[pair.patient_id])
                         )
                         store.append(rec)
-                except BudgetExhausted as e:
-                    state["stop"] = state["stop"] or str(e)
-                except EndpointError as e:
-                    state["failed"] += 1
-                    log.warning(
-                        "chart_reading %s on %s: endpoint error, left for the next run: %s",
-                        pair.pair_id,
-                        row.name,
-                        e.summary,
-                    )
 
         # patient-major, so that each patient's reading is shared while its pairs are in flight
         todo = [
@@ -446,8 +433,8 @@ class ChartReadingStage:
             for fz in self._fz.values():
                 await fz.aclose()
         if spent0 is not None:
-            state["paid"] = max(0.0, ledger.spent - spent0)
-        return state["stop"], state["paid"], state["failed"]
+            state.paid = max(0.0, ledger.spent - spent0)
+        return state.stop, state.paid, state.failed
 
 
 # ---- the summary, the report, the comparison --------------------------------------------------------

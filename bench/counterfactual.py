@@ -23,7 +23,6 @@ run's config.yaml pays nothing and a stopped run resumes.
 from __future__ import annotations
 
 import asyncio
-import logging
 from pathlib import Path
 from typing import Literal
 
@@ -39,9 +38,9 @@ from .backends.endpoints import (
     typed_check,
 )
 from .markdown import rate_text, section, side_by_side, table
+from .pending import Pending
 from .protocol import CfRecord, FlipTarget, PairResult
 
-log = logging.getLogger("verdict.bench")
 CF_FILE = "counterfactual.jsonl"
 KINDS = ("formalizer", "llm_match")  # the backends that can run again on a new chart
 MODIFIER, VALIDATOR = "cf_modifier", "cf_validator"
@@ -261,32 +260,20 @@ class CounterfactualStage:
     async def run(self, results: dict, run_dir: Path) -> tuple[str | None, float, int]:
         """Every pending counterfactual: (the budget stop's message if it stopped there, paid USD,
         counterfactuals left for the next run after endpoint errors)."""
-        from verdict.data_gen.formalizer import BudgetExhausted, EndpointError
-
         store = cf_store(run_dir)
         done = {x.key for x in store.load()}
         todo = [(b, r) for b, r in self.todo(results) if (b.name, r.pair_id, r.cf_direction) not in done]
         sem = asyncio.Semaphore(self.concurrency)
-        state: dict = {"stop": None, "paid": 0.0, "failed": 0}
+        state = Pending()
 
         async def go(b, r):
             async with sem:
-                if state["stop"]:
+                if state.halted:
                     return
-                try:
+                with state.item(f"counterfactual {r.pair_id} on {b.name}"):
                     rec = await self.one(b, r)
                     store.append(rec)
-                    state["paid"] += sum(s.paid_usd for s in rec.stages.values())
-                except BudgetExhausted as e:
-                    state["stop"] = state["stop"] or str(e)
-                except EndpointError as e:
-                    state["failed"] += 1
-                    log.warning(
-                        "counterfactual %s on %s: endpoint error, left for the next run: %s",
-                        r.pair_id,
-                        b.name,
-                        e.summary,
-                    )
+                    state.paid += sum(s.paid_usd for s in rec.stages.values())
 
         try:
             await asyncio.gather(*(go(b, r) for b, r in todo))
@@ -294,7 +281,7 @@ class CounterfactualStage:
             store.close()
             for c in self._callers.values():
                 await c.aclose()
-        return state["stop"], state["paid"], state["failed"]
+        return state.stop, state.paid, state.failed
 
 
 def summarize_cf(run_dir: Path, config) -> dict | None:

@@ -27,17 +27,17 @@ from verdict.core.engine import Engine
 from verdict.core.jsonl_store import JsonlStore
 from verdict.core.policy import load_policy
 from verdict.core.progress import Progress, to_stderr
-from verdict.data_gen.formalizer import EgressPolicy, Ledger
+from verdict.data_gen.formalizer import EgressPolicy, EgressRefused, Ledger
 
 from .backends import RunContext, make_backend
 from .bench_config import BenchConfig
 from .chart_reading import ChartReadingStage
 from .counterfactual import CounterfactualStage
 from .datasets import BenchDataset, load_dataset
+from .pending import Pending
 from .protocol import BenchError
 from .report import pair_store
 
-log = logging.getLogger("verdict.bench")
 FATAL_STATUS = {401, 403, 404}  # wrong key, no access, unknown model: every further call fails too
 
 
@@ -244,8 +244,6 @@ class BenchRun:
         self, backend, repeat: int, dataset: BenchDataset, done: dict, store: JsonlStore, outcome: RunOutcome
     ) -> bool:
         """Decide the backend's pending pairs; True if the run must stop (budget, fatal error)."""
-        from verdict.data_gen.formalizer import BudgetExhausted, EgressRefused, EndpointError
-
         todo = dataset.all_pairs
         pending = [p for p in todo if (backend.name, repeat, p.pair_id) not in done]
         label = f"{backend.name} r{repeat}"
@@ -255,55 +253,40 @@ class BenchRun:
         self.progress(f"{label}: {len(pending)} of {len(todo)} pairs to go")
         bar = _progress(len(pending), self.progress_bar, label)
         sem = asyncio.Semaphore(self.config.concurrency)
-        state = {"stop": None, "fatal": None, "failed": 0, "paid": 0.0}
+        state = Pending()
 
         async def one(pair):
             async with sem:
-                if state["stop"] or state["fatal"]:
+                if state.halted:
                     return
-                try:
-                    why = backend.unavailable(pair)
-                    if why:
-                        res = backend.result(pair, repeat, status="unavailable", reason=why)
-                    else:
-                        res = await backend.decide(pair, repeat)
-                except BudgetExhausted as e:
-                    state["stop"] = state["stop"] or str(e)
-                    return
-                except EndpointError as e:
-                    if e.status in FATAL_STATUS:
-                        state["fatal"] = state["fatal"] or e
-                    else:
-                        state["failed"] += 1
-                        log.warning(
-                            "pair %s on %s: endpoint error, left for the next run: %s",
-                            pair.pair_id,
-                            backend.name,
-                            e.summary,
-                        )
-                    return
-                except EgressRefused as e:
-                    state["fatal"] = state["fatal"] or e
-                    return
-                store.append(res)
-                done[res.key] = res
-                outcome.done_now += 1
-                paid = sum(s.paid_usd for s in res.stages.values() if not s.shared)
-                state["paid"] += paid
-                bar.set_postfix_str(f"failed={state['failed']} paid=${state['paid']:.4f}", refresh=False)
-                bar.update(1)
+                with state.item(f"pair {pair.pair_id} on {backend.name}", FATAL_STATUS):
+                    try:
+                        why = backend.unavailable(pair)
+                        if why:
+                            res = backend.result(pair, repeat, status="unavailable", reason=why)
+                        else:
+                            res = await backend.decide(pair, repeat)
+                    except EgressRefused as e:
+                        state.fatal = state.fatal or e
+                        return
+                    store.append(res)
+                    done[res.key] = res
+                    outcome.done_now += 1
+                    state.paid += sum(s.paid_usd for s in res.stages.values() if not s.shared)
+                    bar.set_postfix_str(f"failed={state.failed} paid=${state.paid:.4f}", refresh=False)
+                    bar.update(1)
 
         try:
             await asyncio.gather(*(one(p) for p in pending))
         finally:
             bar.close()
-        outcome.endpoint_failures += state["failed"]
-        outcome.paid_usd += state["paid"]
-        if state["fatal"] is not None:
-            raise state["fatal"]
-        if state["stop"]:
+        outcome.endpoint_failures += state.failed
+        outcome.paid_usd += state.paid
+        if state.fatal is not None:
+            raise state.fatal
+        if state.stop:
             outcome.status = "stopped_budget"
-            outcome.message = state["stop"]
+            outcome.message = state.stop
             return True
         return False
 

@@ -16,6 +16,8 @@ from .protocol import ScreeningRecord, ScreeningSubjects, ScreenRequest, ScreenR
 from .serving import screen, screening_record, screening_subjects
 
 router = APIRouter(tags=["matching"])
+# The two reads of a recorded screening refuse alike: no key, the wrong role, no such screening.
+_READ_ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404)}
 
 
 @router.post(
@@ -38,7 +40,7 @@ async def post_screen(
     "/v1/screenings/{screening_id}",
     response_model=ScreeningRecord,
     tags=["audit"],
-    responses={code: {"model": ErrorBody} for code in (401, 403, 404)},
+    responses=_READ_ERRORS,
 )
 async def get_screening(
     screening_id: str, matching: Matching, _key: KeyEntry = Depends(require("audit"))
@@ -52,7 +54,7 @@ async def get_screening(
     "/v1/screenings/{screening_id}/research-subjects",
     response_model=ScreeningSubjects,
     tags=["audit"],
-    responses={code: {"model": ErrorBody} for code in (401, 403, 404)},
+    responses=_READ_ERRORS,
 )
 async def get_screening_subjects(
     screening_id: str, matching: Matching, _key: KeyEntry = Depends(require("admin"))
