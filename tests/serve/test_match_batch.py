@@ -94,6 +94,24 @@ def scripted_serve_config(folder: Path) -> Path:
     return folder / "serve.yaml"
 
 
+def scripted_batch(folder: Path, name: str, patient_lines: list[str]) -> Path:
+    """folder/out: a planned batch of one trial (NCT01: adults, no chest pain, as the scripted parser
+    reads it) against these patients, over `scripted_serve_config`."""
+    (folder / "patients.jsonl").write_text("".join(line + "\n" for line in patient_lines))
+    (folder / "trials.jsonl").write_text(
+        json.dumps({"nct_id": "NCT01", "title": "t", "inclusion": "Adults", "exclusion": "Chest pain"}) + "\n"
+    )
+    out = folder / "out"
+    plan_batch(
+        out,
+        name=name,
+        serve_config=scripted_serve_config(folder),
+        patients=folder / "patients.jsonl",
+        trials=folder / "trials.jsonl",
+    )
+    return out
+
+
 def test_a_result_line_torn_by_a_kill_is_redone_and_nothing_is_lost(tmp_path):
     """Killed between two writes (r1 kept, r2 half-written, r3 never written), against the scripted
     formalizer (real HTTP): the resumed shard redoes r2 and r3, every line of its own."""
@@ -103,23 +121,8 @@ def test_a_result_line_torn_by_a_kill_is_redone_and_nothing_is_lost(tmp_path):
 
     from tests.serve.test_serving import SCRIPT
 
-    scripted_serve_config(tmp_path)
-    (tmp_path / "patients.jsonl").write_text(
-        "".join(
-            json.dumps({"_id": f"P{i}", "text": f"Patient {i}, {30 + i} years old."}) + "\n" for i in range(3)
-        )
-    )
-    (tmp_path / "trials.jsonl").write_text(
-        json.dumps({"nct_id": "NCT01", "title": "t", "inclusion": "Adults", "exclusion": "Chest pain"}) + "\n"
-    )
-    out = tmp_path / "out"
-    plan_batch(
-        out,
-        name="torn",
-        serve_config=tmp_path / "serve.yaml",
-        patients=tmp_path / "patients.jsonl",
-        trials=tmp_path / "trials.jsonl",
-    )
+    patients = [json.dumps({"_id": f"P{i}", "text": f"Patient {i}, {30 + i} years old."}) for i in range(3)]
+    out = scripted_batch(tmp_path, "torn", patients)
     with ScriptedServer(Script.model_validate(SCRIPT)) as srv:
         assert asyncio.run(run_shard(out, 0, formalizer_url=srv.url))["matched"] == 3
         path = result_path(out, 0)
@@ -160,7 +163,6 @@ def test_fhir_records_go_through_the_batch_with_their_coded_facts(tmp_path):
     from tests.serve.test_screen import asked as screen_asked
     from tests.serve.test_serving import SCRIPT
 
-    scripted_serve_config(tmp_path)
     rec = FhirPatientRecord(
         patient_id="F1",
         reference_date="2024-06-01",
@@ -177,18 +179,7 @@ def test_fhir_records_go_through_the_batch_with_their_coded_facts(tmp_path):
     (tmp_path / "broken.jsonl").write_text(json.dumps(broken) + "\n")
     (problem,) = load_patients(tmp_path / "broken.jsonl").problems
     assert "broken.jsonl:1: FHIR record of patient 'F2' is invalid" in problem and "Zyx" not in problem
-    (tmp_path / "patients.jsonl").write_text(rec.model_dump_json() + "\n")
-    (tmp_path / "trials.jsonl").write_text(
-        json.dumps({"nct_id": "NCT01", "title": "t", "inclusion": "Adults", "exclusion": "Chest pain"}) + "\n"
-    )
-    out = tmp_path / "out"
-    plan_batch(
-        out,
-        name="fhir",
-        serve_config=tmp_path / "serve.yaml",
-        patients=tmp_path / "patients.jsonl",
-        trials=tmp_path / "trials.jsonl",
-    )
+    out = scripted_batch(tmp_path, "fhir", [rec.model_dump_json()])
     with ScriptedServer(Script.model_validate(SCRIPT)) as srv:
         assert asyncio.run(run_shard(out, 0, formalizer_url=srv.url))["matched"] == 1
         asked = screen_asked(srv, "No chest pain")
