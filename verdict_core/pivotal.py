@@ -19,6 +19,8 @@ the program's threshold cells), with a representative target value inside it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import z3
 
 from .compile import fast_or, num_val
@@ -163,14 +165,22 @@ def to_eligible(sess: Session, labels, alternatives: int, cap: int) -> Pivotal:
                 singles.append({f.atom: got})
         if len(singles) > alternatives:
             break
+    return _singles_or_sets(sess, "to_eligible", singles, lambda: _maxsmt_sets(sess, cap), alternatives)
+
+
+def _singles_or_sets(
+    sess: Session, direction: str, singles: list, search: Callable[[], tuple[list, bool]], alternatives: int
+) -> Pivotal:
+    """δ from the single-atom changes when there are any, else from the first sets `search` finds
+    (sets, complete), widened."""
     if singles:
-        return _assemble(sess, "to_eligible", singles, True, alternatives)
-    sets, complete = _maxsmt_sets(sess, cap)
+        return _assemble(sess, direction, singles, True, alternatives)
+    sets, complete = search()
     chosen = _first_raw(sess, sets, alternatives)
     return _assemble(
         sess,
-        "to_eligible",
-        [_widened(sess, v, True) for v in chosen],
+        direction,
+        [_widened(sess, v, direction == "to_eligible") for v in chosen],
         complete,
         alternatives,
         _cap_note(sets, complete),
@@ -263,17 +273,8 @@ def to_ineligible(
             singles.append({atom: got})
             if len(singles) > alternatives:
                 break
-    if singles:
-        return _assemble(sess, "to_ineligible", singles, True, alternatives)
-    sets, complete = _cegar_sets(sess, witness, cap)
-    chosen = _first_raw(sess, sets, alternatives)
-    return _assemble(
-        sess,
-        "to_ineligible",
-        [_widened(sess, v, False) for v in chosen],
-        complete,
-        alternatives,
-        _cap_note(sets, complete),
+    return _singles_or_sets(
+        sess, "to_ineligible", singles, lambda: _cegar_sets(sess, witness, cap), alternatives
     )
 
 
