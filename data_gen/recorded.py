@@ -36,6 +36,7 @@ from verdict.core.engine import default_engine
 from verdict.core.errors import VerdictError
 from verdict.core.formula import atoms_in
 from verdict.core.program import ParsedCriterion, TrialProgram
+from verdict.core.reference import load_reference
 from verdict.data_gen.formalizer import (
     SINGLE_NOTE_ID,
     CriterionText,
@@ -45,20 +46,18 @@ from verdict.data_gen.formalizer import (
     TrialDoc,
     Usage,
     check_criterion_output,
+    check_miner_output,
+    compact,
     criterion_messages,
     criterion_outputs,
+    miner_messages,
+    quote_in_note,
     recorded_reader_result,
+    side_atoms,
     split_trial,
     stage_prompt,
 )
 
-from .formalizer import (
-    check_miner_output,
-    compact,
-    miner_messages,
-    quote_in_note,
-    side_atoms,
-)
 from .records import RecordStore
 from .sources import load_patients, load_trials
 
@@ -457,7 +456,6 @@ class _RecordedImport:
     def import_file(self, f: Path) -> None:
         """One reference file: its parser record and a value-miner record per side; a file with no
         note or that does not load is a problem in the summary."""
-        from verdict.core.reference import load_reference
 
         out = self.out
         out.files += 1
@@ -526,7 +524,6 @@ class _RecordedImport:
 def assembly_figures(reference_dir: str | Path) -> dict:
     """The assembly on the reference corpus: each recorded program re-expressed per requirement
     (`requirement_outputs`) and assembled again; merges, renames and near-duplicates counted."""
-    from verdict.core.reference import load_reference
     from verdict.data_gen.formalizer import assemble
 
     f = {

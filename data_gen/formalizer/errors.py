@@ -1,6 +1,5 @@
 """Errors of the formalizer. All are VerdictErrors: the CLI prints `error: <message>`, exit 2. A
-malformed or unknown endpoint, run or prompt config is the core's one `ConfigError` (it was a
-`TeacherConfigError` of its own, for student endpoints too).
+malformed or unknown endpoint, run or prompt config is the core's one `ConfigError`.
 
 Messages name the problem and how to fix it; they never quote patient text.
 """

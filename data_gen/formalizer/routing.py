@@ -118,7 +118,10 @@ class SheetRouter:
         return cls(list(excerpts), [count_text(e.text) + 1 for e in excerpts], words, idf)
 
     def total_tokens(self) -> int:
-        return sum(self.tokens) + HEADER_TOKENS * len({e.document for e in self.excerpts})
+        """The whole sheet as one call reads it: its excerpts, each document under a header when
+        there are several (one document: none), as the planner measures a record."""
+        docs = len({e.document for e in self.excerpts})
+        return sum(self.tokens) + (HEADER_TOKENS * docs if docs > 1 else 0)
 
     def ranked(self, query: set[str]) -> list[int]:
         """Excerpt indexes sharing a word with `query`, best first (ties: chart order)."""

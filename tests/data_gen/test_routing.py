@@ -173,3 +173,14 @@ def test_excerpts_that_score_the_same_rank_in_chart_order_whatever_the_sets_orde
     )
     for query in ({"a", "b", "c", "d"}, {"d", "c", "b", "a"}, {"c", "a", "d", "b"}):
         assert router.ranked(query) == [0, 1]
+
+
+def test_a_one_document_sheet_that_fills_a_call_exactly_reads_whole():
+    """A call renders one document without a header (as the planner measures the record): counting
+    one made a sheet that fits its call be routed, each chunk reading a subset of it."""
+    one = [Excerpt(document="d-only", offset=i * 100, text=filler(i)) for i in range(30)]
+    router = SheetRouter.build(one, COUNTER.count_text)
+    fits = sum(router.tokens)
+    assert router.total_tokens() == fits
+    assert SheetRoute(program(), router, route_above_tokens=0, route_tokens=fits).reads_whole(None)
+    assert not SheetRoute(program(), router, route_above_tokens=0, route_tokens=fits - 1).reads_whole(None)
