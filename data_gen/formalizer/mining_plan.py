@@ -309,16 +309,15 @@ class MinerPlanner:
         """The documents cut into passages that fit the note budget, in order."""
         return [p for d in documents for p in split_document(d, note_budget, self.count_text)]
 
+    def call(self, group: list[Passage], text: str, chunks: list[list[str]], j: int) -> PlannedCall:
+        """The call that asks chunk `j` about one passage group (`text`, rendered), its prompt counted."""
+        msgs = self.render(text, chunks[j - 1])
+        return PlannedCall(self.stage, group, j, len(chunks), chunks[j - 1], msgs, self.count_messages(msgs))
+
     def calls_of(self, group: list[Passage], chunks: list[list[str]]) -> list[PlannedCall]:
         """Every chunk asked about one passage group: a call each."""
         text = note_text(group, self.by_id)
-        calls = []
-        for j, chunk in enumerate(chunks, 1):
-            msgs = self.render(text, chunk)
-            calls.append(
-                PlannedCall(self.stage, group, j, len(chunks), chunk, msgs, self.count_messages(msgs))
-            )
-        return calls
+        return [self.call(group, text, chunks, j) for j in range(1, len(chunks) + 1)]
 
     def fits(self, calls: list[PlannedCall]) -> bool:
         """Whether every one of these calls' prompts is within the prompt budget."""
@@ -379,10 +378,7 @@ class MinerPlanner:
             for group in group_passages(
                 self.passages(docs, note_budget), by_id, note_budget, self.count_text
             ):
-                msgs = self.render(note_text(group, by_id), chunk)
-                calls.append(
-                    PlannedCall(self.stage, group, j, len(chunks), chunk, msgs, self.count_messages(msgs))
-                )
+                calls.append(self.call(group, note_text(group, by_id), chunks, j))
         return calls
 
 
