@@ -25,6 +25,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -389,18 +390,17 @@ def group_alive(pgid: int, popen: subprocess.Popen | None) -> bool:
         return False
     except PermissionError:
         return True
-    # Only zombies left (children of someone else that has not reaped them yet) count as gone.
-    return bool(group_members(pgid))
+    # Only zombies left (children of someone else that has not reaped them yet) count as gone. Polled
+    # while stopping: the scan of /proc ends at the first live member.
+    return next(group_members(pgid), None) is not None
 
 
-def group_members(pgid: int) -> list[int]:
-    """The pids of the group's processes that are not zombies (read from /proc)."""
-    members = []
+def group_members(pgid: int) -> Iterator[int]:
+    """The pids of the group's processes that are not zombies (read from /proc), as they are found."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
         if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(stat.parent.name))
-    return members
+            yield int(stat.parent.name)

@@ -239,7 +239,7 @@ def test_supervisor_cleans_up_after_a_sigkilled_leader(tmp_path):
         assert server.state().tmp_dir == str(tmp_dir)
         pgid = server.process.pid
         child = int((tmp_path / "child.pid").read_text())
-        assert child in group_members(pgid)
+        assert child in list(group_members(pgid))
         told: list[str] = []
         done = threading.Event()
         server.supervise(lambda m: (told.append(m), done.set()), interval_s=0.1)
@@ -247,7 +247,7 @@ def test_supervisor_cleans_up_after_a_sigkilled_leader(tmp_path):
         os.kill(pgid, signal.SIGKILL)
         assert done.wait(15), "the supervisor did not notice the leader's death"
         assert "killed by SIGKILL" in told[0] and "removed its temporary files" in told[0]
-        assert group_members(pgid) == [] and not tmp_dir.exists()
+        assert list(group_members(pgid)) == [] and not tmp_dir.exists()
         assert "killed by SIGKILL" in exit_note(server.base_url)
         assert not server.running and server.stop() == -signal.SIGKILL
     finally:
@@ -260,7 +260,7 @@ def test_stop_removes_the_temp_folder(tmp_path):
     with VLLMServer(cfg) as server:
         tmp_dir, pgid = server.tmp_dir, server.process.pid
         assert tmp_dir.is_dir()
-    assert not tmp_dir.exists() and group_members(pgid) == []
+    assert not tmp_dir.exists() and list(group_members(pgid)) == []
 
 
 @pytest.mark.slow
@@ -311,14 +311,14 @@ def test_real_vllm_killed_under_serve_up_leaves_nothing_behind(tmp_path, student
         url = json.loads(ready.read_text())["url"]
         state = json.loads((tmp_path / "stdout.txt").read_text().splitlines()[0])
         pgid, tmp_dir = state["pid"], Path(state["tmp_dir"])
-        assert tmp_dir.is_dir() and len(group_members(pgid)) >= 2  # the API server and its engine core
+        assert tmp_dir.is_dir() and len(list(group_members(pgid))) >= 2  # the API server and its engine core
         assert httpx.get(url + "/readyz", timeout=10).status_code == 200
         os.kill(pgid, signal.SIGKILL)
         deadline = time.monotonic() + 30
         while "killed by SIGKILL" not in (tmp_path / "stderr.txt").read_text():
             assert time.monotonic() < deadline, (tmp_path / "stderr.txt").read_text()[-3000:]
             time.sleep(0.2)
-        assert group_members(pgid) == [] and not tmp_dir.exists()
+        assert list(group_members(pgid)) == [] and not tmp_dir.exists()
         r = httpx.get(url + "/readyz", timeout=10)
         assert r.status_code == 503 and "killed by SIGKILL" in r.json()["reason"], r.text
         assert r.json()["endpoints"][0]["state"] == "down"
