@@ -18,6 +18,8 @@ import sys
 import threading
 from pathlib import Path
 
+from verdict.train.run_dir import write_atomic
+
 from .api_config import ApiConfig
 from .api_keys import KeyStore
 from .app import create_app
@@ -126,12 +128,10 @@ def run_api(config: ApiConfig, base_url: str, *, ready_file: str | None = None, 
             logging.getLogger("verdict.serve").info(
                 "matching API listening on %s (formalizer %s)", url, base_url
             )
-            if ready_file:
-                # Written whole, then renamed: whoever waits for the file never reads it half-written.
-                ready = Path(ready_file)
-                part = ready.with_name(ready.name + ".part")
-                part.write_text(json.dumps({"url": url, "formalizer": base_url, "pid": os.getpid()}))
-                part.replace(ready)
+            if ready_file:  # written whole: whoever waits for the file never reads it half-written
+                write_atomic(
+                    Path(ready_file), json.dumps({"url": url, "formalizer": base_url, "pid": os.getpid()})
+                )
             if on_ready:
                 on_ready(url)
         await task

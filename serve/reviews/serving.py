@@ -141,9 +141,7 @@ def reviewed(
         result=result,
         changes=[RecordedChange.model_validate(c) for c in (stored.lineage or {}).get("changes", [])],
         links=ReviewLinks(
-            decision=f"/v1/decisions/{stored.decision_id}",
-            page=f"/v1/decisions/{stored.decision_id}/page",
-            history=f"/v1/decisions/{stored.decision_id}/history",
+            **Links.of(stored.decision_id).model_dump(), history=f"/v1/decisions/{stored.decision_id}/history"
         ),
         **extra,
     )

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from verdict.core.ranking import rank, rerank
 
 from ..errors import InvalidInput, NotFound
+from ..matching.protocol import Links
 from ..matching.serving import MatchingService
 from ..pairs import Pair, match_pairs, pin_trials
 from .protocol import (
@@ -122,7 +123,7 @@ def screening_subjects(service: MatchingService, screening_id: str, service_url:
         d = service.audit.decision(decision_id)
         if d is None:  # the store is append-only: a recorded run's decisions stay
             raise NotFound(f"screening '{screening_id}' names a decision '{decision_id}' that is not stored")
-        links = {"decision": f"/v1/decisions/{decision_id}", "page": f"/v1/decisions/{decision_id}/page"}
+        links = Links.of(decision_id).model_dump()
         rs = subject(
             decision_id=decision_id,
             trial_id=d.trial_id,
