@@ -18,14 +18,6 @@ REFERENCE_V6 = SHARED_DATA / "reference" / "v6"
 BENCHMARKS = SHARED_DATA / "benchmarks"
 # The `verdict` command of this checkout, run as a subprocess (as a user runs it).
 VERDICT = [sys.executable, "-m", "verdict"]
-# The age atom as a trial program declares it (the tests' hand-written programs share it).
-AGE = {
-    "name": "age_years",
-    "domain": "int",
-    "kind": "demographic",
-    "unit": "years",
-    "definition": "Age in years.",
-}
 
 
 def need(ok: bool, why: str) -> None:

@@ -13,7 +13,7 @@ from verdict.data_gen.formalizer.value_reuse import ValueReuse
 from verdict.data_gen.scripted_server import Match, Rule, Script, ScriptedServer
 from verdict.data_gen.scripted_server import ScriptedResponse as R
 
-from tests.support import AGE
+from tests.data_gen.teacher_data import age_atom
 
 from .teacher_data import teacher_config
 
@@ -59,6 +59,7 @@ HBA1C = {
     "unit": "%",
     "definition": "HbA1c in %.",
 }
+AGE = age_atom()
 T1 = program("T1", AGE, _bool("has_t2dm"))
 T2 = program("T2", AGE, HBA1C)  # shares age_years with T1
 T3 = program("T3", AGE, _bool("has_t2dm"))  # everything shared with T1
@@ -145,7 +146,7 @@ def test_a_shared_atom_is_mined_once_and_gives_the_same_values():
 
 
 def test_a_different_declaration_or_record_is_asked_again():
-    other = program("T4", {**AGE, "definition": "Age at enrolment in years."}, _bool("has_t2dm", "Has T2DM."))
+    other = program("T4", age_atom("Age at enrolment in years."), _bool("has_t2dm", "Has T2DM."))
     srv = server()
     try:
         mine(srv, [T1, other])

@@ -9,8 +9,8 @@ import json
 import pytest
 from verdict.data_gen.scripted_server import Script, ScriptedServer
 
+from tests.data_gen.teacher_data import age_atom
 from tests.serve.conftest import start_service
-from tests.support import AGE
 
 
 def _bool(name):
@@ -20,7 +20,7 @@ def _bool(name):
 def _program(trial_id, min_age, *exclusions):
     return {
         "trial_id": trial_id,
-        "atoms": [AGE, *[_bool(e) for e in exclusions]],
+        "atoms": [age_atom(), *[_bool(e) for e in exclusions]],
         "cohorts": [
             {
                 "id": "main",

@@ -12,16 +12,17 @@ import time
 import pytest
 from verdict.data_gen.scripted_server import ScriptedServer
 
+from tests.data_gen.teacher_data import age_atom
 from tests.serve.conftest import CHROMIUM, launch_chromium, start_service
 from tests.serve.programs import fermat
-from tests.support import AGE, need, run_together
+from tests.support import need, run_together
 
 PAIN = {"name": "has_chest_pain", "domain": "bool", "kind": "diagnosis", "definition": "Has chest pain."}
 # what the scripted parser answers, per criterion (criterion_parser@v1): any inclusion criterion is
 # "adults", any exclusion criterion "chest pain"
 INCLUSION = {
     "in_scope": True,
-    "atoms": [AGE],
+    "atoms": [age_atom()],
     "formula": {"op": "cmp", "lhs": "age_years", "rel": "ge", "rhs": 18},
 }
 EXCLUSION = {"in_scope": True, "atoms": [PAIN], "formula": "has_chest_pain"}
