@@ -102,7 +102,8 @@ def sign_in(drv, url: str, key: str, page: str) -> None:
 def submit_review(drv, form_css: str, value: str, reason: str, **selects: str) -> None:
     """Open the form's <details>, fill it in and send it, as a person would."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
+    from selenium.webdriver.support.expected_conditions import staleness_of
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     form = drv.find_element(By.CSS_SELECTOR, form_css)
     for d in form.find_elements(By.XPATH, "ancestor::details"):  # document order: outermost first
@@ -117,6 +118,10 @@ def submit_review(drv, form_css: str, value: str, reason: str, **selects: str) -
         Select(form.find_element(By.NAME, name)).select_by_value(v)
     form.find_element(By.NAME, "reason").send_keys(reason)
     form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    # click() returns before the POST's navigation ends (the server re-derives the decision first):
+    # wait for the old page to go and the new one to load, not a clock
+    WebDriverWait(drv, 60).until(staleness_of(form))
+    WebDriverWait(drv, 60).until(lambda d: d.execute_script("return document.readyState") == "complete")
 
 
 def test_review_through_the_page_forms_on_the_largest_reference_program(svc, pairs, browser, tmp_path):
