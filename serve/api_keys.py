@@ -24,6 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from verdict.core.errors import describe_validation_error
+from verdict.train.run_dir import write_atomic
 
 from .errors import KeysUnavailable, ServeConfigError
 
@@ -86,12 +87,7 @@ class KeyStore:
             raise ServeConfigError(f"cannot read API key file {self.path}: {e}") from None
 
     def _save(self, kf: KeyFile) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(kf.model_dump_json(indent=2) + "\n")
-        os.replace(tmp, self.path)
+        write_atomic(self.path, kf.model_dump_json(indent=2) + "\n")  # a temp file made 0600, renamed
 
     def create_empty(self) -> None:
         """Write an empty key file (0600) where none is: `verdict serve api|up --init`."""

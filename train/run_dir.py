@@ -95,7 +95,8 @@ def open_run(path: str | os.PathLike) -> RunDir:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write via a temp file + rename, so a killed process never leaves half a file."""
+    """Write via a temp file + rename, so a killed process never leaves half a file. The file is 0600
+    (mkstemp's mode): the key file and the ready file rely on it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as f:
