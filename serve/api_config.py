@@ -300,7 +300,10 @@ class CdsHooksConfig(StrictModel):
         "without a current decision); past it nothing more is queued until one is done",
     )
     requeue_after_s: float = Field(
-        3600.0, gt=0, description="a patient is queued again no sooner than this after its last screening"
+        3600.0,
+        gt=0,
+        description="a patient is queued again for a trial version no sooner than this after it was queued "
+        "for it (a call during its screening queues nothing twice)",
     )
     max_cards: int = Field(10, ge=1, le=100, description="cards per answer, best first")
     jwt_leeway_s: float = Field(

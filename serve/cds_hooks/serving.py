@@ -126,8 +126,8 @@ class CdsHooksService:
         self.jwt = ClientJwt(self.cfg, services.config.public_url, self.egress)
         self.queue: asyncio.Queue[Screening] | None = None  # made in the serving loop, on first use
         self._worker: asyncio.Task | None = None
-        # patient id -> (monotonic time it was last queued, a hash of the trials it was queued for)
-        self._queued: dict[str, tuple[float, int]] = {}
+        # patient id -> {(trial id, program hash): monotonic time the patient was last queued for it}
+        self._queued: dict[str, dict[tuple[str, str], float]] = {}
         self.done = 0  # screenings finished (for tests and metrics)
 
     @property
@@ -180,9 +180,10 @@ class CdsHooksService:
             self.queue_screening(req, client, missing)
         return CdsResponse(cards=cards)
 
-    def _known(self, patient_id: str) -> tuple[list[Card], list[str]]:
+    def _known(self, patient_id: str) -> tuple[list[Card], dict[str, str]]:
         """The patient's cards from current decisions against each trial's active version (default
-        policy), and the registered trials that lack one. Reads the store: call it in a thread."""
+        policy), and the registered trials that lack one (trial id -> its active program hash). Reads
+        the store: call it in a thread."""
         audit = self.audit
         policy = self.services.matching.policy(None).name
         newest: dict[str, DecisionRow] = {}
@@ -190,7 +191,7 @@ class CdsHooksService:
             newest[row.trial_id] = row  # oldest first: the newest decision per trial stays
         active = audit.active_versions()
         current = {t: row for t, row in newest.items() if active.get(t) == row.program_hash}
-        missing = sorted(t for t in active if t not in current)
+        missing = {t: active[t] for t in sorted(active) if t not in current}
         by_pair = {(r.trial_id, r.patient_id): r for r in current.values()}
         ranked = rank([Decision.model_validate(r.artifacts["decision"]) for r in current.values()])
         shown = [r for r in ranked if r.tier in CARD_TIERS][: self.cfg.max_cards]
@@ -217,20 +218,22 @@ class CdsHooksService:
         )
 
     # -- the screening queue ---------------------------------------------------------------------
-    def queue_screening(self, req: HookRequest, client: CdsClient, missing: list[str]) -> bool:
-        """Queue the patient of a hook call for a screening against the `missing` trials: False when
-        it was queued for the same trials within `requeue_after_s`, or the queue is full. Call it in
-        the serving loop (it starts the worker)."""
+    def queue_screening(self, req: HookRequest, client: CdsClient, missing: dict[str, str]) -> bool:
+        """Queue the patient of a hook call for a screening against the `missing` trials (trial id ->
+        active program hash) it was not queued for lately: False when each was queued within
+        `requeue_after_s` (still being screened, or failed), or the queue is full. A call during a
+        screening so never screens its trials twice. Call it in the serving loop (it starts the worker)."""
         pid, now = req.context.patientId, time.monotonic()
-        last, same = self._queued.get(pid, (None, None))
-        if last is not None and same == hash(tuple(missing)) and now - last < self.cfg.requeue_after_s:
-            return False  # queued lately for these trials (or they failed): not before requeue_after_s
+        fresh = {v: at for v, at in self._queued.get(pid, {}).items() if now - at < self.cfg.requeue_after_s}
+        todo = [t for t, version in missing.items() if (t, version) not in fresh]
+        if not todo:
+            return False
         if self.queue is None:
             self.queue = asyncio.Queue(maxsize=self.cfg.queue_size)
         auth = req.fhirAuthorization
         job = Screening(
             patient_id=pid,
-            trial_ids=missing,
+            trial_ids=todo,
             caller=f"cds:{client.name}",
             prefetch=req.prefetch if req.fhirServer is None else None,
             fhir_server=req.fhirServer,
@@ -242,9 +245,11 @@ class CdsHooksService:
         except asyncio.QueueFull:
             log.warning("cds hook: the screening queue is full (api.cds_hooks.queue_size); not queued")
             return False
-        self._queued[pid] = (now, hash(tuple(missing)))
+        self._queued[pid] = {**fresh, **{(t, missing[t]): now for t in todo}}
         if len(self._queued) > 10 * self.cfg.queue_size:  # bounded: forget the long-past ones
-            self._queued = {p: q for p, q in self._queued.items() if now - q[0] < self.cfg.requeue_after_s}
+            self._queued = {
+                p: q for p, q in self._queued.items() if now - max(q.values()) < self.cfg.requeue_after_s
+            }
         if self._worker is None or self._worker.done():
             self._worker = asyncio.get_running_loop().create_task(self._work())
         return True

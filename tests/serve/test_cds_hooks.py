@@ -393,7 +393,10 @@ def test_a_trial_registered_later_is_screened_for_a_known_patient_alone(hooks, s
     assert {c["uuid"] for c in r.json()["cards"]} < {c["uuid"] for c in cards}
 
 
-def test_the_screening_queue_is_bounded_and_a_patient_is_queued_once_for_the_same_trials(tmp_path):
+def queue_calls(tmp_path, calls: list[tuple[str, dict[str, str]]]) -> tuple[list[bool], list[list[str]]]:
+    """Each (patient, missing trials -> active program hash) queued as a hook call queues it, in one
+    go (no await in between: the worker takes nothing off the queue meanwhile); whether each was
+    queued, and the trials of each queued screening. The queue holds 3."""
     import asyncio
 
     from verdict.serve.api_config import ApiConfig
@@ -416,23 +419,50 @@ def test_the_screening_queue_is_bounded_and_a_patient_is_queued_once_for_the_sam
     hooks = CdsHooksService(services, ReviewService(services))
     client = cfg.cds_hooks.clients[0]
 
-    async def queue_in_order() -> list[bool]:
-        def queue(pid: str, trials: list[str]) -> bool:
-            return hooks.queue_screening(HookRequest.model_validate(hook_request(pid)), client, trials)
-
-        try:  # no await in between: the worker takes nothing off the queue meanwhile
-            return [
-                queue("a", ["T1"]),
-                queue("b", ["T1"]),
-                queue("a", ["T1"]),  # the same trials again: already queued
-                queue("a", ["T1", "T2"]),  # a trial registered since: queued for it
-                queue("c", ["T1"]),  # the queue holds 3: refused, answered as before
+    async def queue_in_order() -> tuple[list[bool], list[list[str]]]:
+        try:
+            queued = [
+                hooks.queue_screening(HookRequest.model_validate(hook_request(pid)), client, missing)
+                for pid, missing in calls
             ]
+            jobs = [hooks.queue.get_nowait().trial_ids for _ in range(hooks.queue.qsize())]
+            return queued, jobs
         finally:
-            assert hooks.queue.qsize() == 3
             await hooks.aclose()
 
     try:
-        assert asyncio.run(queue_in_order()) == [True, True, False, True, False]
+        return asyncio.run(queue_in_order())
     finally:
         services.audit.close()
+
+
+def test_the_screening_queue_is_bounded_and_a_patient_is_queued_once_for_the_same_trials(tmp_path):
+    queued, jobs = queue_calls(
+        tmp_path,
+        [
+            ("a", {"T1": "v1"}),
+            ("b", {"T1": "v1"}),
+            ("a", {"T1": "v1"}),  # the same trials again: already queued
+            ("a", {"T1": "v1", "T2": "v1"}),  # a trial registered since: queued for it alone
+            ("c", {"T1": "v1"}),  # the queue holds 3: refused, answered as before
+        ],
+    )
+    assert queued == [True, True, False, True, False]
+    assert jobs == [["T1"], ["T1"], ["T2"]]
+
+
+def test_a_call_during_a_screening_does_not_screen_its_trials_again(tmp_path):
+    """A hook call while the patient's screening runs finds some of its trials decided and the rest
+    missing: those are queued already (it re-screened them, recording second decisions, before);
+    a revised program is a new trial version, queued at once."""
+    queued, jobs = queue_calls(
+        tmp_path,
+        [
+            ("a", {"T1": "v1", "T2": "v1", "T3": "v1"}),
+            ("a", {"T2": "v1", "T3": "v1"}),  # T1 decided, the screening still runs
+            ("a", {"T3": "v1"}),
+            ("a", {"T1": "v2", "T3": "v1"}),  # T1's program revised since
+        ],
+    )
+    assert queued == [True, False, False, True]
+    assert jobs == [["T1", "T2", "T3"], ["T1"]]
