@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,6 +38,16 @@ def run_together(*calls: Callable[[], object]) -> None:
         t.start()
     for t in threads:
         t.join()
+
+
+def wait_until(condition: Callable[[], object], what: str, deadline_s: float = 60.0) -> None:
+    """Poll until `condition()` holds: for state another process or thread produces after the event
+    the test saw (a log line written after the response went out). The deadline only stops a broken
+    test; it is no speed claim."""
+    end = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < end, f"never: {what}"
+        time.sleep(0.05)
 
 
 def run_verdict(*args: str, cwd: Path = REPO, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import httpx
 import pytest
@@ -28,6 +27,7 @@ from tests.data_gen.teacher_data import (
     long_chart,
 )
 from tests.serve.conftest import start_service
+from tests.support import wait_until
 
 TRIAL = "T-REREAD"
 PROGRAM = {
@@ -317,13 +317,15 @@ def test_a_cancelled_concurrent_reread_leaves_the_store_consistent(staged, scrip
 
     t = threading.Thread(target=slow_completion)
     t.start()
-    wait_for(lambda: any(SLOW_MARK in json.dumps(r.body) for r in scripted.requests[seen:]))
+    wait_until(lambda: any(SLOW_MARK in json.dumps(r.body) for r in scripted.requests[seen:]), "the slow call")
     with staged.client("review") as c:
         fast = c.post(route, json={"atoms": ["is_pregnant"], "reason": "fast"})
     t.join()
     assert cancelled and fast.status_code in (200, 409), fast.text
     # the cancelled one ran to its end in the service (refused at the append if the other came first)
-    wait_for(lambda: sum(rereads_answered(staged).values()) == sum(answered.values()) + 2)
+    wait_until(
+        lambda: sum(rereads_answered(staged).values()) == sum(answered.values()) + 2, "both re-reads answered"
+    )
     if fast.status_code == 200:  # the cancelled one came second: refused at its append (409)
         assert rereads_answered(staged).get("409", 0) == answered.get("409", 0) + 1
     store = AuditStore(staged.folder / "audit.sqlite", read_only=True)
@@ -347,10 +349,3 @@ def rereads_answered(svc) -> dict[str, int]:
             status = line.split('status="')[1].split('"')[0]
             out[status] = out.get(status, 0) + int(float(line.rsplit(" ", 1)[1]))
     return out
-
-
-def wait_for(condition, deadline_s: float = 60.0) -> None:
-    end = time.monotonic() + deadline_s
-    while not condition():
-        assert time.monotonic() < end, "the condition never held"
-        time.sleep(0.05)

@@ -22,7 +22,7 @@ from verdict.data_gen.scripted_server import Script, ScriptedServer
 
 from tests.serve.conftest import start_service
 from tests.serve.programs import cubes, fermat, program
-from tests.support import run_together
+from tests.support import run_together, wait_until
 
 NAME = "Zyxwvut Quorlin"
 SECRET_NOTE = f"Patient {NAME}, MRN-99887766, 40 years old. Reports chest pain since May."
@@ -402,8 +402,9 @@ def test_a_key_without_the_route_role_is_refused_before_its_body_is_read(svc):
         assert r.json()["message"] == "malformed JSON at line 2 column 13", r.text
         assert [p["field"] for p in r.json()["problems"]] == ["body"]
         assert c.post("/v1/match", **big).status_code == 413
-    log = svc.log
-    assert "POST /v1/match 413" in log and "POST unmatched 413" not in log
+    # the access log's line is written once the response has gone out: wait for it, not a clock
+    wait_until(lambda: "POST /v1/match 413" in svc.log, "the 413's access-log line")
+    assert "POST unmatched 413" not in svc.log
 
 
 def test_keys_can_expire(tmp_path):
