@@ -339,9 +339,11 @@ import json, sys
 from pathlib import Path
 from verdict.serve.vllm.config import VLLMConfig
 from verdict.serve.vllm.server import VLLMServer
+from verdict.train.run_dir import write_atomic
 model, python, out = sys.argv[1:]
 server = VLLMServer(VLLMConfig(model=model, python=python, ready_timeout_s=30)).start()
-Path(out).write_text(json.dumps({"leader": server.pid, "tmp_dir": str(server.tmp_dir)}))
+# whole or not at all: the test reads it as soon as it exists
+write_atomic(Path(out), json.dumps({"leader": server.pid, "tmp_dir": str(server.tmp_dir)}))
 import time
 while True:
     time.sleep(1)
