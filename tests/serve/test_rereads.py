@@ -317,7 +317,9 @@ def test_a_cancelled_concurrent_reread_leaves_the_store_consistent(staged, scrip
 
     t = threading.Thread(target=slow_completion)
     t.start()
-    wait_until(lambda: any(SLOW_MARK in json.dumps(r.body) for r in scripted.requests[seen:]), "the slow call")
+    wait_until(
+        lambda: any(SLOW_MARK in json.dumps(r.body) for r in scripted.requests[seen:]), "the slow call"
+    )
     with staged.client("review") as c:
         fast = c.post(route, json={"atoms": ["is_pregnant"], "reason": "fast"})
     t.join()
