@@ -12,6 +12,7 @@ same command is run again; a completed run is not trained twice.
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import time
@@ -463,9 +464,19 @@ def build_trainer(prep: Prepared, run: RunDir, callbacks: list):
 
 
 # ---- the run -------------------------------------------------------------------------------------
+def checkpoint_complete(checkpoint: Path) -> bool:
+    """Whether the trainer finished saving this checkpoint: its trainer_state.json, written last and
+    in place (a kill mid-write leaves it cut short, even empty), reads as JSON."""
+    try:
+        json.loads((checkpoint / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def last_checkpoint(folder: Path, progress: Progress = to_stderr) -> str | None:
-    """The newest *complete* checkpoint (trainer_state.json is written last); a checkpoint cut short
-    by a kill holds nothing usable and is removed so the trainer can write that step again."""
+    """The newest *complete* checkpoint (`checkpoint_complete`); a checkpoint cut short by a kill
+    holds nothing usable and is removed so the trainer can write that step again."""
     if not folder.is_dir():
         return None
     found = sorted(
@@ -474,7 +485,7 @@ def last_checkpoint(folder: Path, progress: Progress = to_stderr) -> str | None:
         if p.is_dir() and p.name.split("-")[1].isdigit()
     )
     for _, p in reversed(found):
-        if (p / "trainer_state.json").is_file():
+        if checkpoint_complete(p):
             return str(p)
         progress(f"warning: removing incomplete {p.name} (the run was killed while saving it)")
         shutil.rmtree(p)

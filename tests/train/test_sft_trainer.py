@@ -14,7 +14,15 @@ import pytest
 from verdict.train.run_dir import RunDir, RunError
 from verdict.train.sft_config import TrainConfig, load_train_config
 from verdict.train.sft_data import DatasetError
-from verdict.train.sft_trainer import TrainError, build_trainer, merge, prepare, train
+from verdict.train.sft_trainer import (
+    TrainError,
+    build_trainer,
+    checkpoint_complete,
+    last_checkpoint,
+    merge,
+    prepare,
+    train,
+)
 
 from tests.fixtures.sft import TINY_OVERRIDES
 from tests.support import REPO
@@ -198,9 +206,9 @@ def _spawn_training(cfg_path: Path, *sets: str) -> subprocess.Popen:
     return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240, done=Path.exists) -> None:
     deadline = time.monotonic() + timeout
-    while not path.exists():
+    while not done(path):
         if proc.poll() is not None:
             raise AssertionError(f"training exited early: {proc.stderr.read()[-2000:]}")
         if time.monotonic() > deadline:
@@ -225,15 +233,14 @@ def test_killed_run_resumes_from_its_last_checkpoint(tiny_model_dir, sft_export_
     cfg_path = _write_cfg(tmp_path, tiny_model_dir, sft_export_dir / "value_miner", "killed")
     run = RunDir(tmp_path / "runs" / "killed")
     proc = _spawn_training(cfg_path)
-    _wait_for(run.checkpoints / "checkpoint-10" / "trainer_state.json", proc)
+    # complete, not just begun: its trainer_state.json is written in place, after the rest
+    _wait_for(run.checkpoints / "checkpoint-10", proc, done=checkpoint_complete)
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     assert run.read_info()["status"] == "running"  # it never finished
     assert not (run.adapter / "adapter_config.json").exists()
     done = sorted(
-        int(p.name.split("-")[1])
-        for p in run.checkpoints.glob("checkpoint-*")
-        if (p / "trainer_state.json").exists()
+        int(p.name.split("-")[1]) for p in run.checkpoints.glob("checkpoint-*") if checkpoint_complete(p)
     )
     assert done and done[-1] < 80
 
@@ -244,6 +251,19 @@ def test_killed_run_resumes_from_its_last_checkpoint(tiny_model_dir, sft_export_
     logged = [h["step"] for h in state["log_history"] if "loss" in h]
     assert logged[0] == 1 and logged[-1] == 80  # one history, continued across the kill
     assert (run.adapter / "adapter_model.safetensors").is_file()
+
+
+def test_a_checkpoint_killed_while_its_state_was_written_is_not_resumed_from(tmp_path):
+    """The trainer writes trainer_state.json last, in place: a kill mid-write leaves it cut short.
+    Resuming from it failed on its JSON; the checkpoint before it is the last complete one."""
+    state = {"global_step": 10, "log_history": []}
+    for step, text in ((10, json.dumps(state)), (20, ""), (30, json.dumps(state)[:20])):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(text)
+    said: list[str] = []
+    assert last_checkpoint(tmp_path, said.append) == str(tmp_path / "checkpoint-10")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10"]  # the cut-short ones removed
+    assert len(said) == 2 and all("removing incomplete" in m for m in said)
 
 
 @pytest.mark.slow
