@@ -6,6 +6,8 @@ import httpx
 from verdict.data_gen.scripted_server import Match, Rule, Script, ScriptedServer, auto_nulls
 from verdict.data_gen.scripted_server import ScriptedResponse as R
 
+from tests.support import wait_until
+
 
 def post(srv, body):
     return httpx.post(srv.url + "/chat/completions", json=body, timeout=5)
@@ -119,6 +121,8 @@ def test_log_holds_hashes_not_content(tmp_path):
     log = tmp_path / "server.log"
     with ScriptedServer(Script(default=R(content="ok")), log_path=log) as srv:
         post(srv, body("A 58-year-old woman with chest pain"))
+        # the line is written once the answer has gone out; stopping does not wait for it
+        wait_until(log.read_text, "the request's log line")
     line = json.loads(log.read_text())
     assert (
         set(line) == {"i", "key", "id", "model", "rule", "kind", "t", "dt"} and "chest" not in log.read_text()
