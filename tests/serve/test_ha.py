@@ -144,9 +144,9 @@ def test_500s_to_some_pairs_of_a_batch_never_take_the_lone_formalizer_from_the_o
             r = c.post("/v1/match/batch", json={"trial_ids": ["T-HA"], "patients": broken + healthy})
         assert r.status_code == 200, r.text
         lines = {x["patient_id"]: x for x in map(json.loads, r.text.splitlines())}
-        assert {p: lines[p]["status"] for p in lines if p.startswith("H")} == {
-            p["patient_id"]: 200 for p in healthy
-        }
+        failed = {p: x["error"] for p, x in lines.items() if p.startswith("H") and x["status"] != 200}
+        assert sorted(p for p in lines if p.startswith("H")) == [p["patient_id"] for p in healthy]
+        assert not failed, (failed, svc.log[-3000:])
         for p in broken:
             assert "HTTP 500 from the formalizer" in lines[p["patient_id"]]["error"]["message"]
         assert "marked down" not in svc.log
